@@ -1,0 +1,45 @@
+"""Sharders turn a task into a plan. `make_sharder(name)` builds one by its registered name."""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from dreamshard.plan import Plan
+from dreamshard.sharders.heuristics import (
+    GreedySharder,
+    RandomSharder,
+    dim_key,
+    lookup_key,
+    size_key,
+    size_lookup_key,
+)
+from dreamshard.tasks import Task
+
+
+class Sharder(Protocol):
+    name: str
+
+    def shard(self, task: Task) -> Plan: ...
+
+
+def _greedy(name, key):
+    return lambda **_: GreedySharder(name, key)
+
+
+# name -> factory taking keyword options (seed, model paths, ...) it may ignore
+SHARDERS: dict[str, Callable[..., Sharder]] = {
+    "random": lambda seed=0, **_: RandomSharder(seed),
+    "size_greedy": _greedy("size_greedy", size_key),
+    "dim_greedy": _greedy("dim_greedy", dim_key),
+    "lookup_greedy": _greedy("lookup_greedy", lookup_key),
+    "size_lookup_greedy": _greedy("size_lookup_greedy", size_lookup_key),
+}
+
+HEURISTICS = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+
+
+def make_sharder(name: str, **options: Any) -> Sharder:
+    try:
+        factory = SHARDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown sharder {name!r}; available: {', '.join(SHARDERS)}") from None
+    return factory(**options)

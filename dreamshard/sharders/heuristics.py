@@ -1,0 +1,66 @@
+"""Baseline sharders: random placement and one greedy parameterised by a key.
+
+Greedy: tables in descending key order, each onto the device with the smallest
+accumulated key that still has room (ties: less memory used, then lower index).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from dreamshard.plan import Plan
+from dreamshard.sharders.placement import PlacementState, by_least_load, place_tables
+from dreamshard.tasks import Task
+
+# key(task, table index) -> float
+TableKey = Callable[[Task, int], float]
+
+
+def size_key(task: Task, i: int) -> float:
+    return task.table_bytes(i) / 1024**3
+
+
+def dim_key(task: Task, i: int) -> float:
+    return float(task.tables[i].dim)
+
+
+def lookup_key(task: Task, i: int) -> float:
+    t = task.tables[i]
+    return t.dim * t.pooling_factor
+
+
+def size_lookup_key(task: Task, i: int) -> float:
+    t = task.tables[i]
+    return t.dim * t.pooling_factor * math.log10(t.rows)
+
+
+@dataclass(frozen=True)
+class GreedySharder:
+    name: str
+    key: TableKey
+
+    def shard(self, task: Task) -> Plan:
+        keys = [self.key(task, i) for i in range(len(task.tables))]
+        order = sorted(range(len(keys)), key=lambda i: (-keys[i], i))
+        return Plan.from_assignment(task, place_tables(task, order, by_least_load, weights=keys))
+
+
+@dataclass(frozen=True)
+class RandomSharder:
+    """Each table onto a uniformly random device with room; seeded per (seed, task name)."""
+
+    seed: int = 0
+    name: str = "random"
+
+    def shard(self, task: Task) -> Plan:
+        rng = np.random.default_rng([self.seed, zlib.crc32(task.name.encode())])
+        order = rng.permutation(len(task.tables)).tolist()
+
+        def random_devices(t: int, state: PlacementState) -> list[int]:
+            return rng.permutation(len(state.load)).tolist()
+
+        return Plan.from_assignment(task, place_tables(task, order, random_devices))

@@ -1,0 +1,130 @@
+"""Placing whole tables in a given order, each onto the device a ranking prefers.
+
+Every sharder that assigns whole tables goes through `place_tables`: tables are
+taken in the sharder's order and put on the first device of its ranking that has
+room. If a table fits nowhere, the search backs up and tries the next device in
+an earlier table's ranking (depth-first), so a valid plan is found whenever one
+exists within `max_steps` placements. When the first choice never gets stuck the
+result is exactly the plain greedy plan; backing up only happens near memory limits.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dreamshard.errors import InfeasibleTaskError
+from dreamshard.memory import GB
+from dreamshard.tasks import Task
+
+DEFAULT_MAX_STEPS = 200_000
+
+
+@dataclass
+class PlacementState:
+    """Per-device load of the tables placed so far."""
+
+    used_bytes: np.ndarray  # memory taken per device
+    load: np.ndarray  # sum of the placed tables' weights per device
+    free_bytes: np.ndarray
+
+
+# (table index, state) -> devices in order of preference
+DeviceRanking = Callable[[int, PlacementState], Sequence[int]]
+
+
+def place_tables(
+    task: Task,
+    order: Sequence[int],
+    rank_devices: DeviceRanking,
+    weights: Sequence[float] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> list[int]:
+    """Device of each table (indexed like task.tables), placing tables in `order`."""
+    n = len(task.tables)
+    if sorted(order) != list(range(n)):
+        raise ValueError("order must list every table of the task exactly once")
+    sizes = np.array([task.table_bytes(i) for i in range(n)], dtype=np.int64)
+    capacity = np.array([d.memory_bytes for d in task.devices], dtype=np.int64)
+    _check_each_table_fits(task, sizes, capacity)
+    if sizes.sum() > capacity.sum():
+        raise InfeasibleTaskError(
+            f"task {task.name!r}: tables need {sizes.sum() / GB:.3f} GB in total, "
+            f"the {task.num_devices} devices hold {capacity.sum() / GB:.3f} GB"
+        )
+    w = np.zeros(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    state = PlacementState(np.zeros(task.num_devices, np.int64), np.zeros(task.num_devices), capacity.copy())
+    assignment = [-1] * n
+    steps = 0
+    deepest = 0
+
+    def search(k: int) -> bool:
+        nonlocal steps, deepest
+        if k == n:
+            return True
+        deepest = max(deepest, k)
+        t = order[k]
+        for d in rank_devices(t, state):
+            if state.free_bytes[d] < sizes[t]:
+                continue
+            steps += 1
+            if steps > max_steps:
+                raise InfeasibleTaskError(
+                    f"task {task.name!r}: no placement within memory found in {max_steps} steps; "
+                    f"table {task.tables[order[deepest]].name!r} was the hardest to fit "
+                    f"({_capacities(task)})"
+                )
+            assignment[t] = d
+            state.used_bytes[d] += sizes[t]
+            state.free_bytes[d] -= sizes[t]
+            state.load[d] += w[t]
+            if search(k + 1):
+                return True
+            assignment[t] = -1
+            state.used_bytes[d] -= sizes[t]
+            state.free_bytes[d] += sizes[t]
+            state.load[d] -= w[t]
+        return False
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, n + 100))
+    try:
+        found = search(0)
+    finally:
+        sys.setrecursionlimit(limit)
+    if not found:
+        raise InfeasibleTaskError(
+            f"task {task.name!r}: no placement of all {n} tables fits in memory; "
+            f"table {task.tables[order[deepest]].name!r} fits on no device after the tables before it "
+            f"({_capacities(task)})"
+        )
+    return assignment
+
+
+def _capacities(task: Task) -> str:
+    caps = sorted({d.memory_bytes for d in task.devices})
+    return "device capacities " + ", ".join(f"{c / GB:.3f} GB" for c in caps)
+
+
+def _check_each_table_fits(task: Task, sizes: np.ndarray, capacity: np.ndarray) -> None:
+    too_big = np.flatnonzero(sizes > capacity.max())
+    if too_big.size:
+        t = task.tables[int(too_big[0])]
+        raise InfeasibleTaskError(
+            f"task {task.name!r}: table {t.name!r} ({t.rows} rows x {t.dim} dims, "
+            f"{sizes[too_big[0]] / GB:.3f} GB) fits on no device ({_capacities(task)})"
+        )
+
+
+def by_least_load(t: int, state: PlacementState) -> list[int]:
+    """Greedy ranking: smallest accumulated weight first, then least memory, then lowest index."""
+    return sorted(range(len(state.load)), key=lambda d: (state.load[d], state.used_bytes[d], d))
+
+
+def find_feasible_assignment(task: Task) -> list[int]:
+    """Any placement within memory (largest tables first, balancing bytes): a feasibility certificate."""
+    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    return place_tables(task, order, by_least_load, weights=sizes)

@@ -1,0 +1,127 @@
+"""Tasks (tables + devices), and sampling train/test tasks from disjoint table pools."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dreamshard.errors import DataFormatError
+from dreamshard.memory import GB, MemoryModel
+from dreamshard.tables import BIN_COLUMNS, Table
+
+
+@dataclass(frozen=True)
+class Device:
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    tables: tuple[Table, ...]
+    devices: tuple[Device, ...]
+    memory: MemoryModel = field(default_factory=MemoryModel)
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise ValueError(f"task {self.name!r}: no tables")
+        if not self.devices:
+            raise ValueError(f"task {self.name!r}: no devices")
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task {self.name!r}: table names must be unique")
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def table_bytes(self, i: int) -> int:
+        t = self.tables[i]
+        return self.memory.shard_bytes(t.rows, t.dim)
+
+    @classmethod
+    def uniform(cls, name: str, tables: Sequence[Table], num_devices: int, memory_gb: float,
+                memory: MemoryModel | None = None, family: str = "") -> Task:
+        if num_devices < 1:
+            raise ValueError(f"task {name!r}: need at least one device, got {num_devices}")
+        if not memory_gb > 0:
+            raise ValueError(f"task {name!r}: device memory must be > 0 GB, got {memory_gb}")
+        devices = tuple(Device(int(memory_gb * GB)) for _ in range(num_devices))
+        return cls(name, tuple(tables), devices, memory or MemoryModel(), family)
+
+
+def stats_table(row, dim: int) -> Table:
+    """A `Table` from a row of data/tables.parquet, at dimension `dim`."""
+    return Table(
+        name=str(row["name"]),
+        rows=int(row["rows"]),
+        dim=int(dim),
+        pooling_factor=float(row["pooling_factor"]),
+        bins=tuple(float(row[c]) for c in BIN_COLUMNS),
+    )
+
+
+# ---------------------------------------------------------------- task files
+
+TASKS_SCHEMA = pa.schema(
+    [
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("family", pa.string(), nullable=False),
+        pa.field("num_devices", pa.int32(), nullable=False),
+        pa.field("device_memory_bytes", pa.int64(), nullable=False),
+        pa.field("weights_precision", pa.string(), nullable=False),
+        pa.field("optimizer", pa.string(), nullable=False),
+        pa.field("table_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("table_names", pa.list_(pa.string()), nullable=False),
+        pa.field("dims", pa.list_(pa.int32()), nullable=False),
+    ]
+)
+
+
+def tasks_to_arrow(tasks: Sequence[Task], split: str, name_to_id: dict[str, int]) -> pa.Table:
+    rows = []
+    for t in tasks:
+        memories = {d.memory_bytes for d in t.devices}
+        if len(memories) != 1:
+            raise ValueError(f"task {t.name!r}: task files hold devices of one memory size")
+        rows.append(
+            {
+                "task_id": t.name,
+                "split": split,
+                "family": t.family,
+                "num_devices": t.num_devices,
+                "device_memory_bytes": memories.pop(),
+                "weights_precision": t.memory.weights_precision,
+                "optimizer": t.memory.optimizer,
+                "table_ids": [name_to_id[tb.name] for tb in t.tables],
+                "table_names": [tb.name for tb in t.tables],
+                "dims": [tb.dim for tb in t.tables],
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=TASKS_SCHEMA)
+
+
+def read_tasks(tasks_path: str | Path, tables_path: str | Path) -> list[Task]:
+    """Rebuild tasks from a tasks file and the tables statistics they refer to."""
+    stats = pd.read_parquet(tables_path).set_index("table_id")
+    df = pq.read_table(tasks_path).to_pandas()
+    missing = [f.name for f in TASKS_SCHEMA if f.name not in df.columns]
+    if missing:
+        raise DataFormatError(f"{tasks_path}: missing column(s) {', '.join(missing)}")
+    tasks = []
+    for rec in df.to_dict("records"):
+        unknown = [int(i) for i in rec["table_ids"] if int(i) not in stats.index]
+        if unknown:
+            raise DataFormatError(f"{tasks_path}: task {rec['task_id']}: table_ids {unknown[:5]} not in {tables_path}")
+        tables = [stats_table(stats.loc[int(i)], int(d)) for i, d in zip(rec["table_ids"], rec["dims"])]
+        devices = tuple(Device(int(rec["device_memory_bytes"])) for _ in range(int(rec["num_devices"])))
+        tasks.append(Task(rec["task_id"], tuple(tables), devices,
+                          MemoryModel(rec["weights_precision"], rec["optimizer"]), rec["family"]))
+    return tasks

@@ -1,0 +1,30 @@
+"""One Prefect flow per DVC stage; each calls the stage module with the params file."""
+from __future__ import annotations
+
+import importlib
+
+from prefect import flow
+
+from stages.common import load_params
+
+
+def run_stage(name: str, params_file: str) -> None:
+    importlib.import_module(f"stages.{name}").run(load_params(params_file))
+
+
+@flow(name="download")
+def download_flow(params_file: str = "params.yaml") -> None:
+    run_stage("download", params_file)
+
+
+@flow(name="process")
+def process_flow(params_file: str = "params.yaml") -> None:
+    run_stage("process", params_file)
+
+
+@flow(name="tasks")
+def tasks_flow(params_file: str = "params.yaml") -> None:
+    run_stage("tasks", params_file)
+
+
+STAGE_FLOWS = {"download": download_flow, "process": process_flow, "tasks": tasks_flow}

@@ -1,0 +1,43 @@
+"""tasks: split tables into disjoint train/test pools and sample feasible tasks of each family."""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dreamshard.io import write_parquet
+from dreamshard.memory import MemoryModel
+from dreamshard.sampling import TaskFamily, sample_tasks, split_table_pools
+from dreamshard.tasks import tasks_to_arrow
+from stages.common import ParamsError, build, section
+
+
+def run(params: dict[str, Any]) -> None:
+    cfg = section(params, "tasks")
+    memory = build(MemoryModel, section(params, "memory"), "memory")
+    profile = cfg.get("profile")
+    profiles = cfg.get("profiles", {})
+    if profile not in profiles:
+        raise ParamsError(f"params.yaml: tasks.profile: {profile!r} is not one of tasks.profiles ({', '.join(profiles)})")
+    families = [build(TaskFamily, f, f"tasks.profiles.{profile}[{i}]") for i, f in enumerate(profiles[profile])]
+    dims = cfg.get("dims")
+    if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
+        raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
+    seed = int(cfg.get("seed", 0))
+
+    stats = pd.read_parquet(section(params, "paths.tables"))
+    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), cfg.get("test_fraction", 0.5), seed)))
+    name_to_id = dict(zip(stats["name"], stats["table_id"]))
+    out = Path(section(params, "paths.tasks"))
+    for split, pool in pools.items():
+        tasks = []
+        for fam in families:
+            # one stream per (family, split): adding a family leaves the others' tasks unchanged
+            rng = np.random.default_rng([seed, zlib.crc32(fam.name.encode()), zlib.crc32(split.encode())])
+            count = fam.num_train if split == "train" else fam.num_test
+            tasks += sample_tasks(stats, pool, fam, count, split, dims, memory, rng)
+        write_parquet(tasks_to_arrow(tasks, split, name_to_id), out / f"{split}.parquet")
+        print(f"tasks: {len(tasks)} {split} tasks from a pool of {len(pool)} tables -> {out / f'{split}.parquet'}")
