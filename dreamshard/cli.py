@@ -7,7 +7,8 @@ from pathlib import Path
 
 from dreamshard.errors import DreamShardError
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
-from dreamshard.plan import device_memory_bytes, validate_plan
+from dreamshard.hardware import BACKENDS
+from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import SHARDERS, make_sharder
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import Task
@@ -27,6 +28,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES))
     p.set_defaults(func=cmd_plan)
+
+    m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
+    m.add_argument("--tables", required=True, type=Path, help="the tables file the plan was made for")
+    m.add_argument("--plan", required=True, type=Path, help="plan JSON (from `dreamshard plan`)")
+    m.add_argument("--backend", required=True, choices=BACKENDS, help="fbgemm: real kernels; analytic: a model")
+    m.add_argument("--memory-gb", type=float, help="device memory, GB (default: the plan's memory_gb)")
+    m.add_argument("--batch-size", type=int, default=2048)
+    m.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
+    m.add_argument("--threads", type=int, default=1, help="fbgemm on cpu: threads")
+    m.add_argument("--iterations", type=int, default=10, help="fbgemm: timed iterations (median reported)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the lookups generated from the statistics")
+    m.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    m.set_defaults(func=cmd_measure)
     return parser
 
 
@@ -49,6 +63,41 @@ def cmd_plan(args: argparse.Namespace) -> None:
         shards = plan.device_shards(d)
         dim_sum = sum(s.col_end - s.col_start for s in shards)
         print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {used[d] / GB:>10.4f}")
+
+
+def cmd_measure(args: argparse.Namespace) -> None:
+    import json
+
+    from dreamshard.hardware import make_backend
+    from dreamshard.lookups import GeneratedLookups
+
+    tables = read_tables_file(args.tables)
+    plan_obj = Plan.load_json(args.plan)
+    meta = json.loads(args.plan.read_text())
+    memory_gb = args.memory_gb if args.memory_gb is not None else meta.get("memory_gb")
+    if not isinstance(memory_gb, (int, float)) or not memory_gb > 0:
+        raise DreamShardError(f"{args.plan}: no memory_gb recorded in the plan; give --memory-gb")
+    memory = MemoryModel(meta.get("weights_precision", "fp32"), meta.get("optimizer", "exact_sgd"))
+    task = Task.uniform(args.tables.stem, tables, plan_obj.num_devices, memory_gb, memory)
+    validate_plan(task, plan_obj)
+    options = {"batch_size": args.batch_size}
+    if args.backend == "fbgemm":
+        options.update(device=args.device, threads=args.threads, iterations=args.iterations)
+    backend = make_backend(args.backend, GeneratedLookups(seed=args.seed), **options)
+    cost = backend.plan_cost(task, plan_obj)
+    devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}
+               for d in cost.devices]
+    if args.json:
+        print(json.dumps({"cost_ms": cost.cost_ms, "backend": cost.backend, "device": cost.device_name,
+                          "measured": cost.measured, "comm": cost.comm, "batch_size": args.batch_size,
+                          "devices": devices}, indent=2))
+        return
+    kind = "measured" if cost.measured else "modelled, not measured"
+    print(f"{cost.backend} on {cost.device_name} ({kind}), batch {args.batch_size}, communication: {cost.comm}")
+    print(f"{'device':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9}")
+    for d, dc in enumerate(cost.devices):
+        print(f"{d:>6} {dc.fwd_ms:>9.3f} {dc.bwd_ms:>9.3f} {dc.fwd_comm_ms:>9.3f} {dc.bwd_comm_ms:>9.3f} {dc.total_ms:>9.3f}")
+    print(f"cost (slowest device): {cost.cost_ms:.3f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,4 +27,20 @@ def tasks_flow(params_file: str = "params.yaml") -> None:
     run_stage("tasks", params_file)
 
 
-STAGE_FLOWS = {"download": download_flow, "process": process_flow, "tasks": tasks_flow}
+@flow(name="collect")
+def collect_flow(params_file: str = "params.yaml") -> None:
+    run_stage("collect", params_file)
+
+
+@flow(name="evaluate")
+def evaluate_flow(params_file: str = "params.yaml") -> None:
+    run_stage("evaluate", params_file)
+
+
+STAGE_FLOWS = {
+    "download": download_flow,
+    "process": process_flow,
+    "tasks": tasks_flow,
+    "collect": collect_flow,
+    "evaluate": evaluate_flow,
+}

@@ -1,0 +1,94 @@
+"""Lower bounds on a task's plan cost, valid for the backend's fusion behaviour.
+
+For a plan with device table sets S_1..S_N, cost = max_d cost_d >= mean_d cost_d, and
+cost_d >= compute(S_d) + 2 x transfer_d (the forward all-to-all also waits for the
+slowest device, which only adds). So
+
+  cost >= (sum_d compute(S_d)) / N + 2 x mean_d transfer_d.
+
+How sum_d compute(S_d) is bounded depends on how fusing tables changes their cost:
+  super-additive (compute(S) >= sum of its tables' single costs; FBGEMM on CPU, where
+    fused tables compete for cache): sum_d compute(S_d) >= sum_t c(t).
+  sub-additive (compute(A u B) <= compute(A) + compute(B); GPUs, where fusion saves
+    launches): sum_d compute(S_d) >= compute(all tables fused).
+The regime is measured (`additivity_ratio`: fused cost / sum of single costs on probe
+sets) and the bound uses only what that regime justifies; if probes disagree no
+compute-sum bound is used. Transfers: every device sends its outputs to N-1 others,
+so mean_d transfer_d >= latency + (N-1) B D bytes / (N^2 x fastest link), D the task's
+total dim. Independently, the device holding table t costs at least c(t) + 2 x
+(latency + (N-1)/N B dim_t bytes / fastest link), assuming a table's cost does not drop
+when others join it (true in both regimes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dreamshard.hardware.base import CostBackend
+from dreamshard.hardware.comm import Topology
+from dreamshard.plan import Shard
+from dreamshard.tasks import Task
+
+SUPER_ADDITIVE = "super-additive"
+SUB_ADDITIVE = "sub-additive"
+MIXED = "mixed"
+
+
+def whole_shards(task: Task, indices: Sequence[int] | None = None) -> list[Shard]:
+    chosen = range(len(task.tables)) if indices is None else indices
+    return [Shard(task.tables[i].name, 0, 0, task.tables[i].dim) for i in chosen]
+
+
+def additivity_ratio(backend: CostBackend, task: Task, max_tables: int = 20) -> float:
+    """compute(first tables fused) / sum of their single-table computes."""
+    shards = whole_shards(task, range(min(max_tables, len(task.tables))))
+    fused = backend.compute_cost(task, shards).total_ms
+    single = sum(backend.compute_cost(task, [s]).total_ms for s in shards)
+    return fused / single
+
+
+def regime_of(ratios: Sequence[float]) -> str:
+    if all(r >= 1.0 for r in ratios):
+        return SUPER_ADDITIVE
+    if all(r < 1.0 for r in ratios):
+        return SUB_ADDITIVE
+    return MIXED
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    total_ms: float
+    compute_mean_ms: float  # the compute-sum part, already divided by N (0 when not justified)
+    transfer_mean_ms: float  # lower bound on the mean per-device transfer (one direction)
+    max_table_ms: float  # the single-table bound, communication included
+
+
+def _fastest_seconds_per_byte(topology: Topology, n: int) -> float:
+    fastest = topology.intra_host_gbps if n <= topology.devices_per_host else max(
+        topology.intra_host_gbps, topology.inter_host_gbps)
+    return 1.0 / (fastest * 1e9)
+
+
+def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, topology: Topology) -> LowerBound:
+    n = task.num_devices
+    singles = [backend.compute_cost(task, [s]).total_ms for s in whole_shards(task)]
+    if regime == SUPER_ADDITIVE:
+        compute_mean = sum(singles) / n
+    elif regime == SUB_ADDITIVE:
+        compute_mean = backend.compute_cost(task, whole_shards(task)).total_ms / n
+    else:
+        compute_mean = 0.0
+    if n > 1:
+        spb = _fastest_seconds_per_byte(topology, n)
+        latency_ms = topology.latency_us * 1e-3
+        total_dim = sum(t.dim for t in task.tables)
+        transfer_mean = latency_ms + (n - 1) * batch_size * total_dim * topology.output_bytes * spb / n**2 * 1e3
+        per_table_transfer = [latency_ms + (n - 1) / n * batch_size * t.dim * topology.output_bytes * spb * 1e3
+                              for t in task.tables]
+    else:
+        transfer_mean, per_table_transfer = 0.0, [0.0] * len(task.tables)
+    max_table = float(np.max(np.asarray(singles) + 2 * np.asarray(per_table_transfer)))
+    total = max(compute_mean + 2 * transfer_mean, max_table)
+    return LowerBound(total, compute_mean, transfer_mean, max_table)

@@ -1,0 +1,139 @@
+"""Cost collection: which plans to measure, and measuring them into rows that survive a crash.
+
+Plans come from a mix of sharders (random and the greedy heuristics) and from
+perturbed heuristic plans (a few tables moved to random devices with room), so the
+data covers balanced and unbalanced devices alike. Rows are written chunk by chunk to
+a journal folder; a rerun skips every plan whose rows are already there.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from dreamshard.hardware.base import CostBackend
+from dreamshard.io import write_parquet
+from dreamshard.plan import Plan, device_memory_bytes
+from dreamshard.sharders import HEURISTICS, make_sharder
+from dreamshard.tasks import Task
+
+
+@dataclass(frozen=True)
+class PlanToMeasure:
+    plan_id: str  # content hash: same task, plan and backend settings -> same id
+    task: Task
+    source: str  # the sharder that made it, "+perturbed" when tables were moved
+    plan: Plan
+
+
+def perturb(task: Task, plan: Plan, rng: np.random.Generator, max_moves: int) -> Plan:
+    """Move up to `max_moves` random whole tables to random devices that have room."""
+    assignment = {s.table: s.device for s in plan.shards}
+    used = device_memory_bytes(task, plan)
+    for _ in range(int(rng.integers(1, max_moves + 1))):
+        i = int(rng.integers(len(task.tables)))
+        t = task.tables[i]
+        size = task.table_bytes(i)
+        src = assignment[t.name]
+        room = [d for d in range(task.num_devices)
+                if d != src and used[d] + size <= task.devices[d].memory_bytes]
+        if room:
+            dst = int(rng.choice(room))
+            assignment[t.name] = dst
+            used[src] -= size
+            used[dst] += size
+    return Plan.from_assignment(task, [assignment[t.name] for t in task.tables])
+
+
+def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
+    shards = sorted((s.table, s.device, s.col_start, s.col_end) for s in plan.shards)
+    text = json.dumps([task.name, [(t.name, t.dim) for t in task.tables], shards, fingerprint])
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: float, seed: int,
+                     fingerprint: str) -> list[PlanToMeasure]:
+    """`num_plans` plans cycling over the tasks and the sharders; a share of them perturbed."""
+    if not tasks:
+        raise ValueError("no tasks to collect costs for")
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(num_plans):
+        task = tasks[k % len(tasks)]
+        name = HEURISTICS[(k // len(tasks)) % len(HEURISTICS)]
+        plan = make_sharder(name, seed=seed + k).shard(task)
+        if rng.random() < perturb_fraction:
+            plan = perturb(task, plan, rng, max(1, len(task.tables) // 4))
+            name += "+perturbed"
+        out.append(PlanToMeasure(plan_id(task, plan, fingerprint), task, name, plan))
+    return out
+
+
+def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict) -> tuple[dict, list[dict]]:
+    """One plan row and one row per device of `item`, measured by `backend`."""
+    cost = backend.plan_cost(item.task, item.plan)
+    common = {"plan_id": item.plan_id, "task_id": item.task.name, "family": item.task.family,
+              "backend": cost.backend, "device_name": cost.device_name, "measured": cost.measured,
+              "comm": cost.comm, **extra}
+    plan_row = {**common, "source": item.source, "num_devices": item.plan.num_devices,
+                "shards": json.dumps(item.plan.to_dict()["shards"]), "cost_ms": cost.cost_ms}
+    device_rows = []
+    for d, dc in enumerate(cost.devices):
+        shards = item.plan.device_shards(d)
+        device_rows.append({**common, "device": d, "tables": [s.table for s in shards],
+                            "col_starts": [s.col_start for s in shards], "col_ends": [s.col_end for s in shards],
+                            "fwd_ms": dc.fwd_ms, "bwd_ms": dc.bwd_ms,
+                            "fwd_comm_ms": dc.fwd_comm_ms, "bwd_comm_ms": dc.bwd_comm_ms})
+    return plan_row, device_rows
+
+
+class CostJournal:
+    """Rows measured so far, one Parquet pair per chunk, written atomically."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def _parts(self, kind: str) -> list[Path]:
+        return sorted(self.folder.glob(f"{kind}-*.parquet"))
+
+    def done_ids(self) -> set[str]:
+        return {pid for p in self._parts("plans") for pid in pd.read_parquet(p, columns=["plan_id"])["plan_id"]}
+
+    def write_chunk(self, plan_rows: list[dict], device_rows: list[dict]) -> None:
+        name = hashlib.sha1("".join(r["plan_id"] for r in plan_rows).encode()).hexdigest()[:16]
+        # the devices part first: a plans part present means its devices are complete
+        write_parquet(pa.Table.from_pylist(device_rows), self.folder / f"devices-{name}.parquet")
+        write_parquet(pa.Table.from_pylist(plan_rows), self.folder / f"plans-{name}.parquet")
+
+    def read(self, kind: str, plan_ids: Iterable[str]) -> pd.DataFrame:
+        """All journal rows of `kind` for `plan_ids`, in that order of plans."""
+        order = {pid: i for i, pid in enumerate(plan_ids)}
+        frames = [pd.read_parquet(p) for p in self._parts(kind)]
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"plan_id": []})
+        df = df[df["plan_id"].isin(order)].drop_duplicates(
+            subset=["plan_id"] + (["device"] if kind == "devices" else []))
+        key = df["plan_id"].map(order)
+        sort_cols = ["_order"] + (["device"] if kind == "devices" else [])
+        return df.assign(_order=key).sort_values(sort_cols).drop(columns="_order").reset_index(drop=True)
+
+
+def collect(backend: CostBackend, items: Sequence[PlanToMeasure], journal: CostJournal, chunk_size: int,
+            extra: dict, on_plan: Callable[[], None] | None = None) -> None:
+    """Measure every item not yet in the journal, chunk by chunk."""
+    done = journal.done_ids()
+    todo = list({it.plan_id: it for it in items if it.plan_id not in done}.values())  # a repeated plan once
+    for start in range(0, len(todo), chunk_size):
+        plan_rows, device_rows = [], []
+        for item in todo[start:start + chunk_size]:
+            p, ds = measure_rows(backend, item, extra)
+            plan_rows.append(p)
+            device_rows += ds
+            if on_plan:
+                on_plan()
+        journal.write_chunk(plan_rows, device_rows)

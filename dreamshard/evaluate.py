@@ -1,0 +1,142 @@
+"""Evaluating sharders: plan each task with each sharder, measure the plans, compare to bounds."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from dreamshard.bounds import LowerBound, lower_bound
+from dreamshard.errors import InfeasibleTaskError
+from dreamshard.hardware.base import CostBackend, PlanCost
+from dreamshard.hardware.comm import Topology, assemble_plan_cost
+from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.sharders import Sharder
+from dreamshard.tasks import Task
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    algorithm: str
+    plan: Plan
+    plan_ms: float
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    task: Task
+    algorithm: str
+    plan: Plan
+    plan_ms: float
+    cost: PlanCost
+    bound: LowerBound
+
+
+def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:
+    """Each sharder's validated plan for `task`, with its planning time."""
+    planned = []
+    for sharder in sharders:
+        start = time.perf_counter()
+        plan = sharder.shard(task)
+        elapsed = (time.perf_counter() - start) * 1e3
+        validate_plan(task, plan)
+        planned.append(PlannedTask(sharder.name, plan, elapsed))
+    return planned
+
+
+def _plan_key(plan: Plan) -> tuple:
+    return tuple(sorted((s.table, s.device, s.col_start, s.col_end) for s in plan.shards))
+
+
+def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan], rounds: int) -> list[PlanCost]:
+    """Measure the distinct plans of one task in turns, `rounds` times; keep each one's median round.
+
+    Turns (plan A, B, C, then B, C, A, ...) let drift of the machine hit all plans alike.
+    """
+    keys = [_plan_key(p) for p in plans]
+    distinct = list(dict.fromkeys(keys))
+    first = {k: plans[keys.index(k)] for k in distinct}
+    measured: dict[tuple, list[PlanCost]] = {k: [] for k in distinct}
+    for r in range(rounds):
+        shift = r % len(distinct)
+        for k in distinct[shift:] + distinct[:shift]:
+            measured[k].append(backend.plan_cost(task, first[k]))
+    return [sorted(measured[k], key=lambda c: c.cost_ms)[(rounds - 1) // 2] for k in keys]
+
+
+def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str,
+                  batch_size: int, topology: Topology, rounds: int = 1) -> list[EvalResult]:
+    planned = plan_with(sharders, task)
+    costs = measure_interleaved(backend, task, [p.plan for p in planned], rounds)
+    bound = lower_bound(backend, task, regime, batch_size, topology)
+    return [EvalResult(task, p.algorithm, p.plan, p.plan_ms, c, bound) for p, c in zip(planned, costs)]
+
+
+# ---------------------------------------------------------------- exhaustive check
+
+
+def canonical_assignments(num_tables: int, num_devices: int) -> Iterable[tuple[int, ...]]:
+    """Every split of tables onto identical devices, once (device labels in order of first use)."""
+    def extend(prefix: tuple[int, ...], used: int):
+        if len(prefix) == num_tables:
+            yield prefix
+            return
+        for d in range(min(used + 1, num_devices)):
+            yield from extend(prefix + (d,), max(used, d + 1))
+    yield from extend((), 0)
+
+
+@dataclass(frozen=True)
+class ExhaustiveResult:
+    task: Task
+    optimum: PlanCost
+    optimum_plan: Plan
+    costs: dict[tuple[int, ...], float]  # canonical assignment -> plan cost, every feasible plan
+    bound: LowerBound
+
+    def cost_of(self, plan: Plan) -> float:
+        """The enumerated cost of a whole-table plan of this task."""
+        devices = {s.table: s.device for s in plan.shards}
+        return self.costs[canonical([devices[t.name] for t in self.task.tables])]
+
+
+def canonical(assignment: Sequence[int]) -> tuple[int, ...]:
+    """Relabel devices in order of first use: plans equal up to device names compare equal."""
+    labels: dict[int, int] = {}
+    return tuple(labels.setdefault(d, len(labels)) for d in assignment)
+
+
+def exhaustive_optimum(backend: CostBackend, task: Task, batch_size: int, topology: Topology,
+                       regime: str, progress: Callable[[], None] | None = None) -> ExhaustiveResult:
+    """Measure every memory-feasible plan of a small task (each device subset measured once)."""
+    if len({d.memory_bytes for d in task.devices}) != 1:
+        raise ValueError("exhaustive search assumes identical devices")
+    subset_cost: dict[tuple[int, ...], object] = {}
+    best: tuple[PlanCost, Plan] | None = None
+    costs: dict[tuple[int, ...], float] = {}
+    for assignment in canonical_assignments(len(task.tables), task.num_devices):
+        plan = Plan.from_assignment(task, assignment)
+        if any(u > d.memory_bytes for u, d in zip(device_memory_bytes(task, plan), task.devices)):
+            continue
+        compute = []
+        for d in range(task.num_devices):
+            subset = tuple(i for i, a in enumerate(assignment) if a == d)
+            if subset not in subset_cost:
+                subset_cost[subset] = backend.compute_cost(task, plan.device_shards(d))
+                if progress:
+                    progress()
+            compute.append(subset_cost[subset])
+        cost = assemble_plan_cost(backend, plan, compute, batch_size, topology)
+        costs[assignment] = cost.cost_ms
+        if best is None or cost.cost_ms < best[0].cost_ms:
+            best = (cost, plan)
+    if best is None:
+        raise InfeasibleTaskError(f"task {task.name!r}: no plan fits in memory")
+    return ExhaustiveResult(task, best[0], best[1], costs, lower_bound(backend, task, regime, batch_size, topology))
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=np.float64)
+    return {"mean": float(arr.mean()), "median": float(np.median(arr))}

@@ -1,0 +1,102 @@
+"""A deterministic cost model of the fused embedding operator: for tests and quick experiments.
+
+Its numbers are a model, never measurements (`measured = False`, backend "analytic").
+
+Per fused operator (one per device), in microseconds:
+  fwd = launch_us + sum over shards of  B x (pooling x width x lookup_ns x miss_factor + width x output_ns) / 1000
+  bwd = bwd_factor x (fwd - launch_us) + launch_us + optimizer update over the shard's touched rows
+where miss_factor = 1 + miss_penalty x pressure, pressure = min(1, working set / cache_bytes),
+and a shard's working set is its touched rows x width x bytes: touched rows =
+min(rows, B x pooling x cold_fraction), cold_fraction being the share of lookups that hit a
+row for the first time, from the access-count bins (1 / mean accesses per distinct row;
+bins absent: 0.5). The working set is taken over
+  regime "gpu": the shard alone. Work adds up and the launch is paid once per operator,
+                so fusing tables costs less than running them apart (sub-additive).
+  regime "cpu": the whole operator. Tables evict each other from the cache, so fusing
+                tables costs more than running them apart (super-additive), as measured
+                for FBGEMM's CPU kernels.
+Communication comes from the all-to-all model in dreamshard.hardware.comm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from dreamshard.hardware.base import ComputeCost, PlanCost
+from dreamshard.hardware.comm import Topology, assemble_plan_cost
+from dreamshard.memory import BYTES_PER_WEIGHT
+from dreamshard.plan import Plan, Shard
+from dreamshard.tables import NUM_BINS, Table
+from dreamshard.tasks import Task
+
+# representative access count of each bin: 1, then the upper edge 2^k, and 2^16 for "more"
+_BIN_COUNTS = np.array([2.0**k for k in range(NUM_BINS)])
+
+
+def cold_fraction(table: Table) -> float:
+    """Share of lookups that touch a row for the first time in the batch."""
+    if table.bins is None or sum(table.bins) == 0:
+        return 0.5
+    bins = np.asarray(table.bins)
+    mean_count = float((bins * _BIN_COUNTS).sum() / bins.sum())
+    return 1.0 / max(mean_count, 1.0)
+
+
+@dataclass(frozen=True)
+class AnalyticConfig:
+    regime: str = "cpu"  # "cpu": super-additive fusion; "gpu": sub-additive fusion
+    batch_size: int = 4096
+    launch_us: float = 50.0
+    lookup_ns: float = 1.0  # per looked-up element of a row
+    output_ns: float = 0.5  # per pooled-output element
+    miss_penalty: float = 0.6
+    cache_bytes: float = 8 * 2**20
+    bwd_factor: float = 1.5
+    update_ns: float = 2.0  # per updated element of a touched row
+    topology: Topology = field(default_factory=Topology)
+
+    def __post_init__(self) -> None:
+        if self.regime not in ("cpu", "gpu"):
+            raise ValueError(f"regime: expected 'cpu' or 'gpu', got {self.regime!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: expected >= 1, got {self.batch_size}")
+
+
+class AnalyticBackend:
+    name = "analytic"
+    measured = False
+
+    def __init__(self, config: AnalyticConfig = AnalyticConfig()) -> None:
+        self.config = config
+
+    def device_name(self) -> str:
+        return f"analytic model ({self.config.regime} regime)"
+
+    def versions(self) -> dict[str, str]:
+        return {"analytic": "1"}
+
+    def compute_cost(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
+        if not shards:
+            return ComputeCost(0.0, 0.0)
+        c = self.config
+        tables = {t.name: t for t in task.tables}
+        bytes_per = BYTES_PER_WEIGHT[task.memory.weights_precision]
+        lookups = [c.batch_size * tables[s.table].pooling_factor for s in shards]
+        touched = [min(tables[s.table].rows, n * cold_fraction(tables[s.table])) for s, n in zip(shards, lookups)]
+        widths = [s.col_end - s.col_start for s in shards]
+        working_set = [r * w * bytes_per for r, w in zip(touched, widths)]
+        work_us = update_us = 0.0
+        for n, rows, width, own in zip(lookups, touched, widths, working_set):
+            pressure = min(1.0, (own if c.regime == "gpu" else sum(working_set)) / c.cache_bytes)
+            miss = 1.0 + c.miss_penalty * pressure
+            work_us += (n * width * c.lookup_ns * miss + c.batch_size * width * c.output_ns) / 1000
+            update_us += rows * width * c.update_ns / 1000
+        fwd_us = c.launch_us + work_us
+        bwd_us = c.launch_us + c.bwd_factor * work_us + update_us
+        return ComputeCost(fwd_us / 1000, bwd_us / 1000)
+
+    def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
+        compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]
+        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology)

@@ -1,0 +1,85 @@
+"""All-to-all communication model for model-parallel embeddings.
+
+Training is data-parallel outside the embeddings: a global batch of B samples is
+split evenly, B/N per device. Forward: device d has pooled outputs of its tables
+for all B samples and sends each other device e its batch share,
+B/N x dimsum_d x bytes. So d sends (N-1) such blocks and receives one block
+B/N x dimsum_e x bytes from every other device e. Backward: the gradients of those
+outputs travel the reverse way (what d sent it now receives, and vice versa).
+
+A device's transfer time is latency + the larger of its send and receive time,
+each link (d, e) running at the intra-host bandwidth when d and e share a host
+(`devices_per_host` consecutive devices per host) and at the inter-host bandwidth
+otherwise; a device's transfers to different peers share its link serially.
+
+The forward exchange cannot complete before every device has produced its outputs,
+so a device that finished its forward compute early waits for the slowest one:
+fwd_comm_d = (max_e fwd_e - fwd_d) + transfer_fwd_d. The backward exchange starts
+after the dense backward, which all devices finish together, so no such wait.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
+from dreamshard.plan import Plan
+
+
+@dataclass(frozen=True)
+class Topology:
+    devices_per_host: int = 8
+    intra_host_gbps: float = 150.0  # GB/s per device, e.g. NVLink
+    inter_host_gbps: float = 12.5  # GB/s per device, e.g. 100 Gb/s network
+    latency_us: float = 10.0  # per collective
+    output_bytes: int = 4  # bytes per pooled-output element (fp32)
+
+    def __post_init__(self) -> None:
+        if self.devices_per_host < 1 or self.intra_host_gbps <= 0 or self.inter_host_gbps <= 0:
+            raise ValueError("topology: devices_per_host >= 1 and positive bandwidths required")
+        if self.latency_us < 0 or self.output_bytes < 1:
+            raise ValueError("topology: latency_us >= 0 and output_bytes >= 1 required")
+
+
+def _seconds_per_byte(topology: Topology, n: int) -> np.ndarray:
+    host = np.arange(n) // topology.devices_per_host
+    same = host[:, None] == host[None, :]
+    gbps = np.where(same, topology.intra_host_gbps, topology.inter_host_gbps)
+    spb = 1.0 / (gbps * 1e9)
+    np.fill_diagonal(spb, 0.0)  # a device's own share stays local
+    return spb
+
+
+def transfer_ms(dim_sums: Sequence[int], batch_size: int, topology: Topology) -> np.ndarray:
+    """Forward all-to-all transfer time of each device, ms (the backward one is the same)."""
+    n = len(dim_sums)
+    if n == 1:
+        return np.zeros(1)
+    block = batch_size / n * np.asarray(dim_sums, dtype=np.float64) * topology.output_bytes  # bytes d -> e
+    spb = _seconds_per_byte(topology, n)
+    send = (spb * block[:, None]).sum(axis=1)  # d's blocks to every e
+    recv = (spb.T * block[None, :]).sum(axis=1)  # every e's block to d
+    return (topology.latency_us * 1e-6 + np.maximum(send, recv)) * 1e3
+
+
+def communication_ms(
+    fwd_compute_ms: Sequence[float], dim_sums: Sequence[int], batch_size: int, topology: Topology
+) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd_comm_ms, bwd_comm_ms) per device, including the forward wait for the slowest device."""
+    fwd = np.asarray(fwd_compute_ms, dtype=np.float64)
+    transfer = transfer_ms(dim_sums, batch_size, topology)
+    if len(fwd) == 1:
+        return np.zeros(1), np.zeros(1)
+    # send and receive swap roles in the backward pass; max(send, recv) is symmetric in them
+    return fwd.max() - fwd + transfer, transfer
+
+
+def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
+                       topology: Topology, comm: str = "model") -> PlanCost:
+    """Add the modelled all-to-all to per-device compute costs."""
+    dim_sums = [sum(s.col_end - s.col_start for s in plan.device_shards(d)) for d in range(plan.num_devices)]
+    fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], dim_sums, batch_size, topology)
+    devices = tuple(DeviceCost(c.fwd_ms, c.bwd_ms, float(f), float(b)) for c, f, b in zip(compute, fwd_comm, bwd_comm))
+    return PlanCost(devices, backend.name, backend.device_name(), backend.measured, comm)

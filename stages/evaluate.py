@@ -1,0 +1,135 @@
+"""evaluate: plan every test task with every sharder, measure the plans, compare with lower bounds.
+
+Also measures the backend's additivity (which decides the lower bound, see
+dreamshard/bounds.py) and checks the bound against the true optimum of small tasks,
+found by measuring every plan.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from tqdm import tqdm
+
+from dreamshard.bounds import SUB_ADDITIVE, SUPER_ADDITIVE, additivity_ratio, regime_of
+from dreamshard.evaluate import evaluate_task, exhaustive_optimum, plan_with
+from dreamshard.io import write_parquet, write_text
+from dreamshard.memory import GB
+from dreamshard.sharders import make_sharder
+from dreamshard.tasks import Task, read_tasks
+from stages.common import ParamsError, build, make_stage_backend, section
+
+BOUND_USED = {
+    SUPER_ADDITIVE: "sum of single-table costs / N + all-to-all bound",
+    SUB_ADDITIVE: "cost of all tables fused / N + all-to-all bound",
+    "mixed": "largest single-table cost + its all-to-all (no compute-sum bound)",
+}
+
+
+def run(params: dict[str, Any]) -> None:
+    from dreamshard.hardware import Topology
+
+    cfg = section(params, "evaluate")
+    backend = make_stage_backend(params)
+    batch_size = int(section(params, "backend.batch_size"))
+    topology = build(Topology, section(params, "backend").get("topology", {}), "backend.topology")
+    tasks = read_tasks(Path(section(params, "paths.tasks")) / "test.parquet", section(params, "paths.tables"))
+    names = cfg.get("sharders")
+    if not names:
+        raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
+    try:
+        sharders = [make_sharder(n, seed=int(cfg.get("seed", 0))) for n in names]
+    except ValueError as exc:
+        raise ParamsError(f"params.yaml: evaluate.sharders: {exc}") from None
+
+    probes = tasks[: int(cfg.get("additivity_probes", 3))]
+    ratios = [additivity_ratio(backend, t) for t in probes]
+    regime = regime_of(ratios)
+    print(f"evaluate: {backend.name} on {backend.device_name()}: fused / sum of singles = "
+          f"{', '.join(f'{r:.3f}' for r in ratios)} -> {regime}")
+
+    rows = []
+    for task in tqdm(tasks, desc="evaluate", unit="task"):
+        for r in evaluate_task(backend, task, sharders, regime, batch_size, topology, int(cfg.get("rounds", 1))):
+            rows.append(result_row(r))
+    results = pd.DataFrame(rows)
+    out = Path(section(params, "paths.eval"))
+    write_parquet(pa.Table.from_pandas(results, preserve_index=False), out / "results.parquet")
+
+    exhaustive = exhaustive_check(backend, tasks, sharders, cfg.get("exhaustive", {}), batch_size, topology, regime)
+    metrics = {
+        "backend": backend.name,
+        "device": backend.device_name(),
+        "measured": backend.measured,
+        "versions": backend.versions(),
+        "batch_size": batch_size,
+        "additivity": {"fused_over_sum_of_singles": ratios, "regime": regime, "lower_bound": BOUND_USED[regime]},
+        "families": family_summary(results),
+        "exhaustive": exhaustive,
+    }
+    write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.eval_metrics"))
+    plot = results.groupby(["family", "algorithm"], sort=False)["cost_over_lb"].mean().reset_index()
+    plot["family_algorithm"] = plot["family"] + " / " + plot["algorithm"]
+    write_parquet(pa.Table.from_pandas(plot, preserve_index=False), out / "summary.parquet")
+    plot_path = Path(section(params, "paths.eval_plot"))
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(plot[["family_algorithm", "cost_over_lb"]].to_csv(index=False), plot_path)
+    print(f"evaluate: {len(tasks)} tasks x {len(sharders)} sharders -> {out}, {section(params, 'paths.eval_metrics')}")
+
+
+def result_row(r) -> dict:
+    return {
+        "task": r.task.name, "family": r.task.family, "algorithm": r.algorithm,
+        "cost_ms": r.cost.cost_ms, "lower_bound_ms": r.bound.total_ms, "cost_over_lb": r.cost.cost_ms / r.bound.total_ms,
+        "plan_ms": r.plan_ms,
+        "fwd_ms": [d.fwd_ms for d in r.cost.devices], "bwd_ms": [d.bwd_ms for d in r.cost.devices],
+        "fwd_comm_ms": [d.fwd_comm_ms for d in r.cost.devices], "bwd_comm_ms": [d.bwd_comm_ms for d in r.cost.devices],
+        "backend": r.cost.backend, "device_name": r.cost.device_name, "measured": r.cost.measured, "comm": r.cost.comm,
+        "shards": json.dumps(r.plan.to_dict()["shards"]),
+    }
+
+
+def family_summary(results: pd.DataFrame) -> dict:
+    out: dict[str, dict] = defaultdict(dict)
+    for (family, algo), g in results.groupby(["family", "algorithm"], sort=False):
+        out[family][algo] = {
+            "mean_cost_ms": float(g["cost_ms"].mean()),
+            "mean_cost_over_lb": float(g["cost_over_lb"].mean()),
+            "plan_ms_p50": float(g["plan_ms"].median()),
+            "num_tasks": int(len(g)),
+        }
+    return dict(out)
+
+
+def exhaustive_check(backend, tasks: list[Task], sharders, cfg: dict, batch_size, topology, regime) -> dict:
+    """Measure every plan of small tasks: does the bound hold, how far is the best sharder?"""
+    num_tasks = int(cfg.get("num_tasks", 0))
+    if num_tasks == 0:
+        return {}
+    n_tables, n_devices = int(cfg.get("num_tables", 8)), int(cfg.get("num_devices", 2))
+    memory = tasks[0].devices[0].memory_bytes / GB
+    small = [Task.uniform(f"exhaustive/{i}", t.tables[:n_tables], n_devices, memory, t.memory, "exhaustive")
+             for i, t in enumerate(tasks[:num_tasks])]
+    per_task = []
+    for task in tqdm(small, desc="exhaustive", unit="task"):
+        res = exhaustive_optimum(backend, task, batch_size, topology, regime)
+        best_algo_cost = min(res.cost_of(p.plan) for p in plan_with(sharders, task))
+        per_task.append({
+            "task": task.name, "plans": len(res.costs), "optimum_ms": res.optimum.cost_ms,
+            "lower_bound_ms": res.bound.total_ms, "best_sharder_ms": best_algo_cost,
+        })
+    opt = np.array([p["optimum_ms"] for p in per_task])
+    lb = np.array([p["lower_bound_ms"] for p in per_task])
+    best = np.array([p["best_sharder_ms"] for p in per_task])
+    return {
+        "num_tables": n_tables, "num_devices": n_devices,
+        "bound_holds": bool((lb <= opt).all()),
+        "mean_lower_bound_over_optimum": float((lb / opt).mean()),
+        "mean_best_sharder_over_optimum": float((best / opt).mean()),
+        "tasks": per_task,
+    }
