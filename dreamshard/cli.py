@@ -7,16 +7,22 @@ from pathlib import Path
 
 from dreamshard.errors import DreamShardError
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
-from dreamshard.hardware import BACKENDS
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import SHARDERS, make_sharder
 from dreamshard.tables import read_tables_file
-from dreamshard.tasks import Task
+from dreamshard.tasks import MAX_MEMORY_GB, Task
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage mistakes end in one line on stderr, like every other error of the command."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dreamshard", description="Place embedding tables on devices.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = OneLineErrorParser(prog="dreamshard", description="Place embedding tables on devices.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineErrorParser)
 
     p = sub.add_parser("plan", help="plan a tables file onto N devices and write plan.json")
     p.add_argument("--tables", required=True, type=Path, help="CSV or Parquet: name, rows, dim, pooling_factor[, bin_0..bin_16]")
@@ -32,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
     m.add_argument("--tables", required=True, type=Path, help="the tables file the plan was made for")
     m.add_argument("--plan", required=True, type=Path, help="plan JSON (from `dreamshard plan`)")
-    m.add_argument("--backend", required=True, choices=BACKENDS, help="fbgemm: real kernels; analytic: a model")
+    m.add_argument("--backend", required=True, choices=["fbgemm", "analytic"], help="fbgemm: real kernels; analytic: a model")
     m.add_argument("--memory-gb", type=float, help="device memory, GB (default: the plan's memory_gb)")
     m.add_argument("--batch-size", type=int, default=2048)
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
@@ -48,8 +54,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = read_tables_file(args.tables)
     if args.devices < 1:
         raise DreamShardError(f"--devices: expected a positive integer, got {args.devices}")
-    if not args.memory_gb > 0:
-        raise DreamShardError(f"--memory-gb: expected a positive number, got {args.memory_gb}")
+    if not 0 < args.memory_gb <= MAX_MEMORY_GB:
+        raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
     task = Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
                         MemoryModel(args.weights_precision, args.optimizer))
     plan = make_sharder(args.algo, seed=args.seed).shard(task)
@@ -68,7 +74,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def cmd_measure(args: argparse.Namespace) -> None:
     import json
 
-    from dreamshard.hardware import make_backend
+    from dreamshard.hardware import make_backend  # imports torch: only when measuring
     from dreamshard.lookups import GeneratedLookups
 
     tables = read_tables_file(args.tables)
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (DreamShardError, ValueError, OSError) as exc:
+    except (DreamShardError, ValueError, OSError, OverflowError) as exc:
         print(f"dreamshard: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -70,7 +70,8 @@ def load_dlrm_file(path: str | Path) -> EmbeddingBagBatch:
     except Exception as exc:  # corrupt gzip, pickle, truncated file, ...
         raise DataFormatError(f"{path}: cannot be read as a torch.save file: {exc}") from exc
     if not isinstance(obj, (tuple, list)) or len(obj) != 3:
-        raise DataFormatError(f"{path}: expected a tuple (indices, offsets, lengths), got {type(obj).__name__}")
+        what = f"{type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else type(obj).__name__
+        raise DataFormatError(f"{path}: expected a tuple of 3 (indices, offsets, lengths), got {what}")
     arrays = {}
     for name, value in zip(("indices", "offsets", "lengths"), obj):
         if not isinstance(value, torch.Tensor):
@@ -117,9 +118,9 @@ def save_dlrm_file(batch: EmbeddingBagBatch, path: str | Path) -> None:
     obj = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (batch.indices, batch.offsets, batch.lengths))
     with atomic_path(path) as tmp:
         if path.name.endswith(".gz"):
-            # mtime=0: the same batch gives the same bytes, so DVC sees no change on reruns;
+            # no name, mtime=0: the same batch gives the same bytes, so DVC sees no change on reruns;
             # level 1: level 9 takes a minute for 12M indices and saves little on random ids
-            with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as fh:
+            with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=1) as fh:
                 torch.save(obj, fh)
         else:
             torch.save(obj, tmp)

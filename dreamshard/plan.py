@@ -96,6 +96,10 @@ def validate_plan(task: Task, plan: Plan) -> None:
         if not 0 <= s.device < plan.num_devices:
             raise InvalidPlanError(f"table {s.table!r} on device {s.device}, expected 0..{plan.num_devices - 1}")
         width = s.col_end - s.col_start
+        if s.col_start < 0 or s.col_end > dims[s.table]:
+            raise InvalidPlanError(
+                f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) outside its dim {dims[s.table]}"
+            )
         if width <= 0 or width % 4 or s.col_start % 4:
             raise InvalidPlanError(
                 f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range on multiples of 4"

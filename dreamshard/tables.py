@@ -129,8 +129,13 @@ def tables_from_frame(df: pd.DataFrame, origin: str) -> list[Table]:
     return tables
 
 
+MAX_INT_FIELD = 2**40  # rows or dims beyond this are no embedding table, and would overflow byte counts
+
+
 def _as_int(value, field: str) -> int:
     f = float(value)
     if not f.is_integer():
         raise ValueError(f"column {field!r}: expected an integer, got {value!r}")
+    if abs(f) > MAX_INT_FIELD:
+        raise ValueError(f"column {field!r}: {value!r} is out of range (at most {MAX_INT_FIELD})")
     return int(f)

@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,6 +12,9 @@ import pyarrow.parquet as pq
 from dreamshard.errors import DataFormatError
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.tables import BIN_COLUMNS, Table
+
+
+MAX_MEMORY_GB = 1e6  # keeps byte counts far inside int64
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ class Task:
                 memory: MemoryModel | None = None, family: str = "") -> Task:
         if num_devices < 1:
             raise ValueError(f"task {name!r}: need at least one device, got {num_devices}")
-        if not memory_gb > 0:
-            raise ValueError(f"task {name!r}: device memory must be > 0 GB, got {memory_gb}")
+        if not 0 < memory_gb <= MAX_MEMORY_GB:
+            raise ValueError(f"task {name!r}: device memory must be in (0, {MAX_MEMORY_GB:g}] GB, got {memory_gb}")
         devices = tuple(Device(int(memory_gb * GB)) for _ in range(num_devices))
         return cls(name, tuple(tables), devices, memory or MemoryModel(), family)
 

@@ -1,0 +1,367 @@
+"""Real-kernel cost backend: FBGEMM's fused embedding operator (TBE) on CPU or CUDA.
+
+Each logical device of a plan becomes ONE `SplitTableBatchedEmbeddingBagsCodegen`
+holding all its shards (a column slice is a table of the slice's width, with the
+table's rows and lookups), measured on the one physical device this process runs
+on, devices one after another. Per device:
+
+  warm-up:  `warmup` forward + backward passes
+  timed:    `iterations` times: a forward pass (timed), then a backward pass of that
+            forward's output with a fixed, pre-made output gradient (timed separately;
+            it runs FBGEMM's fused optimizer update)
+  result:   median forward ms, median backward ms
+
+CPU timings use time.perf_counter with the thread count pinned (torch.set_num_threads)
+and are CPU figures: never to be read as GPU figures. CUDA timings use CUDA events.
+Communication is not measured here: it comes from the all-to-all model in
+dreamshard.hardware.comm (PlanCost.comm = "model").
+
+What FBGEMM (fbgemm-gpu-cpu 1.8.0) supports on CPU, checked by running it:
+fp32 and fp16 weights, each with exact_sgd, exact_row_wise_adagrad and exact_adagrad;
+adam is CUDA-only ("Optimizer adam is not supported in CPU mode"), so a task using it
+is refused on CPU rather than measured with another optimizer.
+"""
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from dreamshard.errors import DreamShardError, InvalidPlanError
+from dreamshard.hardware.base import ComputeCost, PlanCost
+from dreamshard.hardware.comm import Topology, assemble_plan_cost
+from dreamshard.memory import GB
+from dreamshard.plan import Plan, Shard
+from dreamshard.tasks import Task
+
+if TYPE_CHECKING:  # LookupSource is a Protocol; only needed for annotations
+    from dreamshard.lookups import LookupSource
+
+DEVICES = ("cpu", "cuda")
+# our optimizer name -> FBGEMM EmbOptimType member name
+OPTIMIZERS = {
+    "exact_sgd": "EXACT_SGD",
+    "exact_row_wise_adagrad": "EXACT_ROWWISE_ADAGRAD",
+    "exact_adagrad": "EXACT_ADAGRAD",
+    "adam": "ADAM",
+}
+PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
+# (precision, optimizer) pairs FBGEMM's CPU kernels run; CUDA runs all of OPTIMIZERS x PRECISIONS
+CPU_SUPPORTED = frozenset(
+    (p, o) for p in PRECISIONS for o in ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad")
+)
+INIT_RANGE = 0.01  # weights start uniform in [-INIT_RANGE, INIT_RANGE] (FBGEMM's own start is all zeros)
+
+
+@dataclass(frozen=True)
+class FbgemmConfig:
+    batch_size: int = 4096
+    warmup: int = 3
+    iterations: int = 15
+    threads: int = 1  # CPU threads during a measurement (torch.set_num_threads), restored afterwards
+    device: str = "cpu"  # "cpu" or "cuda"
+    memory_budget_gb: float = 4.0  # refuse to build an operator whose weights + optimizer state exceed this
+    learning_rate: float = 0.01
+    topology: Topology = field(default_factory=Topology)
+
+    def __post_init__(self) -> None:
+        for name, low in (("batch_size", 1), ("warmup", 0), ("iterations", 1), ("threads", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
+        for name in ("memory_budget_gb", "learning_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+        if not isinstance(self.topology, Topology):
+            raise ValueError(f"topology: expected a dreamshard.hardware.comm.Topology, got {type(self.topology).__name__}")
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per-iteration timings of one fused operator, ms."""
+
+    fwd_ms: tuple[float, ...]
+    bwd_ms: tuple[float, ...]
+
+    def median(self) -> ComputeCost:
+        return ComputeCost(float(statistics.median(self.fwd_ms)), float(statistics.median(self.bwd_ms)))
+
+
+def cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def fbgemm_version() -> str:
+    for dist in ("fbgemm-gpu-cpu", "fbgemm-gpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+class FbgemmBackend:
+    """Measures fused TBE operators; see the module docstring for the protocol."""
+
+    name = "fbgemm"
+    measured = True
+
+    def __init__(self, lookups: LookupSource, config: FbgemmConfig = FbgemmConfig()) -> None:
+        import torch
+
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise DreamShardError(
+                "fbgemm backend: device 'cuda' requested but torch.cuda.is_available() is False on this machine "
+                f"(torch {torch.__version__}); use device='cpu' for CPU kernel timings"
+            )
+        self.lookups = lookups
+        self.config = config
+
+    # ---------------------------------------------------------------- metadata
+
+    def device_name(self) -> str:
+        if self.config.device == "cuda":
+            import torch
+
+            return torch.cuda.get_device_name()
+        n = self.config.threads
+        return f"cpu: {cpu_model_name()} ({n} thread{'s' if n != 1 else ''})"
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        out = {"torch": torch.__version__, "fbgemm_gpu": fbgemm_version()}
+        if self.config.device == "cuda":
+            out["cuda"] = str(torch.version.cuda)
+        return out
+
+    # ---------------------------------------------------------------- costs
+
+    def compute_cost(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
+        if not shards:
+            return ComputeCost(0.0, 0.0)
+        return self.compute_samples(task, shards).median()
+
+    def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
+        if plan.num_devices != task.num_devices:
+            raise InvalidPlanError(f"plan is for {plan.num_devices} devices, task {task.name!r} has {task.num_devices}")
+        compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]
+        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology)
+
+    def compute_samples(self, task: Task, shards: Sequence[Shard]) -> Samples:
+        """Every timed iteration of one device's fused operator (compute_cost takes their medians)."""
+        if not shards:
+            return Samples((0.0,), (0.0,))
+        import torch
+
+        previous_threads = torch.get_num_threads()
+        torch.set_num_threads(self.config.threads)
+        fused = None
+        try:
+            fused = self.build_operator(task, shards)
+            fused.warm_up(self.config.warmup)
+            return fused.time_cuda(self.config.iterations) if fused.device.type == "cuda" \
+                else fused.time_cpu(self.config.iterations)
+        finally:
+            del fused  # free the operator (and its weights) before anything else is built
+            torch.set_num_threads(previous_threads)
+            if self.config.device == "cuda":
+                torch.cuda.empty_cache()
+
+    def build_operator(self, task: Task, shards: Sequence[Shard]) -> FusedOperator:
+        """The fused operator compute_cost measures, with its inputs: for inspection and tests.
+
+        Checks the optimizer and precision, the shards and the memory budget before allocating.
+        """
+        if not shards:
+            raise DreamShardError("fbgemm backend: no shards to build an operator from")
+        self._check_supported(task)
+        specs = self._shard_specs(task, shards)  # [(table, width)], validated
+        self._check_budget(task, shards, specs)
+        indices, offsets = self._inputs(shards, specs)
+        return self._build(task, specs, indices, offsets)
+
+    # ---------------------------------------------------------------- checks and inputs
+
+    def _check_supported(self, task: Task) -> None:
+        prec, opt = task.memory.weights_precision, task.memory.optimizer
+        if prec not in PRECISIONS or opt not in OPTIMIZERS:
+            raise DreamShardError(f"fbgemm backend: no FBGEMM mapping for weights {prec!r} with optimizer {opt!r}")
+        if self.config.device == "cpu" and (prec, opt) not in CPU_SUPPORTED:
+            ok = sorted({o for _, o in CPU_SUPPORTED})
+            raise DreamShardError(
+                f"fbgemm backend: task {task.name!r} uses optimizer {opt!r} with {prec} weights, which FBGEMM's CPU "
+                f"kernels (fbgemm_gpu {fbgemm_version()}) do not support; on CPU use one of {', '.join(ok)} "
+                "(fp32 or fp16), or measure on CUDA"
+            )
+
+    def _shard_specs(self, task: Task, shards: Sequence[Shard]):
+        tables = {t.name: t for t in task.tables}
+        specs = []
+        for s in shards:
+            table = tables.get(s.table)
+            if table is None:
+                raise InvalidPlanError(f"shard of unknown table {s.table!r} (task {task.name!r})")
+            width = s.col_end - s.col_start
+            if s.col_start < 0 or s.col_end > table.dim or width <= 0 or width % 4:
+                raise InvalidPlanError(
+                    f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range of a "
+                    f"multiple of 4 columns within its dim {table.dim}"
+                )
+            specs.append((table, width))
+        return specs
+
+    def _check_budget(self, task: Task, shards: Sequence[Shard], specs) -> None:
+        needed = sum(task.memory.shard_bytes(t.rows, w) for t, w in specs)
+        budget = self.config.memory_budget_gb * GB
+        if needed > budget:
+            devices = sorted({s.device for s in shards})
+            names = ", ".join(f"{s.table}[{s.col_start}:{s.col_end}]" for s in shards)
+            raise DreamShardError(
+                f"fbgemm backend: device {', '.join(map(str, devices))} holds {len(shards)} shard(s) ({names}) needing "
+                f"{needed} bytes ({needed / GB:.2f} GB) of {task.memory.weights_precision} weights and "
+                f"{task.memory.optimizer} state, over the measurement budget of {self.config.memory_budget_gb} GB "
+                "(FbgemmConfig.memory_budget_gb); nothing was allocated"
+            )
+
+    def _inputs(self, shards: Sequence[Shard], specs):
+        """Table-major int64 indices and offsets (T*B+1) over the shards, as in the DLRM format."""
+        batch = self.config.batch_size
+        cache = {}  # column slices of one table share its lookups
+        all_indices, all_lengths = [], []
+        for s, (table, _) in zip(shards, specs):
+            if table.name not in cache:
+                req = self.lookups.lookups(table, batch)
+                idx = np.asarray(req.indices, dtype=np.int64)
+                lengths = np.asarray(req.lengths, dtype=np.int64)
+                if lengths.shape != (batch,):
+                    raise DreamShardError(
+                        f"table {table.name!r}: lookups have {lengths.shape[0] if lengths.ndim else 0} samples, "
+                        f"expected the batch size {batch}"
+                    )
+                if (lengths < 0).any() or int(lengths.sum()) != idx.shape[0]:
+                    raise DreamShardError(
+                        f"table {table.name!r}: lookup lengths sum to {int(lengths.sum())} for {idx.shape[0]} indices"
+                    )
+                if idx.size and (idx.min() < 0 or idx.max() >= table.rows):
+                    raise DreamShardError(
+                        f"table {table.name!r}: lookup row ids span [{idx.min()}, {idx.max()}], "
+                        f"outside the table's {table.rows} rows"
+                    )
+                cache[table.name] = (idx, lengths)
+            idx, lengths = cache[table.name]
+            all_indices.append(idx)
+            all_lengths.append(lengths)
+        indices = np.concatenate(all_indices)
+        offsets = np.concatenate([[0], np.cumsum(np.concatenate(all_lengths))]).astype(np.int64)
+        return indices, offsets
+
+    # ---------------------------------------------------------------- the measurement
+
+    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray) -> FusedOperator:
+        import torch
+
+        with warnings.catch_warnings():
+            # the CPU wheel announces, on first import, each GPU-only (SSD) optimizer it lacks
+            warnings.filterwarnings("ignore", message=r"(?s).*Failed to import", category=DeprecationWarning)
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice,
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
+
+        if self.config.device == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+            location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+        else:
+            device = torch.device("cpu")
+            location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+        try:
+            op = SplitTableBatchedEmbeddingBagsCodegen(
+                embedding_specs=[(t.rows, w, location, compute) for t, w in specs],
+                optimizer=EmbOptimType[OPTIMIZERS[task.memory.optimizer]],
+                weights_precision=SparseType[PRECISIONS[task.memory.weights_precision]],
+                pooling_mode=PoolingMode.SUM,
+                learning_rate=self.config.learning_rate,
+                device=device,
+            )
+        except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
+            raise DreamShardError(f"fbgemm backend: FBGEMM refused the operator on {device}: {exc}") from exc
+        gen = torch.Generator(device=device).manual_seed(0)
+        with torch.no_grad():
+            for w in op.split_embedding_weights():
+                w.uniform_(-INIT_RANGE, INIT_RANGE, generator=gen)
+        indices = torch.from_numpy(indices_np).to(device)
+        offsets = torch.from_numpy(offsets_np).to(device)
+        width = sum(w for _, w in specs)
+        grad = torch.randn((self.config.batch_size, width), generator=gen, device=device) * 0.01
+        return FusedOperator(op, indices, offsets, grad, device)
+
+
+@dataclass
+class FusedOperator:
+    """One device's TBE with its table-major inputs and the fixed output gradient of its backward."""
+
+    op: object  # SplitTableBatchedEmbeddingBagsCodegen
+    indices: object  # torch.Tensor, int64
+    offsets: object  # torch.Tensor, int64, T*B+1
+    grad: object  # torch.Tensor [B, sum of widths]
+    device: object  # torch.device
+
+    def step(self):
+        """One forward and backward (the backward applies the optimizer update); returns the output."""
+        out = self.op(self.indices, self.offsets)
+        out.backward(self.grad)
+        return out.detach()
+
+    def warm_up(self, n: int) -> None:
+        for _ in range(n):
+            self.step()
+
+    def time_cpu(self, iterations: int) -> Samples:
+        fwd, bwd = [], []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            out = self.op(self.indices, self.offsets)
+            t1 = time.perf_counter()
+            out.backward(self.grad)
+            t2 = time.perf_counter()
+            fwd.append((t1 - t0) * 1e3)
+            bwd.append((t2 - t1) * 1e3)
+            del out
+        return Samples(tuple(fwd), tuple(bwd))
+
+    def time_cuda(self, iterations: int) -> Samples:
+        import torch
+
+        events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(iterations)]
+        torch.cuda.synchronize(self.device)
+        for start, mid, end in events:
+            start.record()
+            out = self.op(self.indices, self.offsets)
+            mid.record()
+            out.backward(self.grad)
+            end.record()
+            del out
+        torch.cuda.synchronize(self.device)
+        fwd = tuple(float(s.elapsed_time(m)) for s, m, _ in events)
+        bwd = tuple(float(m.elapsed_time(e)) for _, m, e in events)
+        return Samples(fwd, bwd)

@@ -1,0 +1,173 @@
+"""Plans: validation rules, memory accounting and JSON I/O."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dreamshard.errors import DataFormatError, InvalidPlanError
+from dreamshard.memory import MemoryModel
+from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
+from dreamshard.tables import Table
+from dreamshard.tasks import Device, Task
+
+# fp32, exact_sgd: bytes = rows x dim x 4
+#   a: 1000 x 16 -> 64000    b: 500 x 8 -> 16000    c: 100 x 32 -> 12800
+CAPACITY = 80_000
+
+
+@pytest.fixture
+def task() -> Task:
+    tables = (Table("a", 1000, 16, 2.0), Table("b", 500, 8, 1.0), Table("c", 100, 32, 5.0))
+    return Task("t", tables, (Device(CAPACITY), Device(CAPACITY)))
+
+
+def plan(*shards, n=2) -> Plan:
+    return Plan(n, tuple(Shard(*s) for s in shards))
+
+
+VALID = [("a", 0, 0, 16), ("b", 1, 0, 8), ("c", 1, 0, 32)]
+
+
+def test_a_valid_plan_passes(task):
+    validate_plan(task, plan(*VALID))
+    assert device_memory_bytes(task, plan(*VALID)) == [64000, 28800]
+
+
+def test_column_slices_that_tile_the_table_pass(task):
+    p = plan(("a", 0, 0, 16), ("b", 1, 0, 8), ("c", 1, 16, 32), ("c", 0, 0, 8), ("c", 1, 8, 16))
+    validate_plan(task, p)
+    # c's slices take 100 rows x 8 or 16 columns x 4 bytes on their devices
+    assert device_memory_bytes(task, p) == [64000 + 3200, 16000 + 6400 + 3200]
+
+
+def test_plan_exactly_at_capacity_passes(task):
+    validate_plan(task, plan(("a", 0, 0, 16), ("b", 0, 0, 8), ("c", 1, 0, 32)))  # device 0: 80000 of 80000
+    tight = Task("t", task.tables, (Device(64000), Device(28800)))
+    validate_plan(tight, plan(*VALID))
+    with pytest.raises(InvalidPlanError, match="device 1: 28800 bytes placed, capacity 28799"):
+        validate_plan(Task("t", task.tables, (Device(64000), Device(28799))), plan(*VALID))
+
+
+@pytest.mark.parametrize(
+    "shards, n, pattern",
+    [
+        pytest.param(VALID[:2], 2, r"table 'c': columns 0\.\.32 not placed \(dim 32\)", id="missing"),
+        pytest.param(VALID + [("b", 0, 0, 8)], 2, r"table 'b': columns from 0 placed more than once", id="twice"),
+        pytest.param(VALID + [("zz", 0, 0, 8)], 2, r"unknown table 'zz'", id="unknown-table"),
+        pytest.param([("a", 0, 0, 16), ("b", 2, 0, 8), ("c", 1, 0, 32)], 2,
+                     r"table 'b' on device 2, expected 0\.\.1", id="device-too-high"),
+        pytest.param([("a", 0, 0, 16), ("b", -1, 0, 8), ("c", 1, 0, 32)], 2,
+                     r"table 'b' on device -1", id="device-negative"),
+        pytest.param([("a", 0, 0, 16), ("b", 0, 0, 8), ("c", 0, 0, 32)], 2,
+                     r"device 0: 92800 bytes placed, capacity 80000", id="memory-exceeded"),
+        pytest.param(VALID, 3, r"plan is for 3 devices, task 't' has 2", id="num-devices"),
+        pytest.param(VALID[:2] + [("c", 0, 0, 20), ("c", 1, 16, 32)], 2,
+                     r"table 'c': columns from 16 placed more than once", id="slices-overlap"),
+        pytest.param(VALID[:2] + [("c", 0, 0, 8), ("c", 1, 16, 32)], 2,
+                     r"table 'c': columns from 8 not placed", id="slices-gap"),
+        pytest.param(VALID[:2] + [("c", 0, 0, 8), ("c", 1, 8, 28)], 2,
+                     r"table 'c': columns 28\.\.32 not placed", id="slices-short"),
+        pytest.param(VALID[:2] + [("c", 1, 0, 36)], 2, r"table 'c': columns \[0, 36\) outside its dim 32", id="beyond-dim"),
+        pytest.param(VALID[:2] + [("c", 0, 0, 6), ("c", 1, 6, 32)], 2,
+                     r"table 'c': columns \[0, 6\) must be .*multiples of 4", id="slice-not-multiple-of-4"),
+        pytest.param(VALID[:2] + [("c", 0, 0, 8), ("c", 1, 8, 8), ("c", 1, 8, 32)], 2,
+                     r"table 'c': columns \[8, 8\) must be a non-empty range", id="empty-slice"),
+        pytest.param(VALID[:2] + [("c", 1, 32, 0)], 2, r"table 'c': columns \[32, 0\)", id="reversed-slice"),
+        pytest.param(VALID[:2] + [("c", 0, -4, 4), ("c", 1, 4, 32)], 2, r"table 'c': columns \[-4, 4\) outside its dim 32",
+                     id="negative-col-start"),
+    ],
+)
+def test_invalid_plans_name_the_table_or_device(task, shards, n, pattern):
+    p = plan(*shards, n=n)
+    with pytest.raises(InvalidPlanError, match=pattern):
+        validate_plan(task, p)
+
+
+def test_invalid_plan_error_is_a_value_error(task):
+    with pytest.raises(ValueError):
+        validate_plan(task, plan(*VALID[:2]))
+
+
+def test_memory_model_counts_optimizer_state_per_shard():
+    # row-wise adagrad keeps one fp32 per row in each column slice
+    task = Task("t", (Table("a", 1000, 16, 1.0),), (Device(10**6), Device(10**6)),
+                MemoryModel("fp16", "exact_row_wise_adagrad"))
+    whole = plan(("a", 0, 0, 16))
+    split = plan(("a", 0, 0, 8), ("a", 1, 8, 16))
+    assert device_memory_bytes(task, whole) == [1000 * 16 * 2 + 1000 * 4, 0]
+    assert device_memory_bytes(task, split) == [1000 * 8 * 2 + 1000 * 4] * 2
+    assert MemoryModel("fp32", "adam").shard_bytes(10, 4) == 10 * 4 * (4 + 8)
+    assert MemoryModel("fp32", "exact_adagrad").shard_bytes(10, 4) == 10 * 4 * 8
+    with pytest.raises(ValueError, match="optimizer"):
+        MemoryModel("fp32", "sgd")
+    with pytest.raises(ValueError, match="weights_precision"):
+        MemoryModel("bf16")
+
+
+def test_from_assignment_places_whole_tables(task):
+    p = Plan.from_assignment(task, [0, 1, 1])
+    assert p == plan(*VALID)
+    with pytest.raises(ValueError, match="2 entries for 3 tables"):
+        Plan.from_assignment(task, [0, 1])
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def test_plan_json_round_trip(tmp_path, task):
+    p = plan(("a", 0, 0, 16), ("b", 1, 0, 8), ("c", 1, 16, 32), ("c", 0, 0, 16))
+    path = tmp_path / "out" / "plan.json"
+    p.save_json(path, algorithm="size_greedy")
+    obj = json.loads(path.read_text())
+    assert obj["num_devices"] == 2 and obj["algorithm"] == "size_greedy"
+    assert obj["shards"][2] == {"table": "c", "device": 1, "col_start": 16, "col_end": 32}
+    back = Plan.load_json(path)
+    assert back == p
+    assert Plan.from_dict(p.to_dict()) == p
+    validate_plan(task, back)
+
+
+@pytest.mark.parametrize(
+    "obj, pattern",
+    [
+        ([], r"expected a JSON object"),
+        ("plan", r"expected a JSON object"),
+        ({"shards": []}, r"num_devices: expected a positive integer, got None"),
+        ({"num_devices": 0, "shards": []}, r"num_devices: expected a positive integer, got 0"),
+        ({"num_devices": True, "shards": []}, r"num_devices: .* got True"),
+        ({"num_devices": "2", "shards": []}, r"num_devices: .* got '2'"),
+        ({"num_devices": 2.0, "shards": []}, r"num_devices: .* got 2.0"),
+        ({"num_devices": 2}, r"shards: expected a list, got NoneType"),
+        ({"num_devices": 2, "shards": {"a": 0}}, r"shards: expected a list, got dict"),
+        ({"num_devices": 2, "shards": [["a", 0, 0, 16]]}, r"shards\[0\]: expected an object"),
+        ({"num_devices": 2, "shards": [{"device": 0, "col_start": 0, "col_end": 16}]}, r"shards\[0\]\.table: expected str"),
+        ({"num_devices": 2, "shards": [{"table": 1, "device": 0, "col_start": 0, "col_end": 16}]},
+         r"shards\[0\]\.table: expected str, got 1"),
+        ({"num_devices": 2, "shards": [{"table": "a", "device": 0, "col_start": 0, "col_end": 16},
+                                       {"table": "b", "device": "1", "col_start": 0, "col_end": 8}]},
+         r"shards\[1\]\.device: expected int, got '1'"),
+        ({"num_devices": 2, "shards": [{"table": "a", "device": False, "col_start": 0, "col_end": 16}]},
+         r"shards\[0\]\.device: expected int, got False"),
+        ({"num_devices": 2, "shards": [{"table": "a", "device": 0, "col_start": 0.0, "col_end": 16}]},
+         r"shards\[0\]\.col_start: expected int, got 0.0"),
+        ({"num_devices": 2, "shards": [{"table": "a", "device": 0, "col_start": 0}]},
+         r"shards\[0\]\.col_end: expected int, got None"),
+    ],
+)
+def test_from_dict_rejects_bad_shapes(obj, pattern):
+    with pytest.raises(DataFormatError, match=r"^my\.json: " + pattern):
+        Plan.from_dict(obj, "my.json")
+
+
+def test_load_json_errors_name_the_file(tmp_path):
+    with pytest.raises(DataFormatError, match=r"absent\.json: no such file"):
+        Plan.load_json(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(DataFormatError, match=r"bad\.json: not valid JSON"):
+        Plan.load_json(bad)
+    shape = tmp_path / "shape.json"
+    shape.write_text('{"num_devices": 2, "shards": 3}')
+    with pytest.raises(DataFormatError, match=r"shape\.json: shards: expected a list, got int"):
+        Plan.load_json(shape)

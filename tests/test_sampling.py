@@ -1,0 +1,247 @@
+"""Task sampling: disjoint pools, feasible tasks, determinism, errors, task files."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dreamshard.errors import InfeasibleTaskError
+from dreamshard.io import write_parquet
+from dreamshard.memory import GB, MemoryModel
+from dreamshard.plan import Plan, validate_plan
+from dreamshard.sampling import TaskFamily, sample_tasks, split_table_pools
+from dreamshard.sharders.placement import find_feasible_assignment
+from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
+from dreamshard.tasks import TASKS_SCHEMA, read_tasks, tasks_to_arrow
+from stages import tasks as tasks_stage
+from stages.common import ParamsError
+
+NUM_TABLES = 40
+# hash sizes from tiny to 1M rows: a 1M-row table at dim 128 (fp32) takes 0.48 GB,
+# so tasks of big tables at big dims do not fit 0.5 GB devices and are resampled
+ROWS = [100, 1_000, 10_000, 100_000, 1_000_000]
+
+
+def stats_frame(n: int = NUM_TABLES) -> pd.DataFrame:
+    rng = np.random.default_rng(7)
+    records = []
+    for i in range(n):
+        bins = rng.dirichlet(np.ones(len(BIN_COLUMNS)))
+        records.append({
+            "table_id": i, "name": f"synthetic_t{n}_bs64/t{i:04d}", "source": "synthetic",
+            "source_file": f"synthetic_t{n}_bs64.pt.gz", "file_table_index": i, "rows": ROWS[i % len(ROWS)],
+            "pooling_factor": float(rng.lognormal(2, 1)), "batch_size": 64, "num_lookups": 1000,
+            "num_unique": 100, **dict(zip(BIN_COLUMNS, bins.tolist())),
+        })
+    return pa.Table.from_pylist(records, schema=TABLE_STATS_SCHEMA).to_pandas()
+
+
+@pytest.fixture(scope="module")
+def stats() -> pd.DataFrame:
+    return stats_frame()
+
+
+def family(**kw) -> TaskFamily:
+    base = dict(name="fam-6-2", num_tables=6, num_devices=2, memory_gb=0.5, num_train=5, num_test=3)
+    base.update(kw)
+    return TaskFamily(**base)
+
+
+# ---------------------------------------------------------------- pools
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.8])
+def test_pools_are_disjoint_and_cover_all_tables(fraction):
+    ids = list(range(100, 100 + 37))
+    train, test = split_table_pools(ids, fraction, seed=3)
+    assert not set(train) & set(test)
+    assert sorted(train + test) == ids
+    assert len(test) == round(37 * fraction)
+    assert (train, test) == split_table_pools(list(reversed(ids)), fraction, seed=3)  # by seed, not input order
+    assert (train, test) != split_table_pools(ids, fraction, seed=4)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_pools_reject_a_fraction_outside_0_1(fraction):
+    with pytest.raises(ValueError, match="test_fraction"):
+        split_table_pools(range(10), fraction, seed=0)
+
+
+# ---------------------------------------------------------------- sample_tasks
+
+
+def test_sampled_tasks_are_valid_and_feasible(stats):
+    pool = list(range(0, NUM_TABLES, 2))
+    dims = [4, 12, 128]
+    fam = family(num_tables=8, num_devices=2, memory_gb=0.5)
+    tasks = sample_tasks(stats, pool, fam, 20, "train", dims, MemoryModel(), np.random.default_rng(0))
+    assert len(tasks) == 20
+    names = stats.set_index("name")["table_id"]
+    seen_dims = set()
+    for k, task in enumerate(tasks):
+        assert task.name == f"train/fam-6-2/{k:04d}" and task.family == "fam-6-2"
+        ids = [int(names[t.name]) for t in task.tables]
+        assert len(ids) == 8 and len(set(ids)) == 8, "a table repeated within a task"
+        assert set(ids) <= set(pool), "a table from outside the split's pool"
+        assert task.num_devices == 2
+        assert all(d.memory_bytes == int(0.5 * GB) for d in task.devices)
+        seen_dims |= {t.dim for t in task.tables}
+        plan = Plan.from_assignment(task, find_feasible_assignment(task))
+        validate_plan(task, plan)
+        # the tables carry their statistics
+        for t, i in zip(task.tables, ids):
+            row = stats.loc[stats["table_id"] == i].iloc[0]
+            assert (t.rows, t.pooling_factor) == (row["rows"], row["pooling_factor"])
+            assert t.bins == tuple(row[BIN_COLUMNS])
+    assert seen_dims == set(dims)
+
+
+def test_memory_limit_makes_sampling_reject_infeasible_draws(stats):
+    # All tables at dim 128 (fp32): a 1M-row table takes 512e6 bytes and a 100k-row one 51.2e6,
+    # so a 0.5 GB device (536.9e6 bytes) holding a 1M-row table has room for nothing else.
+    # Drawing 4 tables for 2 devices from a pool of both kinds (8 each), only draws with at
+    # most one 1M-row table are feasible (28% of them): the others must be resampled.
+    pool = [i for i in range(NUM_TABLES) if ROWS[i % len(ROWS)] >= 100_000]
+    fam = family(num_tables=4, num_devices=2, memory_gb=0.5)
+    tasks = sample_tasks(stats, pool, fam, 10, "test", [128], MemoryModel(), np.random.default_rng(1))
+    for task in tasks:
+        big = sum(t.rows == 1_000_000 for t in task.tables)
+        assert big <= 1
+        validate_plan(task, Plan.from_assignment(task, find_feasible_assignment(task)))
+
+
+def test_sampling_is_deterministic_by_seed(stats):
+    pool = list(range(NUM_TABLES))
+    fam = family()
+    a = sample_tasks(stats, pool, fam, 5, "train", [4, 8, 16], MemoryModel(), np.random.default_rng(11))
+    b = sample_tasks(stats, pool, fam, 5, "train", [4, 8, 16], MemoryModel(), np.random.default_rng(11))
+    c = sample_tasks(stats, pool, fam, 5, "train", [4, 8, 16], MemoryModel(), np.random.default_rng(12))
+    assert a == b
+    assert a != c
+
+
+def test_impossible_memory_raises_infeasible_task_error(stats):
+    fam = family(name="tiny-mem", memory_gb=1e-6)
+    with pytest.raises(InfeasibleTaskError) as info:
+        sample_tasks(stats, list(range(NUM_TABLES)), fam, 1, "train", [64], MemoryModel(), np.random.default_rng(0),
+                     max_tries=20)
+    msg = str(info.value)
+    assert "tiny-mem" in msg and "1e-06 GB" in msg and "no feasible task in 20 samples" in msg
+
+
+def test_family_larger_than_the_pool_raises_value_error(stats):
+    fam = family(name="huge", num_tables=11)
+    with pytest.raises(ValueError, match=r"'huge'.*11 tables.*test pool has 10"):
+        sample_tasks(stats, list(range(10)), fam, 1, "test", [4], MemoryModel(), np.random.default_rng(0))
+
+
+def test_tasks_round_trip_through_parquet(tmp_path, stats):
+    write_parquet(pa.Table.from_pandas(stats, schema=TABLE_STATS_SCHEMA, preserve_index=False),
+                  tmp_path / "tables.parquet")
+    memory = MemoryModel("fp16", "exact_row_wise_adagrad")
+    tasks = sample_tasks(stats, list(range(NUM_TABLES)), family(), 4, "test", [8, 32], memory,
+                         np.random.default_rng(5))
+    name_to_id = dict(zip(stats["name"], stats["table_id"]))
+    write_parquet(tasks_to_arrow(tasks, "test", name_to_id), tmp_path / "test.parquet")
+    assert pq.read_schema(tmp_path / "test.parquet").remove_metadata().equals(TASKS_SCHEMA)
+    df = pd.read_parquet(tmp_path / "test.parquet")
+    assert set(df["split"]) == {"test"}
+    assert df["table_ids"].map(list).tolist() == [[name_to_id[t.name] for t in task.tables] for task in tasks]
+    back = read_tasks(tmp_path / "test.parquet", tmp_path / "tables.parquet")
+    assert back == tasks
+    assert back[0].memory == memory
+
+
+def test_read_tasks_rejects_unknown_table_ids(tmp_path, stats):
+    tasks = sample_tasks(stats, list(range(NUM_TABLES)), family(), 1, "test", [8], MemoryModel(),
+                         np.random.default_rng(5))
+    name_to_id = dict(zip(stats["name"], stats["table_id"]))
+    write_parquet(tasks_to_arrow(tasks, "test", name_to_id), tmp_path / "test.parquet")
+    # a tables file lacking the task's first table
+    first = name_to_id[tasks[0].tables[0].name]
+    fewer = stats[stats["table_id"] != first]
+    write_parquet(pa.Table.from_pandas(fewer, schema=TABLE_STATS_SCHEMA, preserve_index=False),
+                  tmp_path / "tables.parquet")
+    with pytest.raises(ValueError, match=rf"test/fam-6-2/0000: table_ids \[{first}\]"):
+        read_tasks(tmp_path / "test.parquet", tmp_path / "tables.parquet")
+
+
+# ---------------------------------------------------------------- the tasks stage
+
+
+def stage_params(tmp_path, **tasks_overrides):
+    cfg = {
+        "seed": 0,
+        "test_fraction": 0.5,
+        "dims": [4, 16, 64],
+        "profile": "small",
+        "profiles": {
+            "small": [
+                {"name": "f-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.5, "num_train": 4, "num_test": 3},
+                {"name": "f-10-4", "num_tables": 10, "num_devices": 4, "memory_gb": 0.5, "num_train": 2, "num_test": 2},
+            ]
+        },
+    }
+    cfg.update(tasks_overrides)
+    return {
+        "paths": {"tables": str(tmp_path / "tables.parquet"), "tasks": str(tmp_path / "tasks")},
+        "memory": {"weights_precision": "fp32", "optimizer": "exact_sgd"},
+        "tasks": cfg,
+    }
+
+
+def run_stage(tmp_path, stats, **overrides):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    write_parquet(pa.Table.from_pandas(stats, schema=TABLE_STATS_SCHEMA, preserve_index=False),
+                  tmp_path / "tables.parquet")
+    params = stage_params(tmp_path, **overrides)
+    tasks_stage.run(params)
+    return {split: read_tasks(tmp_path / f"tasks/{split}.parquet", tmp_path / "tables.parquet")
+            for split in ("train", "test")}
+
+
+def test_tasks_stage_invariants(tmp_path, stats):
+    out = run_stage(tmp_path, stats)
+    name_to_id = dict(zip(stats["name"], stats["table_id"]))
+    train_pool, test_pool = split_table_pools(stats["table_id"].tolist(), 0.5, 0)
+    assert [t.family for t in out["train"]] == ["f-6-2"] * 4 + ["f-10-4"] * 2
+    assert [t.family for t in out["test"]] == ["f-6-2"] * 3 + ["f-10-4"] * 2
+    used = {}
+    for split, pool in (("train", train_pool), ("test", test_pool)):
+        used[split] = set()
+        for task in out[split]:
+            assert task.name.startswith(f"{split}/{task.family}/")
+            ids = [name_to_id[t.name] for t in task.tables]
+            assert len(set(ids)) == len(ids)
+            assert set(ids) <= set(pool)
+            assert {t.dim for t in task.tables} <= {4, 16, 64}
+            validate_plan(task, Plan.from_assignment(task, find_feasible_assignment(task)))
+            used[split] |= set(ids)
+    assert not used["train"] & used["test"], "a table appears in both train and test tasks"
+    df = pd.read_parquet(tmp_path / "tasks/train.parquet")
+    assert set(df["split"]) == {"train"}
+    assert df["task_id"].is_unique
+
+
+def test_tasks_stage_is_deterministic_by_seed(tmp_path, stats):
+    run_stage(tmp_path / "a", stats)
+    run_stage(tmp_path / "b", stats)
+    run_stage(tmp_path / "c", stats, seed=1)
+    for split in ("train", "test"):
+        a = pq.read_table(tmp_path / f"a/tasks/{split}.parquet")
+        b = pq.read_table(tmp_path / f"b/tasks/{split}.parquet")
+        c = pq.read_table(tmp_path / f"c/tasks/{split}.parquet")
+        assert a.equals(b)
+        assert not a.equals(c)
+
+
+def test_tasks_stage_param_errors(tmp_path, stats):
+    with pytest.raises(ParamsError, match="tasks.profile"):
+        run_stage(tmp_path, stats, profile="nope")
+    with pytest.raises(ParamsError, match="tasks.dims"):
+        run_stage(tmp_path, stats, dims=[4, 6])
+    with pytest.raises(ValueError, match="needs 30 tables per task but the train pool has 20"):
+        run_stage(tmp_path, stats, profiles={"small": [
+            {"name": "big", "num_tables": 30, "num_devices": 2, "memory_gb": 1, "num_train": 1, "num_test": 1}]})

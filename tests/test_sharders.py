@@ -1,0 +1,212 @@
+"""The heuristic sharders on hand-made tasks whose answers are known, and infeasible tasks."""
+from __future__ import annotations
+
+import pytest
+
+from dreamshard.errors import InfeasibleTaskError
+from dreamshard.memory import GB
+from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
+from dreamshard.sharders.heuristics import RandomSharder
+from dreamshard.sharders.placement import by_least_load, find_feasible_assignment, place_tables
+from dreamshard.tables import Table
+from dreamshard.tasks import Device, Task
+
+
+def assignment(plan: Plan, task: Task) -> list[int]:
+    """Device of each table of the task, checking the plan places whole tables."""
+    by_table = {}
+    for s in plan.shards:
+        assert s.table not in by_table, f"{s.table} split or placed twice"
+        by_table[s.table] = s.device
+        assert (s.col_start, s.col_end) == (0, next(t.dim for t in task.tables if t.name == s.table))
+    return [by_table[t.name] for t in task.tables]
+
+
+# Four tables on two 1 GB devices (fp32, exact_sgd: bytes = rows x dim x 4); memory is no constraint.
+#          rows       dim  pooling | size (B)    dim   dim x pool   dim x pool x log10(rows)
+#   t0  1,000,000      8     1.0   | 32,000,000    8        8         8 x 6 =  48
+#   t1     10,000     64     2.0   |  2,560,000   64      128       128 x 4 = 512
+#   t2        100     32    10.0   |     12,800   32      320       320 x 2 = 640
+#   t3    100,000     16     5.0   |  6,400,000   16       80        80 x 5 = 400
+#
+# Greedy: tables by descending key; each onto the device with the smallest accumulated key.
+#   size:        t0->d0 (32M) | t3->d1 (6.4M) | t1->d1 (8.96M < 32M) | t2->d1          = [0, 1, 1, 1]
+#   dim:         t1->d0 (64)  | t2->d1 (32)   | t3->d1 (48 < 64)     | t0->d1 (56<64)  = [1, 0, 1, 1]
+#   lookup:      t2->d0 (320) | t1->d1 (128)  | t3->d1 (208 < 320)   | t0->d1 (216)    = [1, 1, 0, 1]
+#   size_lookup: t2->d0 (640) | t1->d1 (512)  | t3->d1 (512 < 640)   | t0->d0 (640 < 912) = [0, 1, 0, 1]
+KNOWN = {
+    "size_greedy": [0, 1, 1, 1],
+    "dim_greedy": [1, 0, 1, 1],
+    "lookup_greedy": [1, 1, 0, 1],
+    "size_lookup_greedy": [0, 1, 0, 1],
+}
+
+
+@pytest.fixture
+def four_tables() -> Task:
+    tables = [
+        Table("t0", 1_000_000, 8, 1.0),
+        Table("t1", 10_000, 64, 2.0),
+        Table("t2", 100, 32, 10.0),
+        Table("t3", 100_000, 16, 5.0),
+    ]
+    return Task.uniform("hand", tables, 2, 1.0)
+
+
+def test_registry_lists_every_heuristic():
+    assert set(HEURISTICS) <= set(SHARDERS)
+    assert set(KNOWN) | {"random"} == set(HEURISTICS)
+    with pytest.raises(ValueError, match="unknown sharder 'nope'"):
+        make_sharder("nope")
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_greedy_heuristics_give_the_hand_computed_assignment(four_tables, name):
+    plan = make_sharder(name).shard(four_tables)
+    validate_plan(four_tables, plan)
+    assert plan.num_devices == 2
+    assert assignment(plan, four_tables) == KNOWN[name]
+
+
+def test_the_four_keys_give_four_different_plans():
+    assert len({tuple(v) for v in KNOWN.values()}) == 4
+
+
+def test_greedy_ties_on_key_go_to_less_memory_then_lower_index():
+    # dim_greedy with equal dims: order is the task's order, and every load ties at each step
+    def placed(rows):
+        tables = [Table(f"t{i}", r, 16, 1.0) for i, r in enumerate(rows)]
+        task = Task.uniform("ties", tables, 2, 1.0)
+        return assignment(make_sharder("dim_greedy").shard(task), task)
+
+    # t0->d0, t1->d1, then loads tie (16, 16): t2 goes where less memory is used
+    assert placed([1000, 100, 5]) == [0, 1, 1]
+    assert placed([100, 1000, 5]) == [0, 1, 0]
+    # memory ties too: the lower index
+    assert placed([100, 100, 100]) == [0, 1, 0]
+    assert placed([100, 100, 100, 100]) == [0, 1, 0, 1]
+
+
+def test_greedy_skips_a_device_without_room():
+    # two devices of 1,000,000 bytes; dim_greedy order t0 (64), t2 (8), t1 (4)
+    tables = [
+        Table("t0", 100, 64, 1.0),  # 25,600 B
+        Table("t1", 50_000, 4, 1.0),  # 800,000 B
+        Table("t2", 9_375, 8, 1.0),  # 300,000 B
+    ]
+    task = Task("room", tuple(tables), (Device(1_000_000), Device(1_000_000)))
+    plan = make_sharder("dim_greedy").shard(task)
+    # t1's least-loaded device d1 (load 8 < 64) has only 700,000 B left: it goes to d0
+    assert assignment(plan, task) == [0, 0, 1]
+    validate_plan(task, plan)
+
+
+def test_greedy_sharders_are_deterministic(four_tables):
+    for name in KNOWN:
+        assert make_sharder(name).shard(four_tables) == make_sharder(name).shard(four_tables)
+
+
+# ---------------------------------------------------------------- random
+
+
+def tight_task(name: str = "tight") -> Task:
+    # 8 tables of (i + 1) x 400,000 B = 14.4 MB in all, on 3 devices of 5 MB: little slack
+    tables = [Table(f"t{i}", 1000 * (i + 1), 100, 1.0) for i in range(8)]  # (i+1) x 400,000 B
+    return Task(name, tuple(tables), tuple(Device(5_000_000) for _ in range(3)))
+
+
+def test_random_is_seeded_deterministic_and_respects_memory():
+    task = tight_task()
+    plans = {}
+    for seed in range(10):
+        p = make_sharder("random", seed=seed).shard(task)
+        assert p == RandomSharder(seed).shard(task), "same seed, same task: same plan"
+        validate_plan(task, p)
+        assert max(device_memory_bytes(task, p)) <= 5_000_000
+        plans[seed] = tuple(assignment(p, task))
+    assert len(set(plans.values())) > 1, "ten seeds gave one plan: not random"
+
+
+@pytest.mark.parametrize("name", sorted(SHARDERS))
+def test_every_sharder_respects_memory_on_a_tight_task(name):
+    task = tight_task()
+    plan = make_sharder(name, seed=3).shard(task)
+    validate_plan(task, plan)
+    assert all(used <= 5_000_000 for used in device_memory_bytes(task, plan))
+
+
+def test_random_spreads_tables_over_devices():
+    tables = [Table(f"t{i}", 100, 4, 1.0) for i in range(60)]
+    task = Task.uniform("many", tables, 4, 1.0)
+    counts = [0] * 4
+    for d in assignment(make_sharder("random", seed=1).shard(task), task):
+        counts[d] += 1
+    assert all(5 <= c <= 25 for c in counts), counts
+
+
+# ---------------------------------------------------------------- infeasible tasks
+
+
+@pytest.mark.parametrize("name", sorted(SHARDERS))
+def test_table_bigger_than_any_device(name):
+    # "huge": 1M rows x 128 dims x 4 B = 0.477 GB > 0.25 GB per device
+    tables = [Table("small", 100, 8, 1.0), Table("huge", 1_000_000, 128, 1.0)]
+    task = Task.uniform("big", tables, 2, 0.25)
+    with pytest.raises(InfeasibleTaskError) as info:
+        make_sharder(name).shard(task)
+    msg = str(info.value)
+    assert "'huge'" in msg and "0.477 GB" in msg and "fits on no device" in msg
+    assert "0.250 GB" in msg  # the capacity
+
+
+@pytest.mark.parametrize("name", sorted(SHARDERS))
+def test_total_size_above_total_capacity(name):
+    # three tables of 0.4 GB each (fit one by one) on two 0.5 GB devices: 1.2 > 1.0 GB
+    rows = int(0.4 * GB) // (128 * 4)
+    tables = [Table(f"t{i}", rows, 128, 1.0) for i in range(3)]
+    task = Task.uniform("total", tables, 2, 0.5)
+    with pytest.raises(InfeasibleTaskError, match=r"tables need 1\.200 GB in total, the 2 devices hold 1\.000 GB"):
+        make_sharder(name).shard(task)
+
+
+@pytest.mark.parametrize("name", sorted(SHARDERS))
+def test_bin_packing_infeasible(name):
+    # three tables of 0.6 of a device on two devices: 1.8 <= 2 in total, but no two share a device
+    tables = [Table(f"t{i}", 600, 4, 1.0) for i in range(3)]  # 9,600 B each
+    task = Task("pack", tuple(tables), (Device(16_000), Device(16_000)))
+    with pytest.raises(InfeasibleTaskError, match=r"'pack': no placement of all 3 tables fits in memory; table 't\d'"):
+        make_sharder(name).shard(task)
+    with pytest.raises(InfeasibleTaskError):
+        find_feasible_assignment(task)
+
+
+def test_placement_backs_up_where_the_first_choice_gets_stuck():
+    # Two devices of 10,000 B; tables of 6,000 (a, b) and 4,000 B (c, d): the only packings are
+    # {a, c | b, d} and {a, d | b, c}. lookup_greedy's keys (dim 4 x pooling) are a 100 > c 50 > d 40 > b 1:
+    #   a->d0 (100), c->d1 (50), d->d1 (50 < 100, 8,000 B), then b fits nowhere: plain greedy is stuck.
+    # The search backs up: d->d0 (10,000 B, load 140), b->d1 (10,000 B)  =>  [0, 1, 1, 0]
+    sizes = {"a": 6000, "b": 6000, "c": 4000, "d": 4000}
+    pooling = {"a": 25.0, "b": 0.25, "c": 12.5, "d": 10.0}
+    tables = [Table(n, s // 16, 4, pooling[n]) for n, s in sizes.items()]
+    task = Task("pack2", tuple(tables), (Device(10_000), Device(10_000)))
+    assert [task.table_bytes(i) for i in range(4)] == [6000, 6000, 4000, 4000]
+    assert assignment(make_sharder("lookup_greedy").shard(task), task) == [0, 1, 1, 0]
+    for name in SHARDERS:
+        p = make_sharder(name).shard(task)
+        validate_plan(task, p)
+        a = assignment(p, task)
+        assert a[0] != a[1] and a[2] != a[3]
+
+
+def test_place_tables_step_limit():
+    # 0.6, 0.6, 0.6 + two 0.1 on two devices: infeasible, found out only by search
+    sizes = [6000, 6000, 6000, 1000, 1000]
+    tables = [Table(f"t{i}", s // 16, 4, 1.0) for i, s in enumerate(sizes)]
+    task = Task("steps", tuple(tables), (Device(10_000), Device(10_000)))
+    with pytest.raises(InfeasibleTaskError, match=r"no placement within memory found in 3 steps"):
+        place_tables(task, [3, 4, 0, 1, 2], by_least_load, max_steps=3)
+    with pytest.raises(InfeasibleTaskError, match=r"no placement of all 5 tables"):
+        place_tables(task, [3, 4, 0, 1, 2], by_least_load)
+    with pytest.raises(ValueError, match="order must list every table"):
+        place_tables(task, [0, 1, 2, 3], by_least_load)

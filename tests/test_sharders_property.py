@@ -1,0 +1,87 @@
+"""Property: every sharder finds a valid plan exactly when a brute-force search finds one."""
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pytest
+
+from dreamshard.errors import InfeasibleTaskError
+from dreamshard.memory import MemoryModel
+from dreamshard.plan import validate_plan
+from dreamshard.sharders import SHARDERS, make_sharder
+from dreamshard.tables import Table
+from dreamshard.tasks import Device, Task
+
+MEMORY_MODELS = [MemoryModel(), MemoryModel("fp16"), MemoryModel("fp32", "exact_row_wise_adagrad"),
+                 MemoryModel("fp16", "adam")]
+
+
+@st.composite
+def tasks(draw) -> Task:
+    n = draw(st.integers(1, 7))
+    num_devices = draw(st.integers(1, 3))
+    memory = draw(st.sampled_from(MEMORY_MODELS))
+    tables = tuple(
+        Table(
+            f"t{i}",
+            rows=draw(st.integers(1, 5000)),
+            dim=4 * draw(st.integers(1, 16)),
+            pooling_factor=draw(st.floats(0, 200, allow_nan=False)),
+        )
+        for i in range(n)
+    )
+    sizes = [memory.shard_bytes(t.rows, t.dim) for t in tables]
+    # capacities around the feasibility boundary: a fraction 0.7..1.4 of the larger of the
+    # biggest table and an even share of the total, drawn per device
+    scale = max(max(sizes), sum(sizes) / num_devices)
+    caps = tuple(Device(int(scale * draw(st.floats(0.7, 1.4)))) for _ in range(num_devices))
+    return Task("prop", tables, caps, memory)
+
+
+def brute_force_feasible(task: Task) -> bool:
+    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
+    caps = [d.memory_bytes for d in task.devices]
+    for devices in itertools.product(range(task.num_devices), repeat=len(sizes)):
+        used = [0] * task.num_devices
+        for size, d in zip(sizes, devices):
+            used[d] += size
+        if all(u <= c for u, c in zip(used, caps)):
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(task=tasks(), seed=st.integers(0, 2**16))
+def test_sharders_agree_with_brute_force(task, seed):
+    feasible = brute_force_feasible(task)
+    for name in SHARDERS:
+        sharder = make_sharder(name, seed=seed)
+        if feasible:
+            plan = sharder.shard(task)
+            validate_plan(task, plan)
+        else:
+            with pytest.raises(InfeasibleTaskError):
+                sharder.shard(task)
+
+
+def test_the_strategy_covers_every_outcome():
+    # guard against a strategy that only ever makes feasible (or only trivially infeasible) tasks
+    seen = set()
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(task=tasks())
+    def collect(task):
+        sizes = [task.table_bytes(i) for i in range(len(task.tables))]
+        caps = [d.memory_bytes for d in task.devices]
+        if brute_force_feasible(task):
+            seen.add("feasible")
+        elif max(sizes) <= max(caps) and sum(sizes) <= sum(caps):
+            seen.add("bin-packing infeasible")
+        else:
+            seen.add("trivially infeasible")
+
+    collect()
+    assert seen == {"feasible", "bin-packing infeasible", "trivially infeasible"}
