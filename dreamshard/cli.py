@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", required=True, choices=sorted(SHARDERS), help="sharder")
     p.add_argument("-o", "--output", required=True, type=Path, help="plan JSON to write")
     p.add_argument("--seed", type=int, default=0, help="seed of randomised sharders")
+    p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard)")
+    p.add_argument("--samples", type=int, default=0,
+                   help="learned sharders: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES))
     p.set_defaults(func=cmd_plan)
@@ -58,7 +61,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
     task = Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
                         MemoryModel(args.weights_precision, args.optimizer))
-    plan = make_sharder(args.algo, seed=args.seed).shard(task)
+    plan = make_sharder(args.algo, seed=args.seed, model=args.model, samples=args.samples).shard(task)
     validate_plan(task, plan)
     plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables),
                    memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer)

@@ -1,7 +1,6 @@
 """Evaluating sharders: plan each task with each sharder, measure the plans, compare to bounds."""
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence

@@ -32,6 +32,21 @@ def collect_flow(params_file: str = "params.yaml") -> None:
     run_stage("collect", params_file)
 
 
+@flow(name="train_cost")
+def train_cost_flow(params_file: str = "params.yaml") -> None:
+    run_stage("train_cost", params_file)
+
+
+@flow(name="train_policy")
+def train_policy_flow(params_file: str = "params.yaml") -> None:
+    run_stage("train_policy", params_file)
+
+
+@flow(name="train_autoshard")
+def train_autoshard_flow(params_file: str = "params.yaml") -> None:
+    run_stage("train_autoshard", params_file)
+
+
 @flow(name="evaluate")
 def evaluate_flow(params_file: str = "params.yaml") -> None:
     run_stage("evaluate", params_file)
@@ -42,5 +57,8 @@ STAGE_FLOWS = {
     "process": process_flow,
     "tasks": tasks_flow,
     "collect": collect_flow,
+    "train_cost": train_cost_flow,
+    "train_policy": train_policy_flow,
+    "train_autoshard": train_autoshard_flow,
     "evaluate": evaluate_flow,
 }

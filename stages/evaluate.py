@@ -16,18 +16,18 @@ import pandas as pd
 import pyarrow as pa
 from tqdm import tqdm
 
-from dreamshard.bounds import SUB_ADDITIVE, SUPER_ADDITIVE, additivity_ratio, regime_of
+from dreamshard.bounds import MIXED, SUB_ADDITIVE, SUPER_ADDITIVE, additivity_ratio, regime_of
 from dreamshard.evaluate import evaluate_task, exhaustive_optimum, plan_with
 from dreamshard.io import write_parquet, write_text
 from dreamshard.memory import GB
-from dreamshard.sharders import make_sharder
+from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
 from dreamshard.tasks import Task, read_tasks
 from stages.common import ParamsError, build, make_stage_backend, section
 
 BOUND_USED = {
-    SUPER_ADDITIVE: "sum of single-table costs / N + all-to-all bound",
+    SUPER_ADDITIVE: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
     SUB_ADDITIVE: "cost of all tables fused / N + all-to-all bound",
-    "mixed": "largest single-table cost + its all-to-all (no compute-sum bound)",
+    MIXED: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
 }
 
 
@@ -38,12 +38,18 @@ def run(params: dict[str, Any]) -> None:
     backend = make_stage_backend(params)
     batch_size = int(section(params, "backend.batch_size"))
     topology = build(Topology, section(params, "backend").get("topology", {}), "backend.topology")
-    tasks = read_tasks(Path(section(params, "paths.tasks")) / "test.parquet", section(params, "paths.tables"))
+    tasks_dir = Path(section(params, "paths.tasks"))
+    tasks = read_tasks(tasks_dir / "test.parquet", section(params, "paths.tables"))
+    per_family = int(cfg.get("train_tasks_per_family", 0))
+    train_tasks = [t for i, t in enumerate(read_tasks(tasks_dir / "train.parquet", section(params, "paths.tables")))
+                   if int(t.name.rsplit("/", 1)[1]) < per_family]
     names = cfg.get("sharders")
     if not names:
         raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
+    models = Path(section(params, "paths.models"))
     try:
-        sharders = [make_sharder(n, seed=int(cfg.get("seed", 0))) for n in names]
+        sharders = [make_sharder(n, seed=int(cfg.get("seed", 0)),
+                                 model=models / f"{n}.pt" if n in LEARNED else None) for n in names]
     except ValueError as exc:
         raise ParamsError(f"params.yaml: evaluate.sharders: {exc}") from None
 
@@ -54,9 +60,10 @@ def run(params: dict[str, Any]) -> None:
           f"{', '.join(f'{r:.3f}' for r in ratios)} -> {regime}")
 
     rows = []
-    for task in tqdm(tasks, desc="evaluate", unit="task"):
+    splits = [("test", t) for t in tasks] + [("train", t) for t in train_tasks]
+    for split, task in tqdm(splits, desc="evaluate", unit="task"):
         for r in evaluate_task(backend, task, sharders, regime, batch_size, topology, int(cfg.get("rounds", 1))):
-            rows.append(result_row(r))
+            rows.append({"split": split, **result_row(r)})
     results = pd.DataFrame(rows)
     out = Path(section(params, "paths.eval"))
     write_parquet(pa.Table.from_pandas(results, preserve_index=False), out / "results.parquet")
@@ -69,11 +76,13 @@ def run(params: dict[str, Any]) -> None:
         "versions": backend.versions(),
         "batch_size": batch_size,
         "additivity": {"fused_over_sum_of_singles": ratios, "regime": regime, "lower_bound": BOUND_USED[regime]},
-        "families": family_summary(results),
+        "families": family_summary(results[results["split"] == "test"]),
+        "train_families": family_summary(results[results["split"] == "train"]),
+        "generalisation": generalisation(sharders, tasks),
         "exhaustive": exhaustive,
     }
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.eval_metrics"))
-    plot = results.groupby(["family", "algorithm"], sort=False)["cost_over_lb"].mean().reset_index()
+    plot = results[results["split"] == "test"].groupby(["family", "algorithm"], sort=False)["cost_over_lb"].mean().reset_index()
     plot["family_algorithm"] = plot["family"] + " / " + plot["algorithm"]
     write_parquet(pa.Table.from_pandas(plot, preserve_index=False), out / "summary.parquet")
     plot_path = Path(section(params, "paths.eval_plot"))
@@ -95,6 +104,7 @@ def result_row(r) -> dict:
 
 
 def family_summary(results: pd.DataFrame) -> dict:
+    """Per family and algorithm: mean cost, cost / lower bound, planning time; improvements."""
     out: dict[str, dict] = defaultdict(dict)
     for (family, algo), g in results.groupby(["family", "algorithm"], sort=False):
         out[family][algo] = {
@@ -103,7 +113,35 @@ def family_summary(results: pd.DataFrame) -> dict:
             "plan_ms_p50": float(g["plan_ms"].median()),
             "num_tasks": int(len(g)),
         }
+    for family, algos in out.items():
+        heuristics = {a: v["mean_cost_ms"] for a, v in algos.items() if a in HEURISTICS and a != "random"}
+        best = min(heuristics, key=heuristics.get) if heuristics else None
+        for algo, v in algos.items():
+            if "random" in algos:
+                v["improvement_over_random"] = 1 - v["mean_cost_ms"] / algos["random"]["mean_cost_ms"]
+            if best:
+                v["improvement_over_best_heuristic"] = 1 - v["mean_cost_ms"] / heuristics[best]
+        if best:
+            algos["best_heuristic"] = best
     return dict(out)
+
+
+def generalisation(sharders, tasks: list[Task]) -> dict:
+    """For each learned sharder, what each test family is new in: tables, table count, device count."""
+    out = {}
+    for sh in sharders:
+        model = getattr(sh, "model", None)
+        if model is None:
+            continue
+        seen_tables = set(model.meta.get("table_counts", []))
+        seen_devices = set(model.meta.get("device_counts", []))
+        fams = {t.family: t for t in tasks}
+        out[sh.name] = {"trained_on": model.meta.get("families", []), "test_families": {
+            f: {"unseen_tables": True,  # test tasks draw from the test pool, disjoint from training tables
+                "unseen_table_count": len(t.tables) not in seen_tables,
+                "unseen_device_count": t.num_devices not in seen_devices}
+            for f, t in fams.items()}}
+    return out
 
 
 def exhaustive_check(backend, tasks: list[Task], sharders, cfg: dict, batch_size, topology, regime) -> dict:

@@ -25,6 +25,18 @@ def _greedy(name, key):
     return lambda **_: GreedySharder(name, key)
 
 
+def _learned(name):
+    def factory(model=None, samples: int = 0, seed: int = 0, **_) -> Sharder:
+        from dreamshard.sharders.learned import LearnedModel, PolicySharder  # imports torch
+
+        if model is None:
+            raise ValueError(f"sharder {name!r} needs a trained model checkpoint (--model PATH)")
+        loaded = model if isinstance(model, LearnedModel) else LearnedModel.load(model)
+        return PolicySharder(name, loaded, samples, seed)
+
+    return factory
+
+
 # name -> factory taking keyword options (seed, model paths, ...) it may ignore
 SHARDERS: dict[str, Callable[..., Sharder]] = {
     "random": lambda seed=0, **_: RandomSharder(seed),
@@ -32,9 +44,12 @@ SHARDERS: dict[str, Callable[..., Sharder]] = {
     "dim_greedy": _greedy("dim_greedy", dim_key),
     "lookup_greedy": _greedy("lookup_greedy", lookup_key),
     "size_lookup_greedy": _greedy("size_lookup_greedy", size_lookup_key),
+    "dreamshard": _learned("dreamshard"),
+    "autoshard": _learned("autoshard"),
 }
 
 HEURISTICS = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+LEARNED = ("dreamshard", "autoshard")  # need model=PATH
 
 
 def make_sharder(name: str, **options: Any) -> Sharder:

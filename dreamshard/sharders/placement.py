@@ -27,7 +27,7 @@ class PlacementState:
     """Per-device load of the tables placed so far."""
 
     used_bytes: np.ndarray  # memory taken per device
-    load: np.ndarray  # sum of the placed tables' weights per device
+    load: np.ndarray  # sum of the placed tables' weights per device: [D] or [D, k] for vector weights
     free_bytes: np.ndarray
 
 
@@ -39,7 +39,7 @@ def place_tables(
     task: Task,
     order: Sequence[int],
     rank_devices: DeviceRanking,
-    weights: Sequence[float] | None = None,
+    weights: Sequence[float] | np.ndarray | None = None,  # per table: a number, or a vector
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> list[int]:
     """Device of each table (indexed like task.tables), placing tables in `order`."""
@@ -55,7 +55,8 @@ def place_tables(
             f"the {task.num_devices} devices hold {capacity.sum() / GB:.3f} GB"
         )
     w = np.zeros(n) if weights is None else np.asarray(weights, dtype=np.float64)
-    state = PlacementState(np.zeros(task.num_devices, np.int64), np.zeros(task.num_devices), capacity.copy())
+    state = PlacementState(np.zeros(task.num_devices, np.int64),
+                           np.zeros((task.num_devices, *w.shape[1:])), capacity.copy())
     assignment = [-1] * n
     steps = 0
     deepest = 0

@@ -1,0 +1,68 @@
+"""The 21 table features DreamShard's networks read, and the scaler fitted on training tables.
+
+Features of a shard (a table, or a column slice of it): dim (the shard's width), rows,
+pooling factor, size (bytes of the shard under the task's memory model) and the 17
+access-count bins. dim, rows, pooling factor and size are heavy-tailed, so they enter
+as log1p; then every feature is standardised with the mean and std of the training
+tables. The scaler is fitted once and saved inside model checkpoints, so a table has
+the same features in every task (never re-normalised per task).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dreamshard.errors import DataFormatError
+from dreamshard.memory import GB, MemoryModel
+from dreamshard.tables import BIN_COLUMNS, Table
+
+FEATURE_NAMES = ("dim", "rows", "pooling_factor", "size_gb", *BIN_COLUMNS)
+NUM_FEATURES = len(FEATURE_NAMES)
+_LOG_COLUMNS = 4  # the first four are log1p-transformed
+
+
+def shard_features(table: Table, width: int, memory: MemoryModel) -> np.ndarray:
+    """Raw features of `width` columns of `table`."""
+    if table.bins is None:
+        raise DataFormatError(
+            f"table {table.name!r}: the learned cost models need the 17 access-count bins (bin_0..bin_16)"
+        )
+    size = memory.shard_bytes(table.rows, width) / GB
+    return np.array([width, table.rows, table.pooling_factor, size, *table.bins], dtype=np.float64)
+
+
+def table_features(tables: Sequence[Table], memory: MemoryModel) -> np.ndarray:
+    """[n, 21] raw features of whole tables."""
+    return np.stack([shard_features(t, t.dim, memory) for t in tables])
+
+
+@dataclass(frozen=True)
+class FeatureScaler:
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, raw: np.ndarray) -> FeatureScaler:
+        x = _log(raw)
+        std = x.std(axis=0)
+        return cls(tuple(x.mean(axis=0).tolist()), tuple(np.where(std > 1e-8, std, 1.0).tolist()))
+
+    def transform(self, raw: np.ndarray) -> np.ndarray:
+        return ((_log(raw) - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)
+
+    def to_dict(self) -> dict:
+        return {"mean": list(self.mean), "std": list(self.std), "features": list(FEATURE_NAMES)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FeatureScaler:
+        if list(d.get("features", [])) != list(FEATURE_NAMES):
+            raise DataFormatError(f"feature scaler: expected features {FEATURE_NAMES}, got {d.get('features')}")
+        return cls(tuple(d["mean"]), tuple(d["std"]))
+
+
+def _log(raw: np.ndarray) -> np.ndarray:
+    x = np.array(raw, dtype=np.float64, copy=True)
+    x[..., :_LOG_COLUMNS] = np.log1p(x[..., :_LOG_COLUMNS])
+    return x

@@ -1,0 +1,104 @@
+"""The estimated MDP: placing a task's tables one by one, with states and rewards from the cost network.
+
+State: the tables on each device so far (summed encodings) and their predicted costs.
+Action: the device for the next table, among those with room. Tables come in
+descending order of their predicted single-table cost. Reward at the end: minus the
+cost network's predicted plan cost. No kernel runs, so episodes cost microseconds.
+An episode that reaches a table no device has room for ends with DEAD_END_PENALTY times
+the worst cost of its batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dreamshard.cost_model import CostNet
+from dreamshard.features import FeatureScaler, table_features
+from dreamshard.policy import PolicyNet
+from dreamshard.tasks import Task
+
+DEAD_END_PENALTY = 2.0
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What episodes of one task need, computed once."""
+
+    task: Task
+    x: torch.Tensor  # [T, 21] scaled features
+    cost_enc: torch.Tensor  # [T, E] cost-network encodings
+    order: list[int]  # placement order: predicted single-table cost, descending
+    sizes: torch.Tensor  # [T] bytes
+    capacity: torch.Tensor  # [D] bytes
+
+    @classmethod
+    def build(cls, task: Task, cost_net: CostNet, scaler: FeatureScaler) -> TaskContext:
+        x = torch.from_numpy(scaler.transform(table_features(task.tables, task.memory)))
+        with torch.no_grad():
+            enc = cost_net.encode(x)
+            single = cost_net.device_costs(enc)[:, :2].sum(dim=-1).numpy()
+        order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
+        sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
+        capacity = torch.tensor([d.memory_bytes for d in task.devices], dtype=torch.float64)
+        return cls(task, x, enc, order, sizes, capacity)
+
+
+@dataclass
+class Episodes:
+    assignment: torch.Tensor  # [B, T] device of each table
+    log_prob: torch.Tensor  # [B] sum over steps (differentiable)
+    entropy: torch.Tensor  # [B] sum over steps (differentiable)
+    predicted_ms: torch.Tensor  # [B] predicted plan cost (no gradient)
+    dead: torch.Tensor  # [B] bool: ran out of room
+
+
+def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
+            generator: torch.Generator | None = None, greedy: bool = False) -> Episodes:
+    """Run `batch` episodes of ctx.task at once on the estimated MDP."""
+    n_dev = ctx.task.num_devices
+    embed = ctx.cost_enc.shape[-1]
+    policy_enc = policy.encode(ctx.x)
+    dev_cost = torch.zeros(batch, n_dev, embed)
+    dev_policy = torch.zeros(batch, n_dev, policy_enc.shape[-1])
+    used = torch.zeros(batch, n_dev, dtype=torch.float64)
+    dead = torch.zeros(batch, dtype=torch.bool)
+    assignment = torch.full((batch, len(ctx.order)), -1, dtype=torch.long)
+    log_prob = torch.zeros(batch)
+    entropy = torch.zeros(batch)
+    for t in ctx.order:
+        with torch.no_grad():
+            costs = cost_net.device_costs(dev_cost)
+        logits = policy.logits(dev_policy, costs, policy_enc[t].expand(batch, -1))
+        legal = used + ctx.sizes[t] <= ctx.capacity
+        stuck = ~legal.any(dim=1)
+        dead |= stuck
+        legal = legal | stuck[:, None]  # a dead episode continues only to keep the batch shape
+        logits = logits.masked_fill(~legal, -torch.inf)
+        dist = torch.distributions.Categorical(logits=logits)
+        action = logits.argmax(dim=1) if greedy else torch.multinomial(dist.probs, 1, generator=generator).squeeze(1)
+        log_prob = log_prob + dist.log_prob(action)
+        entropy = entropy + torch.where(legal.sum(1) > 1, dist.entropy(), torch.zeros(batch))
+        onehot = torch.nn.functional.one_hot(action, n_dev)
+        dev_cost = dev_cost + onehot[..., None] * ctx.cost_enc[t]
+        dev_policy = dev_policy + onehot[..., None] * policy_enc[t]
+        used = used + onehot * ctx.sizes[t]
+        assignment[:, t] = action
+    with torch.no_grad():
+        predicted = cost_net.plan_cost(dev_cost)
+    return Episodes(assignment, log_prob, entropy, predicted, dead)
+
+
+def reinforce_loss(episodes: Episodes, cost_ms: torch.Tensor, entropy_weight: float) -> torch.Tensor:
+    """REINFORCE with the batch's normalised returns as baseline, plus an entropy bonus.
+
+    `cost_ms` [B] is what the episodes cost (predicted on the estimated MDP, measured for
+    AutoShard); dead ends get DEAD_END_PENALTY x the batch's worst cost.
+    """
+    cost = cost_ms.detach().clone().float()
+    alive = ~episodes.dead
+    worst = cost[alive].max() if alive.any() else torch.tensor(1.0)
+    cost[episodes.dead] = DEAD_END_PENALTY * worst
+    ret = -cost
+    adv = (ret - ret.mean()) / (ret.std() + 1e-8) if len(ret) > 1 else torch.zeros_like(ret)
+    return -(adv * episodes.log_prob).mean() - entropy_weight * episodes.entropy.mean()

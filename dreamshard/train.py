@@ -1,0 +1,195 @@
+"""Training DreamShard (policy on the estimated MDP) and AutoShard (policy on real measurements).
+
+DreamShard alternates, for `iterations` rounds:
+  1. sample `plans_per_iteration` plans from the current policy on training tasks and
+     measure them with the real backend; add them to the cost data;
+  2. refit the cost network (`cost_steps` Adam steps);
+  3. `policy_updates` REINFORCE updates on the estimated MDP, each one batch of
+     `episodes` episodes of one random training task, rewarded by the cost network.
+AutoShard makes the same policy updates with rewards from real measurements, until
+`measurement_budget` plans have been measured; its cost network (which gives the policy
+its device features) is refitted on what it measured.
+Everything is seeded: the same data, params and seed give the same model.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from dreamshard.cost_model import CostData, CostNet, cost_data_from_plans, fit_cost_net, median_device_ms
+from dreamshard.features import FeatureScaler
+from dreamshard.hardware.base import CostBackend
+from dreamshard.mdp import TaskContext, reinforce_loss, rollout
+from dreamshard.plan import Plan
+from dreamshard.policy import PolicyNet
+from dreamshard.sharders.learned import LearnedModel
+from dreamshard.tasks import Task
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    iterations: int = 5
+    plans_per_iteration: int = 10
+    cost_steps: int = 300
+    cost_lr: float = 5e-4
+    cost_batch_plans: int = 64
+    policy_updates: int = 10
+    episodes: int = 10
+    policy_lr: float = 1e-3
+    entropy_weight: float = 1e-3
+    measurement_budget: int = 100  # AutoShard only
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "cost_steps", "cost_batch_plans", "policy_updates", "episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if self.plans_per_iteration < 0 or self.measurement_budget < 0:
+            raise ValueError("plans_per_iteration and measurement_budget must be >= 0")
+
+
+@dataclass
+class IterationLog:
+    iteration: int
+    cost_loss: float  # last cost-network loss of the refit
+    policy_loss: float  # mean policy loss of the iteration
+    predicted_ms: float  # mean predicted cost of the plans measured this iteration
+    measured_ms: float  # their mean measured cost (nan when none were measured)
+    measurements: int  # real plan measurements so far
+
+
+@dataclass
+class Trainer:
+    """Shared state of both training loops."""
+
+    tasks: Sequence[Task]
+    backend: CostBackend
+    scaler: FeatureScaler
+    config: TrainConfig
+    data: CostData
+    cost_net: CostNet | None = None  # a fitted network to start from; None: fit a new one first
+    policy: PolicyNet = field(init=False)
+    measurements: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("no training tasks")
+        torch.manual_seed(self.config.seed)
+        self.rng = np.random.default_rng(self.config.seed)
+        self.gen = torch.Generator().manual_seed(self.config.seed)
+        self.fitted = self.cost_net is not None
+        if self.cost_net is None:
+            self.cost_net = CostNet(scale_ms=median_device_ms(self.data))
+        else:
+            self.cost_net = copy.deepcopy(self.cost_net)
+        self.policy = PolicyNet()
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.policy_lr)
+        self.contexts: dict[str, TaskContext] = {}
+
+    def context(self, task: Task) -> TaskContext:
+        # cost encodings change with every refit: contexts are rebuilt after it
+        if task.name not in self.contexts:
+            self.contexts[task.name] = TaskContext.build(task, self.cost_net, self.scaler)
+        return self.contexts[task.name]
+
+    def start(self) -> None:
+        if not self.fitted:
+            self.refit(self.config.cost_steps)
+            self.fitted = True
+
+    def refit(self, steps: int) -> float:
+        if self.data.num_plans == 0:
+            return float("nan")
+        losses = fit_cost_net(self.cost_net, self.scaler, self.data, steps, self.config.cost_lr,
+                              self.config.cost_batch_plans, int(self.rng.integers(2**31)))
+        self.contexts.clear()
+        return losses[-1]
+
+    def random_task(self) -> Task:
+        return self.tasks[int(self.rng.integers(len(self.tasks)))]
+
+    def measure(self, task: Task, assignments: torch.Tensor) -> tuple[list[float], CostData]:
+        measured = []
+        for a in assignments.tolist():
+            plan = Plan.from_assignment(task, a)
+            measured.append((task, plan, self.backend.plan_cost(task, plan)))
+        self.measurements += len(measured)
+        return [c.cost_ms for _, _, c in measured], cost_data_from_plans(measured)
+
+    def update(self, ctx: TaskContext, cost_ms: torch.Tensor, episodes) -> float:
+        loss = reinforce_loss(episodes, cost_ms, self.config.entropy_weight)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+    def model(self, algorithm: str, meta: dict) -> LearnedModel:
+        return LearnedModel(self.cost_net, self.policy, self.scaler,
+                            {"algorithm": algorithm, "measurements": self.measurements, **meta})
+
+
+def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trainer], None] | None = None,
+                     ) -> list[IterationLog]:
+    cfg = trainer.config
+    trainer.start()
+    logs = []
+    for it in range(cfg.iterations):
+        predicted, measured = [], []
+        for _ in range(cfg.plans_per_iteration):
+            task = trainer.random_task()
+            with torch.no_grad():
+                ep = rollout(trainer.policy, trainer.cost_net, trainer.context(task), 1, trainer.gen)
+            if ep.dead.any():
+                continue  # a dead end is no plan: nothing to measure
+            cost, data = trainer.measure(task, ep.assignment)
+            trainer.data = trainer.data.concat(data)
+            predicted.append(float(ep.predicted_ms[0]))
+            measured += cost
+        cost_loss = trainer.refit(cfg.cost_steps)
+        policy_losses = []
+        for _ in range(cfg.policy_updates):
+            ctx = trainer.context(trainer.random_task())
+            ep = rollout(trainer.policy, trainer.cost_net, ctx, cfg.episodes, trainer.gen)
+            policy_losses.append(trainer.update(ctx, ep.predicted_ms, ep))
+        log = IterationLog(it, cost_loss, float(np.mean(policy_losses)),
+                           float(np.mean(predicted)) if predicted else float("nan"),
+                           float(np.mean(measured)) if measured else float("nan"), trainer.measurements)
+        logs.append(log)
+        if on_iteration:
+            on_iteration(log, trainer)
+    return logs
+
+
+def train_autoshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trainer], None] | None = None,
+                    ) -> list[IterationLog]:
+    """Policy updates rewarded by real measurements until the budget is spent."""
+    cfg = trainer.config
+    trainer.start()
+    logs = []
+    # each update measures at most `episodes` plans (dead ends are not measured)
+    for it in range(cfg.measurement_budget // cfg.episodes):
+        if trainer.measurements + cfg.episodes > cfg.measurement_budget:
+            break
+        task = trainer.random_task()
+        ctx = trainer.context(task)
+        ep = rollout(trainer.policy, trainer.cost_net, ctx, cfg.episodes, trainer.gen)
+        cost = torch.full((cfg.episodes,), float("nan"))
+        alive = (~ep.dead).nonzero().flatten()
+        if len(alive):
+            measured, data = trainer.measure(task, ep.assignment[alive])
+            cost[alive] = torch.tensor(measured, dtype=torch.float32)
+            trainer.data = trainer.data.concat(data)
+        policy_loss = trainer.update(ctx, cost, ep)
+        cost_loss = trainer.refit(max(1, cfg.cost_steps // 10))
+        alive_mask = ~ep.dead
+        log = IterationLog(it, cost_loss, policy_loss,
+                           float(ep.predicted_ms[alive_mask].mean()) if len(alive) else float("nan"),
+                           float(cost[alive_mask].mean()) if len(alive) else float("nan"), trainer.measurements)
+        logs.append(log)
+        if on_iteration:
+            on_iteration(log, trainer)
+    return logs

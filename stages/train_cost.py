@@ -1,0 +1,62 @@
+"""train_cost: fit the cost network on the collected costs; report held-out accuracy.
+
+The feature scaler is fitted on the training pool's tables (at every configured dim)
+and saved in the checkpoint with the network. A seeded `holdout_fraction` of the
+collected plans is kept out of the fit to measure accuracy (metrics/cost_model.json);
+the checkpoint is then refitted on all plans.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dreamshard.cost_model import (CostNet, cost_data_from_rows, evaluate_cost_net, fit_cost_net,
+                                   median_device_ms)
+from dreamshard.features import FeatureScaler, table_features
+from dreamshard.io import atomic_path, write_text
+from dreamshard.tasks import read_tasks
+from stages.common import ParamsError, section
+
+
+def load_scaler_and_data(params: dict[str, Any]):
+    """The feature scaler of the training tasks' tables, the collected cost data, the training tasks."""
+    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
+    scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
+    costs = Path(section(params, "paths.costs"))
+    plans = pd.read_parquet(costs / "plans.parquet")
+    devices = pd.read_parquet(costs / "devices.parquet")
+    return scaler, cost_data_from_rows(plans, devices, tasks), tasks
+
+
+def run(params: dict[str, Any]) -> None:
+    cfg = section(params, "train_cost")
+    seed = int(cfg.get("seed", 0))
+    holdout = float(cfg.get("holdout_fraction", 0.2))
+    if not 0 < holdout < 1:
+        raise ParamsError(f"params.yaml: train_cost.holdout_fraction: expected in (0, 1), got {holdout}")
+    scaler, data, _ = load_scaler_and_data(params)
+    order = np.random.default_rng(seed).permutation(data.num_plans)
+    n_hold = max(1, int(round(holdout * data.num_plans)))
+    held, fit_on = data.subset(order[:n_hold]), data.subset(order[n_hold:])
+
+    def fit(d):
+        torch.manual_seed(seed)
+        net = CostNet(scale_ms=median_device_ms(d), plan_estimate=cfg.get("plan_estimate", "device_max"))
+        losses = fit_cost_net(net, scaler, d, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed)
+        return net, losses
+
+    net, losses = fit(fit_on)
+    metrics = {"held_out": evaluate_cost_net(net, scaler, held), "train": evaluate_cost_net(net, scaler, fit_on),
+               "holdout_fraction": holdout, "final_loss": losses[-1]}
+    net, losses = fit(data)  # the checkpoint learns from every measured plan
+    out = Path(section(params, "paths.cost_model"))
+    with atomic_path(out) as tmp:
+        torch.save({"format": "dreamshard-cost-net/1", "config": net.config, "state": net.state_dict(),
+                    "scaler": scaler.to_dict()}, tmp)
+    write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.cost_model_metrics"))
+    print(f"train_cost: {data.num_plans} plans; held out: {metrics['held_out']}")
