@@ -14,7 +14,7 @@ import pytest
 from dreamshard.cli import main
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan, validate_plan
-from dreamshard.sharders import SHARDERS
+from dreamshard.sharders import HEURISTICS
 from dreamshard.tables import BIN_COLUMNS, read_tables_file
 from dreamshard.tasks import Task
 
@@ -52,7 +52,7 @@ def check_plan_file(path: Path, tables_file: Path, devices: int, memory_gb: floa
     return plan
 
 
-@pytest.mark.parametrize("algo", sorted(SHARDERS))
+@pytest.mark.parametrize("algo", sorted(HEURISTICS))
 def test_plan_csv_with_every_heuristic(tmp_path, tables_csv, capsys, algo):
     out = tmp_path / "plan.json"
     assert main(plan_args(tables_csv, out, algo)) == 0

@@ -128,7 +128,7 @@ def test_random_is_seeded_deterministic_and_respects_memory():
     assert len(set(plans.values())) > 1, "ten seeds gave one plan: not random"
 
 
-@pytest.mark.parametrize("name", sorted(SHARDERS))
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
 def test_every_sharder_respects_memory_on_a_tight_task(name):
     task = tight_task()
     plan = make_sharder(name, seed=3).shard(task)
@@ -148,7 +148,7 @@ def test_random_spreads_tables_over_devices():
 # ---------------------------------------------------------------- infeasible tasks
 
 
-@pytest.mark.parametrize("name", sorted(SHARDERS))
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
 def test_table_bigger_than_any_device(name):
     # "huge": 1M rows x 128 dims x 4 B = 0.477 GB > 0.25 GB per device
     tables = [Table("small", 100, 8, 1.0), Table("huge", 1_000_000, 128, 1.0)]
@@ -160,7 +160,7 @@ def test_table_bigger_than_any_device(name):
     assert "0.250 GB" in msg  # the capacity
 
 
-@pytest.mark.parametrize("name", sorted(SHARDERS))
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
 def test_total_size_above_total_capacity(name):
     # three tables of 0.4 GB each (fit one by one) on two 0.5 GB devices: 1.2 > 1.0 GB
     rows = int(0.4 * GB) // (128 * 4)
@@ -170,7 +170,7 @@ def test_total_size_above_total_capacity(name):
         make_sharder(name).shard(task)
 
 
-@pytest.mark.parametrize("name", sorted(SHARDERS))
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
 def test_bin_packing_infeasible(name):
     # three tables of 0.6 of a device on two devices: 1.8 <= 2 in total, but no two share a device
     tables = [Table(f"t{i}", 600, 4, 1.0) for i in range(3)]  # 9,600 B each
@@ -192,7 +192,7 @@ def test_placement_backs_up_where_the_first_choice_gets_stuck():
     task = Task("pack2", tuple(tables), (Device(10_000), Device(10_000)))
     assert [task.table_bytes(i) for i in range(4)] == [6000, 6000, 4000, 4000]
     assert assignment(make_sharder("lookup_greedy").shard(task), task) == [0, 1, 1, 0]
-    for name in SHARDERS:
+    for name in HEURISTICS:
         p = make_sharder(name).shard(task)
         validate_plan(task, p)
         a = assignment(p, task)

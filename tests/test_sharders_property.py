@@ -6,14 +6,30 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import numpy as np
 import pytest
+import torch
 
+from dreamshard.cost_model import CostNet
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import validate_plan
 from dreamshard.sharders import SHARDERS, make_sharder
 from dreamshard.tables import Table
+from dreamshard.features import NUM_FEATURES, FeatureScaler
+from dreamshard.policy import PolicyNet
+from dreamshard.sharders.learned import LearnedModel
 from dreamshard.tasks import Device, Task
+
+
+def untrained_model() -> LearnedModel:
+    """A learned sharder's model with random weights: decoding must stay valid whatever the weights."""
+    torch.manual_seed(0)
+    raw = np.abs(np.random.default_rng(0).normal(size=(64, NUM_FEATURES))) * 100
+    return LearnedModel(CostNet(), PolicyNet(), FeatureScaler.fit(raw), {})
+
+
+MODEL = untrained_model()
 
 MEMORY_MODELS = [MemoryModel(), MemoryModel("fp16"), MemoryModel("fp32", "exact_row_wise_adagrad"),
                  MemoryModel("fp16", "adam")]
@@ -30,6 +46,7 @@ def tasks(draw) -> Task:
             rows=draw(st.integers(1, 5000)),
             dim=4 * draw(st.integers(1, 16)),
             pooling_factor=draw(st.floats(0, 200, allow_nan=False)),
+            bins=tuple(float(k == hot) for k in range(17)) if (hot := draw(st.integers(0, 16))) >= 0 else None,
         )
         for i in range(n)
     )
@@ -58,7 +75,7 @@ def brute_force_feasible(task: Task) -> bool:
 def test_sharders_agree_with_brute_force(task, seed):
     feasible = brute_force_feasible(task)
     for name in SHARDERS:
-        sharder = make_sharder(name, seed=seed)
+        sharder = make_sharder(name, seed=seed, model=MODEL)
         if feasible:
             plan = sharder.shard(task)
             validate_plan(task, plan)
