@@ -20,7 +20,9 @@ devices had an optimum below it (measured by the evaluate stage's exhaustive che
 so mean_d transfer_d >= latency + (N-1) B D bytes / (N^2 x fastest link), D the task's
 total dim. Independently, the device holding table t costs at least c(t) + 2 x
 (latency + (N-1)/N B dim_t bytes / fastest link), assuming a table's cost does not drop
-when others join it (true in both regimes).
+when others join it (true in both regimes). When sharders may split tables by columns
+(`column_splits`), that holds only for tables too narrow to split (dim 4); the compute
+sum still holds, assuming a table's slices together do at least the table's work.
 """
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ def _fastest_seconds_per_byte(topology: Topology, n: int) -> float:
     return 1.0 / (fastest * 1e9)
 
 
-def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, topology: Topology) -> LowerBound:
+def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, topology: Topology,
+                column_splits: bool = False) -> LowerBound:
     n = task.num_devices
     singles = [backend.compute_cost(task, [s]).total_ms for s in whole_shards(task)]
     if regime == SUB_ADDITIVE:
@@ -90,6 +93,8 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
                               for t in task.tables]
     else:
         transfer_mean, per_table_transfer = 0.0, [0.0] * len(task.tables)
-    max_table = float(np.max(np.asarray(singles) + 2 * np.asarray(per_table_transfer)))
+    whole = [i for i, t in enumerate(task.tables) if not column_splits or t.dim < 8]
+    per_table = np.asarray(singles) + 2 * np.asarray(per_table_transfer)
+    max_table = float(per_table[whole].max()) if whole else 0.0
     total = max(compute_mean + 2 * transfer_mean, max_table)
     return LowerBound(total, compute_mean, transfer_mean, max_table)

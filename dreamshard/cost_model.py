@@ -17,7 +17,7 @@ plans (50 collected CPU-kernel plans) device_max ranked plans far better (Kendal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -171,28 +171,41 @@ def predict(net: CostNet, scaler: FeatureScaler, data: CostData) -> tuple[torch.
     return device_y, net.plan_from_max(plan_emb)
 
 
-def fit_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData, steps: int, lr: float,
-                 batch_plans: int, seed: int) -> list[float]:
-    """Adam on the sum of the four MSEs in target space; returns the loss of each step."""
+def adam_fit(module: nn.Module, num_items: int, batch_loss: Callable[[np.ndarray], torch.Tensor],
+             steps: int, lr: float, batch_size: int, seed: int) -> list[float]:
+    """The one training loop of the cost models: Adam with linear lr decay over seeded minibatches.
+
+    `batch_loss(indices)` returns the loss of a minibatch of item indices.
+    """
     gen = np.random.default_rng(seed)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(steps, 1))
     losses = []
-    net.train()
+    module.train()
     for _ in range(steps):
-        batch = data.subset(gen.choice(data.num_plans, size=min(batch_plans, data.num_plans), replace=False))
-        device_y, plan_y = predict(net, scaler, batch)
-        device_true = torch.from_numpy(batch.device_ms).float()
-        plan_true = torch.from_numpy(batch.plan_ms).float()
-        loss = ((log_cost(device_y) - log_cost(device_true)) ** 2).mean(dim=0).sum() + \
-            ((log_cost(plan_y) - log_cost(plan_true)) ** 2).mean()
+        loss = batch_loss(gen.choice(num_items, size=min(batch_size, num_items), replace=False))
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         losses.append(loss.item())
-    net.eval()
+    module.eval()
     return losses
+
+
+def fit_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData, steps: int, lr: float,
+                 batch_plans: int, seed: int) -> list[float]:
+    """Sum of the four squared log errors (three device costs, the plan cost); loss per step."""
+
+    def batch_loss(plans: np.ndarray) -> torch.Tensor:
+        batch = data.subset(plans)
+        device_y, plan_y = predict(net, scaler, batch)
+        device_true = torch.from_numpy(batch.device_ms).float()
+        plan_true = torch.from_numpy(batch.plan_ms).float()
+        return ((log_cost(device_y) - log_cost(device_true)) ** 2).mean(dim=0).sum() + \
+            ((log_cost(plan_y) - log_cost(plan_true)) ** 2).mean()
+
+    return adam_fit(net, data.num_plans, batch_loss, steps, lr, batch_plans, seed)
 
 
 def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:

@@ -66,10 +66,11 @@ def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan],
 
 
 def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str,
-                  batch_size: int, topology: Topology, rounds: int = 1) -> list[EvalResult]:
+                  batch_size: int, topology: Topology, rounds: int = 1,
+                  column_splits: bool = False) -> list[EvalResult]:
     planned = plan_with(sharders, task)
     costs = measure_interleaved(backend, task, [p.plan for p in planned], rounds)
-    bound = lower_bound(backend, task, regime, batch_size, topology)
+    bound = lower_bound(backend, task, regime, batch_size, topology, column_splits)
     return [EvalResult(task, p.algorithm, p.plan, p.plan_ms, c, bound) for p, c in zip(planned, costs)]
 
 

@@ -3,8 +3,10 @@
 Features of a shard (a table, or a column slice of it): dim (the shard's width), rows,
 pooling factor, size (bytes of the shard under the task's memory model) and the 17
 access-count bins. dim, rows, pooling factor and size are heavy-tailed, so they enter
-as log1p; then every feature is standardised with the mean and std of the training
-tables. The scaler is fitted once and saved inside model checkpoints, so a table has
+as log1p and are standardised with the mean and std of the training tables. The bins
+are fractions in [0, 1] already and pass through unchanged: standardising them would
+blow rare bins (few training tables access rows 2^10+ times) up into huge z-scores for
+an unseen hot table, which the networks then extrapolate wildly. The scaler is fitted once and saved inside model checkpoints, so a table has
 the same features in every task (never re-normalised per task).
 """
 from __future__ import annotations
@@ -46,8 +48,11 @@ class FeatureScaler:
     @classmethod
     def fit(cls, raw: np.ndarray) -> FeatureScaler:
         x = _log(raw)
-        std = x.std(axis=0)
-        return cls(tuple(x.mean(axis=0).tolist()), tuple(np.where(std > 1e-8, std, 1.0).tolist()))
+        mean, std = np.zeros(NUM_FEATURES), np.ones(NUM_FEATURES)
+        mean[:_LOG_COLUMNS] = x[:, :_LOG_COLUMNS].mean(axis=0)
+        spread = x[:, :_LOG_COLUMNS].std(axis=0)
+        std[:_LOG_COLUMNS] = np.where(spread > 1e-8, spread, 1.0)
+        return cls(tuple(mean.tolist()), tuple(std.tolist()))
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         return ((_log(raw) - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)

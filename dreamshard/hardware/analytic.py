@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from dreamshard.hardware.base import ComputeCost, PlanCost
-from dreamshard.hardware.comm import Topology, assemble_plan_cost
+from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import BYTES_PER_WEIGHT
 from dreamshard.plan import Plan, Shard
 from dreamshard.tables import NUM_BINS, Table
@@ -96,6 +96,10 @@ class AnalyticBackend:
         fwd_us = c.launch_us + work_us
         bwd_us = c.launch_us + c.bwd_factor * work_us + update_us
         return ComputeCost(fwd_us / 1000, bwd_us / 1000)
+
+    def communication_cost(self, fwd_ms, dim_sums):
+        """The all-to-all model (dreamshard.hardware.comm): not measured by this backend."""
+        return communication_ms(fwd_ms, dim_sums, self.config.batch_size, self.config.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]

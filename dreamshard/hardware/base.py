@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+import numpy as np
+
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
@@ -64,3 +66,6 @@ class CostBackend(Protocol):
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """Per-device compute and communication of a whole plan."""
+
+    def communication_cost(self, fwd_ms: Sequence[float], dim_sums: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(fwd_comm_ms, bwd_comm_ms) per device, given each device's forward compute and dim sum."""

@@ -36,7 +36,7 @@ import numpy as np
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.base import ComputeCost, PlanCost
-from dreamshard.hardware.comm import Topology, assemble_plan_cost
+from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
@@ -158,6 +158,10 @@ class FbgemmBackend:
         if not shards:
             return ComputeCost(0.0, 0.0)
         return self.compute_samples(task, shards).median()
+
+    def communication_cost(self, fwd_ms, dim_sums):
+        """The all-to-all model (dreamshard.hardware.comm): not measured by this backend."""
+        return communication_ms(fwd_ms, dim_sums, self.config.batch_size, self.config.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         if plan.num_devices != task.num_devices:

@@ -37,6 +37,17 @@ def _learned(name):
     return factory
 
 
+def _neuroshard(model=None, search=None, **_) -> Sharder:
+    from dreamshard.neuroshard import NeuroShardModel  # imports torch
+    from dreamshard.sharders.search import NeuroShardSharder, SearchConfig
+
+    if model is None:
+        raise ValueError("sharder 'neuroshard' needs its pre-trained cost models (--model PATH)")
+    loaded = model if isinstance(model, NeuroShardModel) else NeuroShardModel.load(model)
+    config = search if isinstance(search, SearchConfig) else SearchConfig(**(search or {}))
+    return NeuroShardSharder(loaded, config)
+
+
 # name -> factory taking keyword options (seed, model paths, ...) it may ignore
 SHARDERS: dict[str, Callable[..., Sharder]] = {
     "random": lambda seed=0, **_: RandomSharder(seed),
@@ -46,10 +57,12 @@ SHARDERS: dict[str, Callable[..., Sharder]] = {
     "size_lookup_greedy": _greedy("size_lookup_greedy", size_lookup_key),
     "dreamshard": _learned("dreamshard"),
     "autoshard": _learned("autoshard"),
+    "neuroshard": _neuroshard,
 }
 
 HEURISTICS = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
-LEARNED = ("dreamshard", "autoshard")  # need model=PATH
+LEARNED = ("dreamshard", "autoshard", "neuroshard")  # need model=PATH
+SPLITTING = ("neuroshard",)  # may split tables by columns
 
 
 def make_sharder(name: str, **options: Any) -> Sharder:

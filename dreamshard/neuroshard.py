@@ -1,0 +1,179 @@
+"""NeuroShard's pre-trained cost models: fused compute of one device, and all-to-all communication.
+
+Compute model: DreamShard's CostNet (table encoder, sum over a device's shards, heads),
+trained only on single devices: augmented data as NeuroShard makes it, training tables
+copied at several dims, random sets of 1..max_tables of them under a memory cap, each
+set measured as one fused operator with the real backend.
+
+Communication model (CommNet): per device, from its dim sum, the other devices' dim sum,
+the device count and its straggler offset (how much earlier than the slowest device it
+finished its forward compute), predicts forward and backward communication ms. Per-device
+inputs let one network serve every device count. Its data: random dim splits and offsets,
+costed by the backend's `communication_cost` (a model on CPU; measured where NCCL is).
+Both are fitted with cost_model.adam_fit, the same loop as DreamShard's cost network.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from dreamshard.cost_model import CostData, CostNet, adam_fit, fit_cost_net, log_cost, median_device_ms, mlp
+from dreamshard.errors import DataFormatError
+from dreamshard.features import FeatureScaler, shard_features
+from dreamshard.hardware.base import CostBackend
+from dreamshard.io import atomic_path
+from dreamshard.plan import Shard
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+CHECKPOINT_FORMAT = "neuroshard-model/1"
+COMM_INPUTS = 4
+
+
+class CommNet(nn.Module):
+    def __init__(self, scale_ms: float = 1.0) -> None:
+        super().__init__()
+        self.config = {"scale_ms": scale_ms}
+        self.scale_ms = scale_ms
+        self.net = mlp(COMM_INPUTS, 128, 64, 32, 16, 2)
+
+    @staticmethod
+    def inputs(dim_sums: np.ndarray, offsets_ms: np.ndarray) -> torch.Tensor:
+        """[..., D] dim sums and straggler offsets -> [..., D, 4] per-device inputs."""
+        dim_sums = np.asarray(dim_sums, dtype=np.float64)
+        others = dim_sums.sum(axis=-1, keepdims=True) - dim_sums
+        n = np.broadcast_to(np.float64(dim_sums.shape[-1]), dim_sums.shape)
+        x = np.stack([np.log1p(dim_sums), np.log1p(others), np.log(n), np.asarray(offsets_ms)], axis=-1)
+        return torch.from_numpy(x).float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., 4] -> [..., 2] (fwd_comm_ms, bwd_comm_ms)."""
+        return nn.functional.softplus(self.net(x)) * self.scale_ms
+
+
+@dataclass
+class NeuroShardModel:
+    compute: CostNet
+    comm: CommNet
+    scaler: FeatureScaler
+    meta: dict
+
+    def save(self, path: str | Path) -> None:
+        state = {"format": CHECKPOINT_FORMAT, "scaler": self.scaler.to_dict(), "meta": self.meta,
+                 "compute": {"config": self.compute.config, "state": self.compute.state_dict()},
+                 "comm": {"config": self.comm.config, "state": self.comm.state_dict()}}
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+
+    @classmethod
+    def load(cls, path: str | Path) -> NeuroShardModel:
+        path = Path(path)
+        if not path.is_file():
+            raise DataFormatError(f"{path}: no such model checkpoint")
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as exc:
+            raise DataFormatError(f"{path}: not a model checkpoint: {exc}") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise DataFormatError(f"{path}: expected a {CHECKPOINT_FORMAT} checkpoint")
+        compute = CostNet(**state["compute"]["config"])
+        compute.load_state_dict(state["compute"]["state"])
+        comm = CommNet(**state["comm"]["config"])
+        comm.load_state_dict(state["comm"]["state"])
+        compute.eval()
+        comm.eval()
+        return cls(compute, comm, FeatureScaler.from_dict(state["scaler"]), state["meta"])
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    compute_samples: int = 100  # fused operators measured
+    max_tables: int = 15  # tables per operator: 1..max_tables
+    memory_cap_gb: float = 1.0  # an operator's tables fit in this
+    comm_samples: int = 2000  # all-to-all cases costed
+    comm_max_offset_ms: float = 20.0
+    dims: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+    seed: int = 0
+
+
+def compute_dataset(backend: CostBackend, tables: Sequence[Table],
+                    cfg: AugmentConfig, task_template: Task, progress=None) -> CostData:
+    """Single-device CostData: random table sets at random dims, measured as one fused operator."""
+    rng = np.random.default_rng(cfg.seed)
+    cap = cfg.memory_cap_gb * 2**30
+    raw, shard_dev, dev_ms = [], [], []
+    for k in range(cfg.compute_samples):
+        count = int(rng.integers(1, cfg.max_tables + 1))
+        chosen: list[Table] = []
+        used = 0
+        for i in rng.permutation(len(tables))[: count * 3]:
+            t = tables[int(i)].with_dim(int(rng.choice(cfg.dims)))
+            size = task_template.memory.shard_bytes(t.rows, t.dim)
+            if used + size <= cap and len(chosen) < count:
+                chosen.append(t)
+                used += size
+        if not chosen:
+            continue
+        task = Task(f"augment/{k}", tuple(chosen), task_template.devices[:1], task_template.memory)
+        cost = backend.compute_cost(task, [Shard(t.name, 0, 0, t.dim) for t in chosen])
+        for t in chosen:
+            raw.append(shard_features(t, t.dim, task.memory))
+            shard_dev.append(len(dev_ms))
+        dev_ms.append((cost.fwd_ms, cost.bwd_ms, 0.0))
+        if progress:
+            progress()
+    dev = np.asarray(dev_ms)
+    return CostData(np.asarray(raw), np.asarray(shard_dev, np.int64), np.arange(len(dev), dtype=np.int64),
+                    dev, dev[:, :2].sum(axis=1))
+
+
+def comm_dataset(backend: CostBackend, device_counts: Sequence[int], dims: Sequence[int],
+                 cfg: AugmentConfig) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(dim sums [D], offsets [D], targets [D, 2]) cases over the given device counts."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    cases = []
+    for _ in range(cfg.comm_samples):
+        n = int(rng.choice(device_counts))
+        tables = int(rng.integers(n, 60 * n))
+        dim_sums = np.bincount(rng.integers(0, n, tables), weights=rng.choice(dims, tables), minlength=n)
+        fwd = rng.uniform(0, cfg.comm_max_offset_ms, n)  # forward compute of each device
+        offsets = fwd.max() - fwd  # how long each device waits for the slowest
+        fwd_comm, bwd_comm = backend.communication_cost(fwd, dim_sums.astype(int))
+        cases.append((dim_sums, offsets, np.stack([fwd_comm, bwd_comm], axis=-1)))
+    return cases
+
+
+def fit_comm_net(cases, steps: int, lr: float, batch: int, seed: int) -> tuple[CommNet, list[float]]:
+    x = torch.cat([CommNet.inputs(d, o) for d, o, _ in cases])
+    y = torch.from_numpy(np.concatenate([t for _, _, t in cases])).float()
+    torch.manual_seed(seed)
+    positive = y[y > 0]
+    net = CommNet(scale_ms=float(positive.median()) if len(positive) else 1.0)
+
+    def batch_loss(idx: np.ndarray) -> torch.Tensor:
+        i = torch.from_numpy(idx)
+        return ((log_cost(net(x[i])) - log_cost(y[i])) ** 2).mean()
+
+    return net, adam_fit(net, len(x), batch_loss, steps, lr, batch, seed)
+
+
+def comm_mape(net: CommNet, cases) -> float:
+    errors = []
+    with torch.no_grad():
+        for d, o, t in cases:
+            pred = net(CommNet.inputs(d, o)).numpy()
+            keep = t > 0
+            errors.extend((np.abs(pred[keep] - t[keep]) / t[keep]).tolist())
+    return float(np.mean(errors)) if errors else float("nan")
+
+
+def fit_compute_net(data: CostData, scaler: FeatureScaler, steps: int, lr: float, batch: int,
+                    seed: int) -> tuple[CostNet, list[float]]:
+    torch.manual_seed(seed)
+    net = CostNet(scale_ms=median_device_ms(data))
+    return net, fit_cost_net(net, scaler, data, steps, lr, batch, seed)

@@ -1,0 +1,55 @@
+"""train_neuroshard: NeuroShard's pre-trained compute and communication models -> models/neuroshard.pt.
+
+Augmented data from the training pool's tables (see dreamshard/neuroshard.py), measured
+with the backend of `backend`; a seeded share is held out for metrics/neuroshard.json.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from dreamshard.cost_model import evaluate_cost_net
+from dreamshard.features import FeatureScaler, table_features
+from dreamshard.io import write_text
+from dreamshard.neuroshard import (AugmentConfig, NeuroShardModel, comm_dataset, comm_mape, compute_dataset,
+                                   fit_comm_net, fit_compute_net)
+from dreamshard.tasks import read_tasks
+from stages.common import ParamsError, build, make_stage_backend, section
+
+
+def run(params: dict[str, Any]) -> None:
+    cfg = dict(section(params, "train_neuroshard"))
+    fit = cfg.pop("fit")
+    holdout = float(cfg.pop("holdout_fraction", 0.2))
+    if not 0 < holdout < 1:
+        raise ParamsError(f"params.yaml: train_neuroshard.holdout_fraction: expected in (0, 1), got {holdout}")
+    augment = build(AugmentConfig, {**cfg, "dims": tuple(section(params, "tasks.dims"))}, "train_neuroshard")
+    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
+    pool = list({t.name: t for task in tasks for t in task.tables}.values())
+    scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
+    backend = make_stage_backend(params)
+    with tqdm(total=augment.compute_samples, desc="neuroshard data", unit="operator") as bar:
+        data = compute_dataset(backend, pool, augment, tasks[0], progress=bar.update)
+    cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), augment.dims, augment)
+    n_hold = max(1, int(round(holdout * data.num_plans)))
+    order = np.random.default_rng(augment.seed).permutation(data.num_plans)
+    steps, lr, batch = int(fit["steps"]), float(fit["lr"]), int(fit["batch"])
+    compute, _ = fit_compute_net(data.subset(order[n_hold:]), scaler, steps, lr, batch, augment.seed)
+    c_hold = max(1, int(round(holdout * len(cases))))
+    comm, _ = fit_comm_net(cases[c_hold:], steps, lr, 256, augment.seed)
+    metrics = {"compute_held_out": evaluate_cost_net(compute, scaler, data.subset(order[:n_hold])),
+               "comm_held_out_mape": comm_mape(comm, cases[:c_hold]),
+               "compute_samples": data.num_plans, "comm_samples": len(cases),
+               "backend": backend.name, "device": backend.device_name(), "measured": backend.measured}
+    # the saved models learn from every sample
+    compute, _ = fit_compute_net(data, scaler, steps, lr, batch, augment.seed)
+    comm, _ = fit_comm_net(cases, steps, lr, 256, augment.seed)
+    meta = {"backend": backend.name, "device": backend.device_name(), "compute_samples": data.num_plans}
+    NeuroShardModel(compute, comm, scaler, meta).save(section(params, "paths.neuroshard_model"))
+    write_text(json.dumps(metrics, indent=2) + "\n", Path(section(params, "paths.metrics")) / "neuroshard.json")
+    print(f"train_neuroshard: compute held-out MAPE {metrics['compute_held_out']['device_compute_mape']:.3f}, "
+          f"comm held-out MAPE {metrics['comm_held_out_mape']:.3f}")
