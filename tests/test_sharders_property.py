@@ -17,6 +17,7 @@ from dreamshard.plan import validate_plan
 from dreamshard.sharders import SHARDERS, make_sharder
 from dreamshard.tables import Table
 from dreamshard.features import NUM_FEATURES, FeatureScaler
+from dreamshard.neuroshard import CommNet, NeuroShardModel
 from dreamshard.policy import PolicyNet
 from dreamshard.sharders.learned import LearnedModel
 from dreamshard.tasks import Device, Task
@@ -30,6 +31,7 @@ def untrained_model() -> LearnedModel:
 
 
 MODEL = untrained_model()
+NEUROSHARD_MODEL = NeuroShardModel(CostNet(), CommNet(), MODEL.scaler, {})
 
 MEMORY_MODELS = [MemoryModel(), MemoryModel("fp16"), MemoryModel("fp32", "exact_row_wise_adagrad"),
                  MemoryModel("fp16", "adam")]
@@ -75,7 +77,7 @@ def brute_force_feasible(task: Task) -> bool:
 def test_sharders_agree_with_brute_force(task, seed):
     feasible = brute_force_feasible(task)
     for name in SHARDERS:
-        sharder = make_sharder(name, seed=seed, model=MODEL)
+        sharder = make_sharder(name, seed=seed, model=NEUROSHARD_MODEL if name == "neuroshard" else MODEL)
         if feasible:
             plan = sharder.shard(task)
             validate_plan(task, plan)
