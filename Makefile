@@ -19,6 +19,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps torchrec==1.8.0
 	touch $(STAMP)
 
 run: setup

@@ -23,10 +23,9 @@ import torch
 from torch import nn
 
 from dreamshard.cost_model import CostData, CostNet, adam_fit, fit_cost_net, log_cost, median_device_ms, mlp
-from dreamshard.errors import DataFormatError
+from dreamshard.checkpoints import load_checkpoint, save_checkpoint
 from dreamshard.features import FeatureScaler, shard_features
 from dreamshard.hardware.base import CostBackend
-from dreamshard.io import atomic_path
 from dreamshard.plan import Shard
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -64,23 +63,14 @@ class NeuroShardModel:
     meta: dict
 
     def save(self, path: str | Path) -> None:
-        state = {"format": CHECKPOINT_FORMAT, "scaler": self.scaler.to_dict(), "meta": self.meta,
+        state = {"scaler": self.scaler.to_dict(), "meta": self.meta,
                  "compute": {"config": self.compute.config, "state": self.compute.state_dict()},
                  "comm": {"config": self.comm.config, "state": self.comm.state_dict()}}
-        with atomic_path(path) as tmp:
-            torch.save(state, tmp)
+        save_checkpoint(state, CHECKPOINT_FORMAT, path)
 
     @classmethod
     def load(cls, path: str | Path) -> NeuroShardModel:
-        path = Path(path)
-        if not path.is_file():
-            raise DataFormatError(f"{path}: no such model checkpoint")
-        try:
-            state = torch.load(path, weights_only=True)
-        except Exception as exc:
-            raise DataFormatError(f"{path}: not a model checkpoint: {exc}") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise DataFormatError(f"{path}: expected a {CHECKPOINT_FORMAT} checkpoint")
+        state = load_checkpoint(path, CHECKPOINT_FORMAT)
         compute = CostNet(**state["compute"]["config"])
         compute.load_state_dict(state["compute"]["state"])
         comm = CommNet(**state["comm"]["config"])

@@ -18,9 +18,13 @@ import torch
 from dreamshard.cost_model import (CostNet, cost_data_from_rows, evaluate_cost_net, fit_cost_net,
                                    median_device_ms)
 from dreamshard.features import FeatureScaler, table_features
-from dreamshard.io import atomic_path, write_text
+from dreamshard.checkpoints import save_checkpoint
+from dreamshard.io import write_text
 from dreamshard.tasks import read_tasks
 from stages.common import ParamsError, section
+
+
+COST_NET_FORMAT = "dreamshard-cost-net/1"
 
 
 def load_scaler_and_data(params: dict[str, Any]):
@@ -55,8 +59,7 @@ def run(params: dict[str, Any]) -> None:
                "holdout_fraction": holdout, "final_loss": losses[-1]}
     net, losses = fit(data)  # the checkpoint learns from every measured plan
     out = Path(section(params, "paths.cost_model"))
-    with atomic_path(out) as tmp:
-        torch.save({"format": "dreamshard-cost-net/1", "config": net.config, "state": net.state_dict(),
-                    "scaler": scaler.to_dict()}, tmp)
+    save_checkpoint({"config": net.config, "state": net.state_dict(), "scaler": scaler.to_dict()},
+                    COST_NET_FORMAT, out)
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.cost_model_metrics"))
     print(f"train_cost: {data.num_plans} plans; held out: {metrics['held_out']}")

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
+from dreamshard.checkpoints import load_checkpoint
 from dreamshard.cost_model import CostNet
 from dreamshard.features import FeatureScaler
 from dreamshard.io import write_text
 from dreamshard.train import IterationLog, Trainer, TrainConfig, train_autoshard, train_dreamshard
 from stages.common import ParamsError, build, make_stage_backend, section
-from stages.train_cost import load_scaler_and_data
+from stages.train_cost import COST_NET_FORMAT, load_scaler_and_data
 
 LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
 
@@ -40,7 +40,7 @@ def train(params: dict[str, Any], algorithm: str) -> None:
         if unknown:
             raise ParamsError(f"params.yaml: train_policy.families: no training tasks of {sorted(unknown)}")
         tasks = [t for t in tasks if t.family in families]
-    checkpoint = torch.load(section(params, "paths.cost_model"), weights_only=True)
+    checkpoint = load_checkpoint(section(params, "paths.cost_model"), COST_NET_FORMAT)
     cost_net = CostNet(**checkpoint["config"])
     cost_net.load_state_dict(checkpoint["state"])
     scaler = FeatureScaler.from_dict(checkpoint["scaler"])

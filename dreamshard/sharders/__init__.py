@@ -48,6 +48,15 @@ def _neuroshard(model=None, search=None, **_) -> Sharder:
     return NeuroShardSharder(loaded, config)
 
 
+def _torchrec(name, full_search):
+    def factory(batch_size: int = 2048, sharding_types=None, **_) -> Sharder:
+        from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
+
+        return make(name, full_search, batch_size, sharding_types)
+
+    return factory
+
+
 # name -> factory taking keyword options (seed, model paths, ...) it may ignore
 SHARDERS: dict[str, Callable[..., Sharder]] = {
     "random": lambda seed=0, **_: RandomSharder(seed),
@@ -58,11 +67,14 @@ SHARDERS: dict[str, Callable[..., Sharder]] = {
     "dreamshard": _learned("dreamshard"),
     "autoshard": _learned("autoshard"),
     "neuroshard": _neuroshard,
+    "torchrec": _torchrec("torchrec", full_search=False),  # TorchRec's planner, table-wise (needs torchrec)
+    "torchrec_full": _torchrec("torchrec_full", full_search=True),  # all its sharding types; may raise
 }
 
 HEURISTICS = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
 LEARNED = ("dreamshard", "autoshard", "neuroshard")  # need model=PATH
-SPLITTING = ("neuroshard",)  # may split tables by columns
+SPLITTING = ("neuroshard", "torchrec_full")  # may split tables by columns
+TORCHREC = ("torchrec", "torchrec_full")  # TorchRec's planner: greedy, may give up on feasible tasks
 
 
 def make_sharder(name: str, **options: Any) -> Sharder:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dreamshard.cost_model import CostNet
-from dreamshard.errors import DataFormatError
+from dreamshard.checkpoints import load_checkpoint, save_checkpoint
 from dreamshard.features import FeatureScaler
 from dreamshard.mdp import TaskContext
 from dreamshard.plan import Plan
@@ -36,29 +36,17 @@ class LearnedModel:
     meta: dict
 
     def save(self, path: str | Path) -> None:
-        from dreamshard.io import atomic_path
-
         state = {
-            "format": CHECKPOINT_FORMAT,
             "cost_net": {"config": self.cost_net.config, "state": self.cost_net.state_dict()},
             "policy": {"config": self.policy.config, "state": self.policy.state_dict()},
             "scaler": self.scaler.to_dict(),
             "meta": self.meta,
         }
-        with atomic_path(path) as tmp:
-            torch.save(state, tmp)
+        save_checkpoint(state, CHECKPOINT_FORMAT, path)
 
     @classmethod
     def load(cls, path: str | Path) -> LearnedModel:
-        path = Path(path)
-        if not path.is_file():
-            raise DataFormatError(f"{path}: no such model checkpoint")
-        try:
-            state = torch.load(path, weights_only=True)
-        except Exception as exc:
-            raise DataFormatError(f"{path}: not a model checkpoint: {exc}") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise DataFormatError(f"{path}: expected a {CHECKPOINT_FORMAT} checkpoint")
+        state = load_checkpoint(path, CHECKPOINT_FORMAT)
         cost_net = CostNet(**state["cost_net"]["config"])
         cost_net.load_state_dict(state["cost_net"]["state"])
         policy = PolicyNet(**state["policy"]["config"])

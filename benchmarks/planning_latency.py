@@ -1,0 +1,66 @@
+"""Planning latency of the learned sharders on one CPU thread (median of repeats).
+
+    python -m benchmarks.planning_latency [--repeats 5] [--out metrics/planning_latency.json]
+
+Tasks are built from data/tables.parquet (tables repeated under new names where more
+are needed) at seeded random dims, with memory that never binds; models are the
+pipeline's checkpoints. Targets (issues): dreamshard 100 tables / 8 devices <= 20 ms and
+1,000 tables / 64 devices <= 1 s; neuroshard 100 tables / 8 devices < 1 s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dreamshard.sharders import make_sharder
+from dreamshard.tasks import Task, stats_table
+
+CASES = [("dreamshard", 100, 8), ("dreamshard", 1000, 64), ("neuroshard", 100, 8), ("size_lookup_greedy", 100, 8)]
+
+
+def make_task(stats: pd.DataFrame, num_tables: int, num_devices: int, seed: int) -> Task:
+    rng = np.random.default_rng(seed)
+    records = stats.to_dict("records")
+    tables = []
+    for i in range(num_tables):
+        rec = dict(records[int(rng.integers(len(records)))], name=f"t{i}")
+        tables.append(stats_table(rec, int(rng.choice([4, 8, 16, 32, 64, 128]))))
+    return Task.uniform(f"latency-{num_tables}-{num_devices}", tables, num_devices, 1000.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", default="data/tables.parquet")
+    parser.add_argument("--models", default="models")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    stats = pd.read_parquet(args.tables)
+    results = {}
+    for algo, n_tables, n_devices in CASES:
+        model = Path(args.models) / f"{algo}.pt"
+        sharder = make_sharder(algo, model=model if model.exists() else None)
+        task = make_task(stats, n_tables, n_devices, seed=0)
+        sharder.shard(task)  # warm-up: first-call allocations
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            sharder.shard(task)
+            times.append((time.perf_counter() - start) * 1e3)
+        key = f"{algo}/{n_tables}x{n_devices}"
+        results[key] = {"median_ms": statistics.median(times), "min_ms": min(times), "repeats": args.repeats}
+        print(f"{key:>28}: median {statistics.median(times):8.1f} ms  (min {min(times):.1f}, 1 CPU thread)")
+    if args.out:
+        args.out.write_text(json.dumps({"threads": 1, "cases": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""TorchRec's planner as a baseline sharder (`torchrec`, `torchrec_full`).
+
+TorchRec's `EmbeddingShardingPlanner` plans the task's EmbeddingBagCollection (built on
+the meta device, see dreamshard.torchrec_export) for one rank per device:
+
+- topology: world size = number of devices, compute device "cuda", HBM = each device's memory;
+- per table: `ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
+  pooling_factors=[pooling factor])`; with `full_search=True` every sharding type the
+  EBC sharder offers on CUDA (data_parallel, table_wise, column_wise, table_column_wise,
+  row_wise, table_row_wise, grid_shard), or the list given as `sharding_types`;
+- perf: TorchRec's own per-shard estimator and objective (slowest rank, summed shards);
+- storage: DreamShard's memory model (dreamshard.memory) with no extra reservation, so
+  TorchRec plans under exactly the rule every other sharder and `validate_plan` use.
+  (TorchRec's defaults would add input/output buffers and reserve 15% of HBM.)
+
+Its result becomes a Plan: a table-wise table is one whole-table shard on its rank,
+a column-wise table one shard per column slice. Any other sharding TorchRec chooses
+(row-wise, table-row-wise, data-parallel, ...) raises DreamShardError naming the table
+and the type: it is never dropped. When TorchRec finds no plan (memory), the error is
+InfeasibleTaskError with TorchRec's message. TorchRec's partitioner is greedy: unlike
+the sharders built on `place_tables`, it may give up on a task that a search would
+fit near the memory limit.
+
+TorchRec is imported only when a plan is made.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from dreamshard.errors import DreamShardError, InfeasibleTaskError
+from dreamshard.plan import Plan, Shard
+from dreamshard.tasks import Task
+from dreamshard.torchrec_export import DEFAULT_BATCH_SIZE, TABLE_WISE
+
+
+@dataclass(frozen=True)
+class TorchRecSharder:
+    name: str = "torchrec"
+    full_search: bool = False
+    batch_size: int = DEFAULT_BATCH_SIZE
+    sharding_types: tuple[str, ...] | None = None  # full search only: restrict to these (None: all)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"sharder {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
+        if self.sharding_types is not None and not self.full_search:
+            raise ValueError(f"sharder {self.name!r}: sharding_types needs full_search=True")
+
+    def shard(self, task: Task) -> Plan:
+        return from_torchrec_plan(task, self.torchrec_plan(task))
+
+    def torchrec_plan(self, task: Task):
+        """TorchRec's ShardingPlan for the task's EBC (module path "" : the EBC itself)."""
+        from dreamshard import torchrec_export as tx
+
+        tx.require_torchrec()
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner
+        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+        from torchrec.distributed.planner.types import PlannerError
+
+        types = (list(self.sharding_types) if self.sharding_types is not None else None) if self.full_search \
+            else [TABLE_WISE]
+        with _quiet_torchrec():
+            topo = tx.topology(task)
+            constraints = tx.table_constraints(task, {t.name: types for t in task.tables})
+            planner = EmbeddingShardingPlanner(
+                topology=topo,
+                batch_size=self.batch_size,
+                enumerator=tx.enumerator(task, topo, constraints, self.batch_size),
+                storage_reservation=FixedPercentageStorageReservation(0.0),
+                constraints=constraints,
+                debug=False,
+                stats=[],
+            )
+            try:
+                return planner.plan(tx.meta_ebc(task), [EmbeddingBagCollectionSharder()])
+            except PlannerError as exc:
+                raise InfeasibleTaskError(f"task {task.name!r}: TorchRec's planner found no plan: {exc}") from exc
+            except RuntimeError as exc:  # e.g. no sharding type left for a table after the constraints
+                raise DreamShardError(f"task {task.name!r}: TorchRec's planner failed: {exc}") from exc
+
+
+def from_torchrec_plan(task: Task, sharding_plan, module_path: str = "") -> Plan:
+    """Our Plan from TorchRec's ShardingPlan of the task's EBC at `module_path`."""
+    from dreamshard.torchrec_export import torchrec_table_shards
+
+    module_plan = sharding_plan.get_plan_for_module(module_path)
+    if module_plan is None:
+        raise DreamShardError(f"task {task.name!r}: TorchRec's plan has no module {module_path!r} "
+                              f"(modules: {sorted(sharding_plan.plan)})")
+    shards = []
+    for t in task.tables:
+        if t.name not in module_plan:
+            raise DreamShardError(f"task {task.name!r}: TorchRec's plan does not place table {t.name!r}")
+        for rank, start, end in torchrec_table_shards(t.name, module_plan[t.name], t.rows):
+            shards.append(Shard(t.name, rank, start, end))
+    return Plan(task.num_devices, tuple(shards))
+
+
+@contextlib.contextmanager
+def _quiet_torchrec() -> Iterator[None]:
+    """TorchRec logs planner summaries at INFO/WARNING on every plan; keep them off our output."""
+    loggers = [logging.getLogger(n) for n in ("torchrec", "torchrec.distributed", "torchrec.distributed.planner")]
+    saved = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, saved):
+            lg.setLevel(level)
+
+
+def make(name: str, full_search: bool, batch_size: int = DEFAULT_BATCH_SIZE,
+         sharding_types: Sequence[str] | None = None) -> TorchRecSharder:
+    return TorchRecSharder(name, full_search, int(batch_size),
+                           tuple(sharding_types) if sharding_types is not None else None)

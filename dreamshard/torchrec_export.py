@@ -1,0 +1,302 @@
+"""TorchRec interop: export a plan as a TorchRec `ShardingPlan`, and TorchRec's own estimate of a plan.
+
+TorchRec (`torchrec==1.8.0`) is optional and imported only inside these functions, so
+`import dreamshard` and the `dreamshard` command never load it.
+
+The model the exported plan is for
+----------------------------------
+One `EmbeddingBagCollection` (EBC) holding every table of the task, in task order,
+each built by `embedding_bag_configs(task)`: `EmbeddingBagConfig(name=table.name,
+embedding_dim=table.dim, num_embeddings=table.rows, feature_names=[table.name])`,
+weights in the task's precision (fp32 or fp16), sum pooling.
+
+A `ShardingPlan` is keyed by the fully qualified name (fqn) of the sharded module
+inside the module handed to `DistributedModelParallel`. The default, `DEFAULT_FQN =
+"ebc"`, is for a model whose EBC is its attribute `ebc` (`model.ebc`), as in
+docs/torchrec.md. Pass `fqn=""` when the EBC itself is the module given to
+`DistributedModelParallel`, or e.g. `"sparse_arch.embedding_bag_collection"` for
+TorchRec's DLRM. A wrong fqn is NOT an error in TorchRec: the EBC silently stays
+unsharded (replicated), so it must match the training script.
+
+Shards
+------
+A whole-table shard becomes `table_wise(rank=device, compute_kernel="fused")`. A
+table split into column slices becomes a column-wise sharding with one shard per
+slice, in column order, each with the slice's width, column offset and device.
+TorchRec's `column_wise(ranks=...)` only makes equal slices in rank-list order (and
+`column_wise(size_per_rank=...)` puts slice i on rank i whatever the ranks), so
+equal slices use `column_wise(ranks=...)` and unequal ones an equivalent generator
+that writes each slice's size, offset and rank itself; TorchRec's column-wise
+sharding keeps per-shard widths (`local_cols`), so uneven slices are supported.
+Every exported sharding is checked against the plan before it is returned.
+
+The `fused` kernel keeps the optimizer inside FBGEMM's TBE: the training script
+must give the EBC an in-backward optimizer (`apply_optimizer_in_backward`) or the
+sharder fused params, see docs/torchrec.md.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from dreamshard.errors import DreamShardError, InvalidPlanError
+from dreamshard.io import atomic_path
+from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.tasks import Task
+
+DEFAULT_FQN = "ebc"
+DEFAULT_BATCH_SIZE = 2048  # per-rank batch size TorchRec's perf model assumes
+COMPUTE_DEVICE = "cuda"  # plans are for GPU training; planning itself runs anywhere
+COMPUTE_KERNEL = "fused"  # FBGEMM TBE with the weights in device memory (HBM)
+TABLE_WISE = "table_wise"
+COLUMN_WISE = "column_wise"
+
+INSTALL_HINT = ("TorchRec is not installed; install it with `pip install torchrec==1.8.0 --no-deps` and "
+                "`pip install tensordict 'torchmetrics==1.0.3' tqdm pyre-extensions` "
+                "(fbgemm-gpu-cpu provides its fbgemm-gpu)")
+
+
+def require_torchrec() -> None:
+    """Raise DreamShardError with install instructions unless torchrec can be imported."""
+    try:
+        import torchrec  # noqa: F401
+    except ImportError as exc:
+        raise DreamShardError(f"{INSTALL_HINT} ({exc})") from None
+
+
+# ------------------------------------------------------------------ the module
+
+def embedding_bag_configs(task: Task) -> list:
+    """One `EmbeddingBagConfig` per table of the task, in task order."""
+    require_torchrec()
+    from torchrec import EmbeddingBagConfig
+    from torchrec.modules.embedding_configs import DataType
+
+    data_type = DataType.FP16 if task.memory.weights_precision == "fp16" else DataType.FP32
+    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                               feature_names=[t.name], data_type=data_type)
+            for t in task.tables]
+
+
+def meta_ebc(task: Task):
+    """The task's EmbeddingBagCollection on the meta device: shapes only, no memory."""
+    import torch
+    from torchrec import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(tables=embedding_bag_configs(task), device=torch.device("meta"))
+
+
+def topology(task: Task):
+    """TorchRec topology: one rank per device of the task, each with the device's memory as HBM."""
+    require_torchrec()
+    from torchrec.distributed.planner.types import CustomTopologyData, KernelConfig, TopologyFactory, TrainerConfig
+
+    caps = [d.memory_bytes for d in task.devices]
+    extra = {}
+    if len(set(caps)) > 1:  # devices of different sizes
+        extra["custom_topology_data"] = CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))
+    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=task.num_devices,
+                            hbm_cap_bytes=max(caps), additional_params=extra)
+    return TopologyFactory.create_topology(trainer, kernel_config=KernelConfig(compute_device=COMPUTE_DEVICE))
+
+
+def table_constraints(task: Task, sharding_types: dict[str, list[str] | None]) -> dict:
+    """ParameterConstraints per table: its pooling factor, the fused kernel, the sharding types allowed."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    return {t.name: ParameterConstraints(sharding_types=sharding_types[t.name], compute_kernels=[COMPUTE_KERNEL],
+                                         pooling_factors=[float(t.pooling_factor)])
+            for t in task.tables}
+
+
+@functools.cache
+def _storage_estimator_class():
+    from torchrec.distributed.planner.types import ShardEstimator, Storage
+
+    class DreamShardStorageEstimator(ShardEstimator):
+        """Shard storage by DreamShard's memory model (dreamshard.memory), all of it in HBM.
+
+        TorchRec's own estimator also counts input/output buffers and knows the
+        optimizer only when it is attached to the parameters; using ours makes TorchRec
+        plan under exactly the memory rule `validate_plan` checks and every other sharder uses.
+        """
+
+        def __init__(self, task: Task, constraints=None) -> None:
+            self._memory = task.memory
+
+        def estimate(self, sharding_options, sharder_data_map=None) -> None:
+            for option in sharding_options:
+                for shard in option.shards:
+                    rows, cols = shard.size
+                    shard.storage = Storage(hbm=self._memory.shard_bytes(int(rows), int(cols)), ddr=0, ssd=0)
+
+    return DreamShardStorageEstimator
+
+
+def enumerator(task: Task, topo, constraints: dict, batch_size: int):
+    """TorchRec's enumerator with its perf estimator and DreamShard's storage estimator."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+
+    estimators = [EmbeddingPerfEstimator(topo, constraints), _storage_estimator_class()(task)]
+    return EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
+
+
+# ------------------------------------------------------------------ export
+
+def _table_slices(task: Task, plan: Plan) -> dict[str, list[Shard]]:
+    validate_plan(task, plan)  # every table covered exactly once: the export never drops or doubles columns
+    slices: dict[str, list[Shard]] = defaultdict(list)
+    for s in plan.shards:
+        slices[s.table].append(s)
+    return {name: sorted(shards, key=lambda s: s.col_start) for name, shards in slices.items()}
+
+
+def _column_slices_generator(slices: list[Shard]):
+    """A ParameterShardingGenerator for column slices of any widths, each on its own rank."""
+    from torchrec.distributed.sharding_plan import placement
+    from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardMetadata
+
+    def generate(param, local_size: int, world_size: int, device_type: str, sharder) -> Any:
+        rows = int(param.shape[0])
+        return ParameterSharding(
+            sharding_type=COLUMN_WISE,
+            compute_kernel=COMPUTE_KERNEL,
+            ranks=[s.device for s in slices],
+            sharding_spec=EnumerableShardingSpec([
+                ShardMetadata(shard_offsets=[0, s.col_start], shard_sizes=[rows, s.col_end - s.col_start],
+                              placement=placement(device_type, s.device, local_size))
+                for s in slices
+            ]),
+        )
+
+    return generate
+
+
+def to_torchrec_module_plan(task: Task, plan: Plan):
+    """The EBC's `EmbeddingModuleShardingPlan` (table name -> ParameterSharding) for `plan`."""
+    require_torchrec()
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+
+    slices = _table_slices(task, plan)
+    per_table = {}
+    for t in task.tables:
+        shards = slices[t.name]
+        if len(shards) == 1:
+            per_table[t.name] = table_wise(rank=shards[0].device, compute_kernel=COMPUTE_KERNEL)
+        elif len({s.col_end - s.col_start for s in shards}) == 1:
+            per_table[t.name] = column_wise(ranks=[s.device for s in shards], compute_kernel=COMPUTE_KERNEL)
+        else:
+            per_table[t.name] = _column_slices_generator(shards)
+    n = task.num_devices
+    module_plan = construct_module_sharding_plan(meta_ebc(task), per_table, sharder=EmbeddingBagCollectionSharder(),
+                                                 local_size=n, world_size=n, device_type=COMPUTE_DEVICE)
+    for t in task.tables:  # TorchRec builds the slices itself for column_wise(ranks=...): check them
+        got = torchrec_table_shards(t.name, module_plan[t.name], t.rows)
+        want = [(s.device, s.col_start, s.col_end) for s in slices[t.name]]
+        if got != want:
+            raise InvalidPlanError(f"table {t.name!r}: TorchRec's sharding {got} differs from the plan's {want}")
+    return module_plan
+
+
+def to_torchrec_plan(task: Task, plan: Plan, fqn: str = DEFAULT_FQN):
+    """A TorchRec `ShardingPlan` placing the task's EBC (module `fqn` of the DMP-wrapped model) as `plan` does."""
+    from torchrec.distributed.types import ShardingPlan
+
+    return ShardingPlan({fqn: to_torchrec_module_plan(task, plan)})
+
+
+def save_torchrec_plan(task: Task, plan: Plan, path: str | os.PathLike, fqn: str = DEFAULT_FQN) -> None:
+    """Write the ShardingPlan with torch.save; `torch.load(path, weights_only=False)` returns it."""
+    import torch
+
+    sharding_plan = to_torchrec_plan(task, plan, fqn)
+    with atomic_path(path) as tmp:
+        torch.save(sharding_plan, tmp)
+
+
+def torchrec_table_shards(name: str, sharding, rows: int) -> list[tuple[int, int, int]]:
+    """(rank, col_start, col_end) per shard of a table-wise or column-wise ParameterSharding.
+
+    Raises DreamShardError for shardings a DreamShard plan cannot represent (row-wise,
+    table-row-wise, grid, data-parallel, ...) or shards that are not whole-row column slices.
+    """
+    kind = sharding.sharding_type
+    if kind not in (TABLE_WISE, COLUMN_WISE):
+        raise DreamShardError(
+            f"table {name!r}: TorchRec chose {kind!r} sharding, which a DreamShard plan cannot represent "
+            f"(it holds whole tables and column slices: {TABLE_WISE!r}, {COLUMN_WISE!r})"
+        )
+    spec = sharding.sharding_spec
+    metas = list(spec.shards) if spec is not None else []
+    ranks = list(sharding.ranks or [])
+    if not metas or len(metas) != len(ranks):
+        raise DreamShardError(f"table {name!r}: {kind} sharding with {len(metas)} shards and ranks {ranks}")
+    out = []
+    for meta, rank in zip(metas, ranks):
+        (row_off, col_off), (nrows, ncols) = meta.shard_offsets, meta.shard_sizes
+        placed = meta.placement.rank() if meta.placement is not None else rank
+        if row_off != 0 or nrows != rows or placed != rank:
+            raise DreamShardError(
+                f"table {name!r}: {kind} shard at offset {list(meta.shard_offsets)} of size {list(meta.shard_sizes)} "
+                f"on rank {placed} (ranks {ranks}) is not a whole-row column slice of {rows} rows"
+            )
+        out.append((int(rank), int(col_off), int(col_off + ncols)))
+    return sorted(out, key=lambda r: r[1])
+
+
+# ------------------------------------------------------------------ TorchRec's perf model
+
+@dataclass(frozen=True)
+class TorchRecEstimate:
+    """TorchRec's analytic estimate of a plan: a model, not a measurement.
+
+    Per shard, TorchRec's `EmbeddingPerfEstimator` (bandwidth-based, for CUDA with its
+    default bandwidths) gives fwd/bwd compute and comms in ms; per rank they are summed
+    (no fusion effect); the plan's rating is the slowest rank, as TorchRec's planner
+    rates its own candidates (`NoopPerfModel`).
+    """
+
+    cost_ms: float  # max over ranks of rank_ms
+    rank_ms: tuple[float, ...]
+    rank_breakdown_ms: tuple[dict[str, float], ...]  # fwd_compute, fwd_comms, bwd_compute, bwd_comms, input_dist_comms
+    batch_size: int
+    model: str = "torchrec EmbeddingPerfEstimator (analytic, CUDA defaults)"
+
+
+def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE) -> TorchRecEstimate:
+    """Rate `plan` with TorchRec's own performance model (see TorchRecEstimate)."""
+    require_torchrec()
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.types import Shard as TRShard
+
+    slices = _table_slices(task, plan)
+    topo = topology(task)
+    kinds = {t.name: [TABLE_WISE if len(slices[t.name]) == 1 else COLUMN_WISE] for t in task.tables}
+    constraints = table_constraints(task, kinds)
+    enum = enumerator(task, topo, constraints, batch_size)
+    options = enum.enumerate(meta_ebc(task), [EmbeddingBagCollectionSharder()])
+    by_name = {o.name: o for o in options}
+    for t in task.tables:
+        option = by_name[t.name]
+        option.shards = [TRShard(size=[t.rows, s.col_end - s.col_start], offset=[0, s.col_start])
+                         for s in slices[t.name]]
+    enum.populate_estimates(options)  # per-shard perf for the plan's own slices
+    for t in task.tables:
+        for shard, s in zip(by_name[t.name].shards, slices[t.name]):
+            shard.rank = s.device
+    fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "input_dist_comms")
+    breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
+    totals = [0.0] * task.num_devices
+    for option in options:
+        for shard in option.shards:
+            for f in fields:
+                breakdown[shard.rank][f] += float(getattr(shard.perf, f))
+            totals[shard.rank] += float(shard.perf.total)
+    cost = float(NoopPerfModel(topo).rate(options))
+    return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size)
