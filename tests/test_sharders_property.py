@@ -14,7 +14,7 @@ from dreamshard.cost_model import CostNet
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import validate_plan
-from dreamshard.sharders import SHARDERS, make_sharder
+from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
 from dreamshard.tables import Table
 from dreamshard.features import NUM_FEATURES, FeatureScaler
 from dreamshard.neuroshard import CommNet, NeuroShardModel
@@ -76,7 +76,7 @@ def brute_force_feasible(task: Task) -> bool:
 @given(task=tasks(), seed=st.integers(0, 2**16))
 def test_sharders_agree_with_brute_force(task, seed):
     feasible = brute_force_feasible(task)
-    for name in SHARDERS:
+    for name in HEURISTICS + LEARNED:  # TorchRec's planner has its own memory model: tests/test_torchrec.py
         sharder = make_sharder(name, seed=seed, model=NEUROSHARD_MODEL if name == "neuroshard" else MODEL)
         if feasible:
             plan = sharder.shard(task)
@@ -90,7 +90,7 @@ def test_the_strategy_covers_every_outcome():
     # guard against a strategy that only ever makes feasible (or only trivially infeasible) tasks
     seen = set()
 
-    @settings(max_examples=150, deadline=None, database=None)
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
     @given(task=tasks())
     def collect(task):
         sizes = [task.table_bytes(i) for i in range(len(task.tables))]
