@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="learned sharders: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES))
+    p.add_argument("--format", default="json", choices=["json", "torchrec"],
+                   help="json: DreamShard plan JSON; torchrec: a TorchRec ShardingPlan (torch.save; needs torchrec) "
+                        "for the EBC at module 'ebc', see docs/torchrec.md")
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
@@ -63,8 +66,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
                         MemoryModel(args.weights_precision, args.optimizer))
     plan = make_sharder(args.algo, seed=args.seed, model=args.model, samples=args.samples).shard(task)
     validate_plan(task, plan)
-    plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables),
-                   memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer)
+    if args.format == "torchrec":
+        from dreamshard.torchrec_export import save_torchrec_plan  # imports torchrec: only for this format
+
+        save_torchrec_plan(task, plan, args.output)
+    else:
+        plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables),
+                       memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer)
     used = device_memory_bytes(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {args.devices} devices of {args.memory_gb:g} GB -> {args.output}")
     print(f"{'device':>6} {'tables':>6} {'dim_sum':>8} {'memory_gb':>10}")

@@ -1,7 +1,8 @@
 """TorchRec interop: export a plan as a TorchRec `ShardingPlan`, and TorchRec's own estimate of a plan.
 
 TorchRec (`torchrec==1.8.0`) is optional and imported only inside these functions, so
-`import dreamshard` and the `dreamshard` command never load it.
+`import dreamshard` never loads it, and the `dreamshard` command only for the `torchrec`
+sharders and `plan --format torchrec`.
 
 The model the exported plan is for
 ----------------------------------
@@ -36,11 +37,13 @@ sharder fused params, see docs/torchrec.md.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.io import atomic_path
@@ -67,6 +70,23 @@ def require_torchrec() -> None:
         raise DreamShardError(f"{INSTALL_HINT} ({exc})") from None
 
 
+@contextlib.contextmanager
+def quiet_torchrec() -> Iterator[None]:
+    """TorchRec logs planner summaries, warnings and every planner call; keep them off our output."""
+    from torchrec.distributed import logger as torchrec_logger  # its own non-propagating loggers
+
+    loggers = [logging.getLogger("torchrec")]
+    loggers += [v for v in vars(torchrec_logger).values() if isinstance(v, logging.Logger)]
+    saved = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, saved):
+            lg.setLevel(level)
+
+
 # ------------------------------------------------------------------ the module
 
 def embedding_bag_configs(task: Task) -> list:
@@ -75,6 +95,10 @@ def embedding_bag_configs(task: Task) -> list:
     from torchrec import EmbeddingBagConfig
     from torchrec.modules.embedding_configs import DataType
 
+    for t in task.tables:
+        if "." in t.name or not t.name:
+            raise DreamShardError(f"table {t.name!r}: TorchRec needs table names without '.' "
+                                  "(each becomes a module name); rename the table")
     data_type = DataType.FP16 if task.memory.weights_precision == "fp16" else DataType.FP32
     return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
                                feature_names=[t.name], data_type=data_type)
@@ -176,8 +200,14 @@ def _column_slices_generator(slices: list[Shard]):
     return generate
 
 
-def to_torchrec_module_plan(task: Task, plan: Plan):
-    """The EBC's `EmbeddingModuleShardingPlan` (table name -> ParameterSharding) for `plan`."""
+def to_torchrec_module_plan(task: Task, plan: Plan, local_size: int | None = None,
+                            device_type: str = COMPUTE_DEVICE):
+    """The EBC's `EmbeddingModuleShardingPlan` (table name -> ParameterSharding) for `plan`.
+
+    `local_size`: GPUs per host (default: all devices on one host); rank r is placed on
+    `cuda:{r % local_size}` of its host. `device_type="cpu"` makes a plan for CPU ranks
+    (gloo), e.g. to try a training script without GPUs.
+    """
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
@@ -193,8 +223,13 @@ def to_torchrec_module_plan(task: Task, plan: Plan):
         else:
             per_table[t.name] = _column_slices_generator(shards)
     n = task.num_devices
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
+    local = n if local_size is None else int(local_size)
+    if not 1 <= local <= n:
+        raise ValueError(f"local_size: expected 1..{n} GPUs per host, got {local_size}")
     module_plan = construct_module_sharding_plan(meta_ebc(task), per_table, sharder=EmbeddingBagCollectionSharder(),
-                                                 local_size=n, world_size=n, device_type=COMPUTE_DEVICE)
+                                                 local_size=local, world_size=n, device_type=device_type)
     for t in task.tables:  # TorchRec builds the slices itself for column_wise(ranks=...): check them
         got = torchrec_table_shards(t.name, module_plan[t.name], t.rows)
         want = [(s.device, s.col_start, s.col_end) for s in slices[t.name]]
@@ -203,18 +238,20 @@ def to_torchrec_module_plan(task: Task, plan: Plan):
     return module_plan
 
 
-def to_torchrec_plan(task: Task, plan: Plan, fqn: str = DEFAULT_FQN):
+def to_torchrec_plan(task: Task, plan: Plan, fqn: str = DEFAULT_FQN, local_size: int | None = None,
+                     device_type: str = COMPUTE_DEVICE):
     """A TorchRec `ShardingPlan` placing the task's EBC (module `fqn` of the DMP-wrapped model) as `plan` does."""
     from torchrec.distributed.types import ShardingPlan
 
-    return ShardingPlan({fqn: to_torchrec_module_plan(task, plan)})
+    return ShardingPlan({fqn: to_torchrec_module_plan(task, plan, local_size, device_type)})
 
 
-def save_torchrec_plan(task: Task, plan: Plan, path: str | os.PathLike, fqn: str = DEFAULT_FQN) -> None:
+def save_torchrec_plan(task: Task, plan: Plan, path: str | os.PathLike, fqn: str = DEFAULT_FQN,
+                       local_size: int | None = None, device_type: str = COMPUTE_DEVICE) -> None:
     """Write the ShardingPlan with torch.save; `torch.load(path, weights_only=False)` returns it."""
     import torch
 
-    sharding_plan = to_torchrec_plan(task, plan, fqn)
+    sharding_plan = to_torchrec_plan(task, plan, fqn, local_size, device_type)
     with atomic_path(path) as tmp:
         torch.save(sharding_plan, tmp)
 
@@ -258,12 +295,14 @@ class TorchRecEstimate:
     Per shard, TorchRec's `EmbeddingPerfEstimator` (bandwidth-based, for CUDA with its
     default bandwidths) gives fwd/bwd compute and comms in ms; per rank they are summed
     (no fusion effect); the plan's rating is the slowest rank, as TorchRec's planner
-    rates its own candidates (`NoopPerfModel`).
+    rates its own candidates (`NoopPerfModel`): for the plan the `torchrec` sharder
+    returns, `cost_ms` equals the rating TorchRec's planner gave it. TorchRec's
+    `input_dist_comms` is not part of its total and is left out here too.
     """
 
     cost_ms: float  # max over ranks of rank_ms
     rank_ms: tuple[float, ...]
-    rank_breakdown_ms: tuple[dict[str, float], ...]  # fwd_compute, fwd_comms, bwd_compute, bwd_comms, input_dist_comms
+    rank_breakdown_ms: tuple[dict[str, float], ...]  # fwd_compute, fwd_comms, bwd_compute, bwd_comms, prefetch_compute
     batch_size: int
     model: str = "torchrec EmbeddingPerfEstimator (analytic, CUDA defaults)"
 
@@ -271,6 +310,12 @@ class TorchRecEstimate:
 def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE) -> TorchRecEstimate:
     """Rate `plan` with TorchRec's own performance model (see TorchRecEstimate)."""
     require_torchrec()
+
+    with quiet_torchrec():
+        return _perf_estimate(task, plan, batch_size)
+
+
+def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.types import Shard as TRShard
@@ -290,7 +335,7 @@ def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BAT
     for t in task.tables:
         for shard, s in zip(by_name[t.name].shards, slices[t.name]):
             shard.rank = s.device
-    fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "input_dist_comms")
+    fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
     totals = [0.0] * task.num_devices
     for option in options:

@@ -20,6 +20,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "integration: runs the DVC pipeline through Prefect in a temporary git repo (slow, run by default)"
     )
+    config.addinivalue_line("markers", "slow: takes over 10 s; runs by default")
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,7 @@ def brute_force_feasible(task: Task) -> bool:
 @given(task=tasks(), seed=st.integers(0, 2**16))
 def test_sharders_agree_with_brute_force(task, seed):
     feasible = brute_force_feasible(task)
-    for name in HEURISTICS + LEARNED:  # TorchRec's planner has its own memory model: tests/test_torchrec.py
+    for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/test_torchrec.py
         sharder = make_sharder(name, seed=seed, model=NEUROSHARD_MODEL if name == "neuroshard" else MODEL)
         if feasible:
             plan = sharder.shard(task)

@@ -6,8 +6,9 @@ the meta device, see dreamshard.torchrec_export) for one rank per device:
 - topology: world size = number of devices, compute device "cuda", HBM = each device's memory;
 - per table: `ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
   pooling_factors=[pooling factor])`; with `full_search=True` every sharding type the
-  EBC sharder offers on CUDA (data_parallel, table_wise, column_wise, table_column_wise,
-  row_wise, table_row_wise, grid_shard), or the list given as `sharding_types`;
+  EBC sharder offers on CUDA with the fused kernel (table_wise, column_wise,
+  table_column_wise, row_wise, table_row_wise; data_parallel needs the dense kernel and
+  so is never proposed), or only the types given as `sharding_types`;
 - perf: TorchRec's own per-shard estimator and objective (slowest rank, summed shards);
 - storage: DreamShard's memory model (dreamshard.memory) with no extra reservation, so
   TorchRec plans under exactly the rule every other sharder and `validate_plan` use.
@@ -25,15 +26,15 @@ TorchRec is imported only when a plan is made.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from dreamshard.errors import DreamShardError, InfeasibleTaskError
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
-from dreamshard.torchrec_export import DEFAULT_BATCH_SIZE, TABLE_WISE
+from dreamshard.torchrec_export import COLUMN_WISE, DEFAULT_BATCH_SIZE, TABLE_WISE
+
+REPRESENTABLE = (TABLE_WISE, COLUMN_WISE)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class TorchRecSharder:
 
         types = (list(self.sharding_types) if self.sharding_types is not None else None) if self.full_search \
             else [TABLE_WISE]
-        with _quiet_torchrec():
+        with tx.quiet_torchrec():
             topo = tx.topology(task)
             constraints = tx.table_constraints(task, {t.name: types for t in task.tables})
             planner = EmbeddingShardingPlanner(
@@ -79,9 +80,9 @@ class TorchRecSharder:
             try:
                 return planner.plan(tx.meta_ebc(task), [EmbeddingBagCollectionSharder()])
             except PlannerError as exc:
-                raise InfeasibleTaskError(f"task {task.name!r}: TorchRec's planner found no plan: {exc}") from exc
+                raise InfeasibleTaskError(f"task {task.name!r}: TorchRec's planner found no plan: {_one_line(exc)}") from exc
             except RuntimeError as exc:  # e.g. no sharding type left for a table after the constraints
-                raise DreamShardError(f"task {task.name!r}: TorchRec's planner failed: {exc}") from exc
+                raise DreamShardError(f"task {task.name!r}: TorchRec's planner failed: {_one_line(exc)}") from exc
 
 
 def from_torchrec_plan(task: Task, sharding_plan, module_path: str = "") -> Plan:
@@ -92,27 +93,26 @@ def from_torchrec_plan(task: Task, sharding_plan, module_path: str = "") -> Plan
     if module_plan is None:
         raise DreamShardError(f"task {task.name!r}: TorchRec's plan has no module {module_path!r} "
                               f"(modules: {sorted(sharding_plan.plan)})")
+    missing = [t.name for t in task.tables if t.name not in module_plan]
+    if missing:
+        raise DreamShardError(f"task {task.name!r}: TorchRec's plan does not place table(s) {', '.join(missing)}")
+    odd = [f"{t.name!r} ({module_plan[t.name].sharding_type})" for t in task.tables
+           if module_plan[t.name].sharding_type not in REPRESENTABLE]
+    if odd:
+        raise DreamShardError(
+            f"task {task.name!r}: TorchRec chose shardings a DreamShard plan cannot represent for "
+            f"{len(odd)} table(s): {', '.join(odd[:8])}{', ...' if len(odd) > 8 else ''}; a plan holds whole tables and column slices only "
+            f"(restrict the search with sharding_types={REPRESENTABLE!r})"
+        )
     shards = []
     for t in task.tables:
-        if t.name not in module_plan:
-            raise DreamShardError(f"task {task.name!r}: TorchRec's plan does not place table {t.name!r}")
         for rank, start, end in torchrec_table_shards(t.name, module_plan[t.name], t.rows):
             shards.append(Shard(t.name, rank, start, end))
     return Plan(task.num_devices, tuple(shards))
 
 
-@contextlib.contextmanager
-def _quiet_torchrec() -> Iterator[None]:
-    """TorchRec logs planner summaries at INFO/WARNING on every plan; keep them off our output."""
-    loggers = [logging.getLogger(n) for n in ("torchrec", "torchrec.distributed", "torchrec.distributed.planner")]
-    saved = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, saved):
-            lg.setLevel(level)
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())  # TorchRec's messages span many indented lines
 
 
 def make(name: str, full_search: bool, batch_size: int = DEFAULT_BATCH_SIZE,
