@@ -49,7 +49,7 @@ def run(params: dict[str, Any]) -> None:
     models = Path(section(params, "paths.models"))
     try:
         sharders = [make_sharder(n, seed=int(cfg.get("seed", 0)), model=models / f"{n}.pt" if n in LEARNED else None,
-                                 search=params.get("neuroshard")) for n in names]
+                                 search=params.get("neuroshard"), batch_size=batch_size) for n in names]
     except ValueError as exc:
         raise ParamsError(f"params.yaml: evaluate.sharders: {exc}") from None
 
