@@ -14,15 +14,19 @@ which is measured (`additivity_ratio`: fused cost / sum of single costs on probe
     (c(t) - o). o is at most the cheapest table's single cost m, so
     sum_d compute(S_d) >= sum_t c(t) - (T - 1) m.
   sub-additive (compute(A u B) <= compute(A) + compute(B); GPUs, where fusion saves
-    launches and more): sum_d compute(S_d) >= compute(all tables fused).
+    launches and more): sum_d compute(S_d) >= compute(all tables fused). Probes of single
+    tables cannot prove that for every split, so the smaller of this and the first bound
+    is used.
 The plain sum of single costs is NOT a bound on CPU kernels: 8 small tables on 2
 devices had an optimum below it (measured by the evaluate stage's exhaustive check). Transfers: every device sends its outputs to N-1 others,
 so mean_d transfer_d >= latency + (N-1) B D bytes / (N^2 x fastest link), D the task's
 total dim. Independently, the device holding table t costs at least c(t) + 2 x
 (latency + (N-1)/N B dim_t bytes / fastest link), assuming a table's cost does not drop
 when others join it (true in both regimes). When sharders may split tables by columns
-(`column_splits`), that holds only for tables too narrow to split (dim 4); the compute
-sum still holds, assuming a table's slices together do at least the table's work.
+(`column_splits`), that holds only for tables too narrow to split (dim 4), and a table's
+work in the compute sum is the smaller of its whole work and dim/4 times the work of its
+4-column slice: its slices do at least that much, whether wider rows make work per
+column cheaper (FBGEMM's vectorised rows) or dearer (cache pressure in the analytic model).
 """
 from __future__ import annotations
 
@@ -80,10 +84,23 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
                 column_splits: bool = False) -> LowerBound:
     n = task.num_devices
     singles = [backend.compute_cost(task, [s]).total_ms for s in whole_shards(task)]
-    if regime == SUB_ADDITIVE:
-        compute_mean = backend.compute_cost(task, whole_shards(task)).total_ms / n
+    fixed = min(singles)  # >= the fixed per-operator cost o
+    work = np.asarray(singles) - fixed
+    if column_splits:
+        # a table's slices do at least dim/4 times the work of its narrowest (4-column) slice
+        # or at least the whole table's work, whichever way width changes the work per column
+        narrow = [backend.compute_cost(task, [Shard(t.name, 0, 0, 4)]).total_ms for t in task.tables]
+        fixed = min(fixed, min(narrow))
+        work = np.minimum(np.asarray(singles) - fixed,
+                          np.asarray([t.dim / 4 for t in task.tables]) * (np.asarray(narrow) - fixed))
+    conservative = (max(0.0, float(work.sum())) + fixed) / n
+    if n == 1 and not column_splits:
+        compute_mean = backend.compute_cost(task, whole_shards(task)).total_ms  # the only plan there is
+    elif regime == SUB_ADDITIVE:
+        # fused(all) / N holds only if fusion never costs more than any split: keep the smaller
+        compute_mean = min(backend.compute_cost(task, whole_shards(task)).total_ms / n, conservative)
     else:
-        compute_mean = max(0.0, sum(singles) - (len(singles) - 1) * min(singles)) / n
+        compute_mean = conservative
     if n > 1:
         spb = _fastest_seconds_per_byte(topology, n)
         latency_ms = topology.latency_us * 1e-3

@@ -3,7 +3,10 @@
 Plans come from a mix of sharders (random and the greedy heuristics) and from
 perturbed heuristic plans (a few tables moved to random devices with room), so the
 data covers balanced and unbalanced devices alike. Rows are written chunk by chunk to
-a journal folder; a rerun skips every plan whose rows are already there.
+a journal folder; a rerun skips every plan whose rows are already there. The chunks
+(`pending_chunks`) can be measured anywhere (`measure_chunk` writes nothing) and
+journaled by the caller as they finish, in any order: the merged rows
+(`CostJournal.read`) follow the plans' order, not the order of measurement.
 """
 from __future__ import annotations
 
@@ -114,26 +117,45 @@ class CostJournal:
     def read(self, kind: str, plan_ids: Iterable[str]) -> pd.DataFrame:
         """All journal rows of `kind` for `plan_ids`, in that order of plans."""
         order = {pid: i for i, pid in enumerate(plan_ids)}
+        keys = ["plan_id"] + (["device"] if kind == "devices" else [])
         frames = [pd.read_parquet(p) for p in self._parts(kind)]
-        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"plan_id": []})
-        df = df[df["plan_id"].isin(order)].drop_duplicates(
-            subset=["plan_id"] + (["device"] if kind == "devices" else []))
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({k: [] for k in keys})
+        df = df[df["plan_id"].isin(order)].drop_duplicates(subset=keys)
         key = df["plan_id"].map(order)
-        sort_cols = ["_order"] + (["device"] if kind == "devices" else [])
+        sort_cols = ["_order"] + keys[1:]
         return df.assign(_order=key).sort_values(sort_cols).drop(columns="_order").reset_index(drop=True)
+
+
+def pending_chunks(items: Sequence[PlanToMeasure], done: set[str], chunk_size: int) -> list[list[PlanToMeasure]]:
+    """The items not yet in the journal, a repeated plan once, cut in order into chunks of `chunk_size`.
+
+    Deterministic: the same items, journal and chunk size give the same chunks, whoever
+    measures them afterwards (so the journal's chunk files are named alike too).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+    todo = list({it.plan_id: it for it in items if it.plan_id not in done}.values())
+    return [todo[start:start + chunk_size] for start in range(0, len(todo), chunk_size)]
+
+
+def measure_chunk(backend: CostBackend, chunk: Sequence[PlanToMeasure], extra: dict,
+                  on_plan: Callable[[], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """The plan rows and device rows of one chunk, in the chunk's order; writes nothing.
+
+    What a distributed worker runs: the caller journals the rows (CostJournal.write_chunk).
+    """
+    plan_rows, device_rows = [], []
+    for item in chunk:
+        p, ds = measure_rows(backend, item, extra)
+        plan_rows.append(p)
+        device_rows += ds
+        if on_plan:
+            on_plan()
+    return plan_rows, device_rows
 
 
 def collect(backend: CostBackend, items: Sequence[PlanToMeasure], journal: CostJournal, chunk_size: int,
             extra: dict, on_plan: Callable[[], None] | None = None) -> None:
-    """Measure every item not yet in the journal, chunk by chunk."""
-    done = journal.done_ids()
-    todo = list({it.plan_id: it for it in items if it.plan_id not in done}.values())  # a repeated plan once
-    for start in range(0, len(todo), chunk_size):
-        plan_rows, device_rows = [], []
-        for item in todo[start:start + chunk_size]:
-            p, ds = measure_rows(backend, item, extra)
-            plan_rows.append(p)
-            device_rows += ds
-            if on_plan:
-                on_plan()
-        journal.write_chunk(plan_rows, device_rows)
+    """Measure every item not yet in the journal, chunk by chunk, journaling each chunk at once."""
+    for chunk in pending_chunks(items, journal.done_ids(), chunk_size):
+        journal.write_chunk(*measure_chunk(backend, chunk, extra, on_plan))

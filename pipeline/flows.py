@@ -1,10 +1,15 @@
-"""One Prefect flow per DVC stage; each calls the stage module with the params file."""
+"""One Prefect flow per DVC stage; each calls the stage module with the params file.
+
+`collect` lives in pipeline/collect.py (its chunks are mapped over a task runner);
+the retraining flow and its deployment in pipeline/retrain.py and prefect.yaml.
+"""
 from __future__ import annotations
 
 import importlib
 
 from prefect import flow
 
+from pipeline.collect import collect_flow  # chunks mapped over a task runner chosen by params.yaml
 from stages.common import load_params
 
 
@@ -25,11 +30,6 @@ def process_flow(params_file: str = "params.yaml") -> None:
 @flow(name="tasks")
 def tasks_flow(params_file: str = "params.yaml") -> None:
     run_stage("tasks", params_file)
-
-
-@flow(name="collect")
-def collect_flow(params_file: str = "params.yaml") -> None:
-    run_stage("collect", params_file)
 
 
 @flow(name="train_cost")

@@ -3,27 +3,68 @@
 Resumable: measured chunks go to data/costs/journal/ at once (the output is `persist`ed
 in dvc.yaml, so DVC keeps it across an interrupted run); a rerun measures only the plans
 whose rows are missing, then merges everything into plans.parquet and devices.parquet.
+
+`run` measures the chunks one after another in this process. The pipeline's flow
+(pipeline/collect.py) uses the same pieces to measure them anywhere: `prepare` says what
+is missing, in deterministic chunks; `CollectJob.chunk_backend` is the backend to ship
+with a chunk; the caller journals each chunk's rows; `finish` merges. The merged files
+follow the plans' order, so they are the same bytes whoever measured the chunks.
 """
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 from tqdm import tqdm
 
-from dreamshard.collect import CostJournal, collect, plans_to_measure
+from dreamshard.collect import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
+from dreamshard.errors import DreamShardError
+from dreamshard.hardware.base import CostBackend
 from dreamshard.io import write_parquet
+from dreamshard.lookups import RecordedLookups
 from dreamshard.tasks import read_tasks
 from stages.common import ParamsError, make_stage_backend, section
 
 
-def run(params: dict[str, Any]) -> None:
+@dataclass
+class CollectJob:
+    """One run of the stage: the plans, the backend, the journal and what is still missing."""
+
+    backend: CostBackend
+    items: list[PlanToMeasure]
+    journal: CostJournal
+    chunks: list[list[PlanToMeasure]]  # the plans not yet journaled, in deterministic chunks
+    extra: dict  # columns added to every row
+    out: Path
+
+    @property
+    def missing(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+    def chunk_backend(self, chunk: Sequence[PlanToMeasure]) -> CostBackend:
+        """The backend to send with `chunk` to a worker: recorded lookups cut down to the chunk's tables.
+
+        A remote worker needs no files then, and receives no more lookups than it uses.
+        Backends without recorded lookups (analytic) are sent as they are.
+        """
+        lookups = getattr(self.backend, "lookups", None)
+        if not isinstance(lookups, RecordedLookups):
+            return self.backend
+        names = {t.name for item in chunk for t in item.task.tables}
+        shipped = copy.copy(self.backend)
+        shipped.lookups = RecordedLookups({n: r for n, r in lookups.by_name.items() if n in names})
+        return shipped
+
+
+def prepare(params: dict[str, Any]) -> CollectJob:
     cfg = section(params, "collect")
     for key in ("num_plans", "chunk_size", "seed"):
-        if not isinstance(cfg.get(key), int) or cfg[key] < (0 if key == "seed" else 1):
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] < (0 if key == "seed" else 1):
             raise ParamsError(f"params.yaml: collect.{key}: expected a positive integer, got {cfg.get(key)!r}")
     backend = make_stage_backend(params)
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
@@ -34,16 +75,31 @@ def run(params: dict[str, Any]) -> None:
     items = plans_to_measure(tasks, cfg["num_plans"], float(cfg.get("perturb_fraction", 0.5)), cfg["seed"], fingerprint)
     out = Path(section(params, "paths.costs"))
     journal = CostJournal(out / "journal")
-    done = journal.done_ids()
-    missing = len({it.plan_id for it in items} - done)
-    print(f"collect: {len(items)} plans on {len(tasks)} training tasks, {missing} to measure "
-          f"with {backend.name} on {backend.device_name()}")
-    with tqdm(total=missing, desc="collect", unit="plan") as bar:
-        collect(backend, items, journal, cfg["chunk_size"], extra, on_plan=lambda: bar.update())
-    ids = [it.plan_id for it in items]
-    plans = journal.read("plans", ids)
-    devices = journal.read("devices", ids)
-    write_parquet(pa.Table.from_pandas(plans, preserve_index=False), out / "plans.parquet")
-    write_parquet(pa.Table.from_pandas(devices, preserve_index=False), out / "devices.parquet")
-    shutil.rmtree(journal.folder)
-    print(f"collect: {len(plans)} plans, {len(devices)} device rows -> {out}")
+    chunks = pending_chunks(items, journal.done_ids(), cfg["chunk_size"])
+    job = CollectJob(backend, items, journal, chunks, extra, out)
+    print(f"collect: {len(items)} plans on {len(tasks)} training tasks, {job.missing} to measure "
+          f"in {len(chunks)} chunk(s) with {backend.name} on {backend.device_name()}")
+    return job
+
+
+def finish(job: CollectJob) -> None:
+    """Merge the journal into plans.parquet and devices.parquet (in the plans' order); drop the journal."""
+    ids = [it.plan_id for it in job.items]
+    plans = job.journal.read("plans", ids)
+    devices = job.journal.read("devices", ids)
+    missing = len(set(ids) - set(plans["plan_id"]))
+    if missing:
+        raise DreamShardError(f"collect: {missing} plan(s) have no rows in {job.journal.folder}; rerun to measure them")
+    write_parquet(pa.Table.from_pandas(plans, preserve_index=False), job.out / "plans.parquet")
+    write_parquet(pa.Table.from_pandas(devices, preserve_index=False), job.out / "devices.parquet")
+    shutil.rmtree(job.journal.folder, ignore_errors=True)
+    print(f"collect: {len(plans)} plans, {len(devices)} device rows -> {job.out}")
+
+
+def run(params: dict[str, Any]) -> None:
+    """The whole stage in this process, chunk after chunk."""
+    job = prepare(params)
+    with tqdm(total=job.missing, desc="collect", unit="plan") as bar:
+        for chunk in job.chunks:
+            job.journal.write_chunk(*measure_chunk(job.backend, chunk, job.extra, on_plan=bar.update))
+    finish(job)

@@ -89,6 +89,7 @@ class PolicySharder:
             best = min(candidates, key=lambda a: self.predicted_ms(ctx, a))
         return Plan.from_assignment(task, best)
 
+    @torch.no_grad()
     def predicted_ms(self, ctx: TaskContext, assignment: list[int]) -> float:
         onehot = torch.nn.functional.one_hot(torch.tensor(assignment), ctx.task.num_devices).float()
         return float(self.model.cost_net.plan_cost(onehot.T @ ctx.cost_enc))

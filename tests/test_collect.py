@@ -1,0 +1,300 @@
+"""Cost collection: which plans are measured, the crash-safe journal, resuming, and the collect stage.
+
+Tiny real data: the download -> process -> tasks stages on a 24-table synthetic dataset,
+measured with the deterministic analytic backend. Interruptions are injected by a small
+backend wrapper that raises after k plan measurements.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from dreamshard.collect import CostJournal, collect, perturb, plan_id, plans_to_measure
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.plan import Plan, validate_plan
+from dreamshard.sharders import HEURISTICS, make_sharder
+from dreamshard.tasks import read_tasks
+from stages import collect as collect_stage
+from stages import download, process
+from stages import tasks as tasks_stage
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+NUM_TABLES = 24
+FAMILIES = [
+    {"name": "tiny-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.01, "num_train": 3, "num_test": 2},
+    {"name": "tiny-8-4", "num_tables": 8, "num_devices": 4, "memory_gb": 0.01, "num_train": 2, "num_test": 2},
+]
+EXTRA = {"batch_size": 512, "seed": 0}
+
+
+def tiny_params(root: Path) -> dict:
+    """params.yaml with a tiny dataset, tiny task families, the analytic backend and paths under `root`."""
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    params["paths"] = {key: str(root / value) for key, value in params["paths"].items()}
+    params["data"]["source"] = "synthetic"
+    params["data"]["synthetic"].update(num_tables=NUM_TABLES, batch_size=256, max_rows=5000, seed=0)
+    params["process"]["sample_batch"] = 64
+    params["tasks"].update(seed=0, test_fraction=0.5, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
+    params["backend"].update(name="analytic", batch_size=512)
+    params["backend"]["analytic"] = {"regime": "cpu"}
+    params["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)
+    return params
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("collect")
+    params = tiny_params(root)
+    download.run(params)
+    process.run(params)
+    tasks_stage.run(params)
+    tasks = read_tasks(Path(params["paths"]["tasks"]) / "train.parquet", params["paths"]["tables"])
+    return root, params, tasks
+
+
+@pytest.fixture
+def analytic() -> AnalyticBackend:
+    return AnalyticBackend(AnalyticConfig(regime="cpu", batch_size=512))
+
+
+class FailingBackend:
+    """Delegates to a backend; its plan_cost raises once `fail_after` plans were measured (fault injection)."""
+
+    def __init__(self, inner, fail_after: int) -> None:
+        self.inner, self.fail_after, self.calls = inner, fail_after, 0
+        self.name, self.measured = inner.name, inner.measured
+
+    def device_name(self):
+        return self.inner.device_name()
+
+    def versions(self):
+        return self.inner.versions()
+
+    def compute_cost(self, task, shards):
+        return self.inner.compute_cost(task, shards)
+
+    def communication_cost(self, fwd_ms, dim_sums):
+        return self.inner.communication_cost(fwd_ms, dim_sums)
+
+    def plan_cost(self, task, plan):
+        if self.calls >= self.fail_after:
+            raise RuntimeError(f"injected crash after {self.calls} plans")
+        self.calls += 1
+        return self.inner.plan_cost(task, plan)
+
+
+def counting_backend(inner):
+    """A FailingBackend that never fails: counts plan measurements."""
+    return FailingBackend(inner, fail_after=10**9)
+
+
+# ---------------------------------------------------------------- which plans
+
+
+def test_plans_to_measure_are_valid_and_mix_sharders_with_perturbed_plans(data):
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 40, 0.5, seed=3, fingerprint="fp")
+    assert len(items) == 40
+    for it in items:
+        validate_plan(it.task, it.plan)
+        assert it.plan_id == plan_id(it.task, it.plan, "fp")
+        assert it.source.split("+")[0] in HEURISTICS
+    sources = Counter(it.source for it in items)
+    assert {s.split("+")[0] for s in sources} == set(HEURISTICS)
+    perturbed = sum(n for s, n in sources.items() if s.endswith("+perturbed"))
+    assert 10 <= perturbed <= 30, sources  # about half of 40
+    assert {it.task.name for it in items} == {t.name for t in tasks}  # every training task gets plans
+    # an unperturbed item is exactly its sharder's plan
+    for k, it in enumerate(items):
+        if not it.source.endswith("+perturbed"):
+            assert it.plan == make_sharder(it.source, seed=3 + k).shard(it.task)
+
+
+def test_plans_to_measure_is_seeded_and_ids_depend_on_the_fingerprint(data):
+    _, _, tasks = data
+    a = plans_to_measure(tasks, 15, 0.5, seed=1, fingerprint="fp")
+    b = plans_to_measure(tasks, 15, 0.5, seed=1, fingerprint="fp")
+    assert [(x.plan_id, x.source, x.plan) for x in a] == [(x.plan_id, x.source, x.plan) for x in b]
+    other = plans_to_measure(tasks, 15, 0.5, seed=1, fingerprint="other backend")
+    assert not {x.plan_id for x in a} & {x.plan_id for x in other}
+    none = plans_to_measure(tasks, 15, 0.0, seed=1, fingerprint="fp")
+    assert not any(x.source.endswith("+perturbed") for x in none)
+    every = plans_to_measure(tasks, 15, 1.0, seed=1, fingerprint="fp")
+    assert all(x.source.endswith("+perturbed") for x in every)
+    with pytest.raises(ValueError, match="no tasks"):
+        plans_to_measure([], 5, 0.5, 0, "fp")
+
+
+def test_perturb_moves_tables_only_where_they_fit(data):
+    _, _, tasks = data
+    rng = np.random.default_rng(0)
+    moved = 0
+    for task in tasks:
+        plan = make_sharder("size_greedy").shard(task)
+        for _ in range(10):
+            new = perturb(task, plan, rng, max_moves=3)
+            validate_plan(task, new)  # memory respected, every table once
+            before = {s.table: s.device for s in plan.shards}
+            after = {s.table: s.device for s in new.shards}
+            changed = sum(before[t] != after[t] for t in before)
+            assert changed <= 3
+            moved += changed > 0
+    assert moved > 0
+
+
+# ---------------------------------------------------------------- journal, crash, resume
+
+
+def _unique(items):
+    return list(dict.fromkeys(it.plan_id for it in items))
+
+
+def test_collect_writes_chunks(data, analytic, tmp_path):
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 12, 0.5, seed=0, fingerprint="fp")
+    ids = _unique(items)
+    journal = CostJournal(tmp_path / "journal")
+    assert journal.done_ids() == set()
+    ticks = []
+    collect(analytic, items, journal, chunk_size=5, extra=EXTRA, on_plan=lambda: ticks.append(1))
+    chunks = -(-len(ids) // 5)
+    assert len(list(journal.folder.glob("plans-*.parquet"))) == chunks
+    assert len(list(journal.folder.glob("devices-*.parquet"))) == chunks
+    assert not list(journal.folder.glob(".*.tmp"))  # atomic writes leave no temporaries
+    assert len(ticks) == len(ids)
+    assert journal.done_ids() == set(ids)
+    plans = journal.read("plans", ids)
+    devices = journal.read("devices", ids)
+    assert plans["plan_id"].tolist() == ids
+    assert set(plans["backend"]) == {"analytic"} and not plans["measured"].any()
+    assert (plans["batch_size"] == 512).all() and (plans["seed"] == 0).all()
+    by_id = {it.plan_id: it for it in items}
+    assert len(devices) == sum(by_id[i].plan.num_devices for i in ids)
+    totals = devices.assign(total=devices[["fwd_ms", "bwd_ms", "fwd_comm_ms", "bwd_comm_ms"]].sum(axis=1))
+    np.testing.assert_allclose(totals.groupby("plan_id", sort=False)["total"].max().loc[ids], plans["cost_ms"],
+                               rtol=1e-12)
+    for row in devices.itertuples():
+        shards = by_id[row.plan_id].plan.device_shards(row.device)
+        assert list(row.tables) == [s.table for s in shards]
+    # the plan rows hold the plans themselves
+    for row in plans.itertuples():
+        plan = Plan.from_dict({"num_devices": int(row.num_devices), "shards": json.loads(row.shards)})
+        assert plan == by_id[row.plan_id].plan
+    # a second run measures nothing
+    counter = counting_backend(analytic)
+    collect(counter, items, journal, chunk_size=5, extra=EXTRA)
+    assert counter.calls == 0
+
+
+@pytest.mark.parametrize("fail_after", [0, 4, 7, 11])
+def test_resume_after_a_crash_loses_and_repeats_nothing(data, analytic, tmp_path, fail_after):
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 16, 0.5, seed=2, fingerprint="fp")
+    ids = _unique(items)
+    assert len(ids) > fail_after
+    chunk = 4
+
+    reference = CostJournal(tmp_path / "reference")
+    collect(analytic, items, reference, chunk, EXTRA)
+
+    journal = CostJournal(tmp_path / "journal")
+    failing = FailingBackend(analytic, fail_after)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        collect(failing, items, journal, chunk, EXTRA)
+    completed = fail_after // chunk  # chunks written before the crash; the crashed chunk is not
+    assert len(list(journal.folder.glob("plans-*.parquet"))) == completed
+    done = journal.done_ids()
+    assert done == set(ids[: completed * chunk])
+
+    counter = counting_backend(analytic)
+    collect(counter, items, journal, chunk, EXTRA)
+    assert counter.calls == len(ids) - len(done)  # only the missing plans are measured
+
+    plans, ref_plans = journal.read("plans", ids), reference.read("plans", ids)
+    assert plans["plan_id"].tolist() == ids and plans["plan_id"].is_unique
+    pd.testing.assert_frame_equal(plans, ref_plans)
+    pd.testing.assert_frame_equal(journal.read("devices", ids), reference.read("devices", ids))
+    assert len(list(journal.folder.glob("devices-*.parquet"))) == len(list(journal.folder.glob("plans-*.parquet")))
+
+
+def test_crash_between_the_devices_and_the_plans_part_is_redone(data, analytic, tmp_path):
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 10, 0.5, seed=5, fingerprint="fp")
+    ids = _unique(items)
+    journal = CostJournal(tmp_path / "journal")
+    collect(analytic, items, journal, 4, EXTRA)
+    reference_devices = journal.read("devices", ids)
+    # the last chunk's plans part never got written: its devices part alone does not count as done
+    last = max(journal.folder.glob("plans-*.parquet"), key=lambda p: p.stat().st_mtime_ns)
+    lost = set(pd.read_parquet(last)["plan_id"])
+    last.unlink()
+    assert journal.done_ids() == set(ids) - lost
+    counter = counting_backend(analytic)
+    collect(counter, items, journal, 4, EXTRA)
+    assert counter.calls == len(lost)
+    assert journal.read("plans", ids)["plan_id"].tolist() == ids
+    pd.testing.assert_frame_equal(journal.read("devices", ids), reference_devices)
+
+
+def test_read_of_an_empty_journal(tmp_path):
+    journal = CostJournal(tmp_path / "nothing")
+    assert journal.done_ids() == set()
+    assert journal.read("plans", ["a", "b"]).empty
+
+
+# ---------------------------------------------------------------- the collect stage
+
+
+def test_collect_stage_end_to_end(data):
+    _, params, tasks = data
+    params = copy.deepcopy(params)
+    collect_stage.run(params)
+    out = Path(params["paths"]["costs"])
+    assert sorted(p.name for p in out.iterdir()) == ["devices.parquet", "plans.parquet"]  # journal removed
+    plans = pd.read_parquet(out / "plans.parquet")
+    devices = pd.read_parquet(out / "devices.parquet")
+    assert plans["plan_id"].is_unique
+    assert 1 <= len(plans) <= params["collect"]["num_plans"]
+    assert set(plans["task_id"]) <= {t.name for t in tasks}
+    assert set(plans["backend"]) == {"analytic"} and not plans["measured"].any()
+    assert set(plans["device_name"]) == {"analytic model (cpu regime)"}
+    assert (plans["batch_size"] == 512).all() and (plans["seed"] == 0).all()
+    # one device row per device of each plan, in plan order
+    per_plan = devices.groupby("plan_id", sort=False).size()
+    assert per_plan.index.tolist() == plans["plan_id"].tolist()
+    assert per_plan.tolist() == plans["num_devices"].tolist()
+    for pid, group in devices.groupby("plan_id", sort=False):
+        assert group["device"].tolist() == list(range(len(group)))
+    totals = devices[["fwd_ms", "bwd_ms", "fwd_comm_ms", "bwd_comm_ms"]].sum(axis=1).groupby(devices["plan_id"]).max()
+    np.testing.assert_allclose(totals.loc[plans["plan_id"]].to_numpy(), plans["cost_ms"].to_numpy(), rtol=1e-12)
+    # every plan is a valid plan of its task
+    by_name = {t.name: t for t in tasks}
+    for row in plans.itertuples():
+        plan = Plan.from_dict({"num_devices": int(row.num_devices), "shards": json.loads(row.shards)})
+        validate_plan(by_name[row.task_id], plan)
+
+    # a rerun measures the same plans again (the journal is gone) and gives the same files
+    collect_stage.run(params)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "plans.parquet"), plans)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "devices.parquet"), devices)
+
+
+def test_collect_stage_rejects_bad_params(data):
+    from stages.common import ParamsError
+
+    _, params, _ = data
+    bad = copy.deepcopy(params)
+    bad["collect"]["chunk_size"] = 0
+    with pytest.raises(ParamsError, match="collect.chunk_size"):
+        collect_stage.run(bad)
+    bad = copy.deepcopy(params)
+    bad["backend"]["name"] = "abacus"
+    with pytest.raises(ParamsError, match="backend.name"):
+        collect_stage.run(bad)

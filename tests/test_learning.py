@@ -1,0 +1,577 @@
+"""The learned parts on the deterministic analytic backend: features, cost network, DreamShard policy
+training, the learned sharders and their checkpoints, and NeuroShard's cost models and search.
+
+Tables are generated like the synthetic dataset (Poisson lengths, Zipf-ranked rows) so their
+access-count bins are real histograms; train and test tasks draw from disjoint table pools.
+Networks are small-step, seeded fits: each test states its threshold and what was observed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dreamshard.cli import main
+from dreamshard.collect import CostJournal, collect, plans_to_measure
+from dreamshard.cost_model import (
+    CostData,
+    CostNet,
+    cost_data_from_plans,
+    cost_data_from_rows,
+    evaluate_cost_net,
+    fit_cost_net,
+    kendall_tau,
+    median_device_ms,
+    predict,
+)
+from dreamshard.dlrm_data import TableProfile, generate_lookups
+from dreamshard.errors import DataFormatError, InfeasibleTaskError
+from dreamshard.features import (
+    FEATURE_NAMES,
+    NUM_FEATURES,
+    FeatureScaler,
+    shard_features,
+    table_features,
+)
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.mdp import TaskContext
+from dreamshard.memory import GB, MemoryModel
+from dreamshard.neuroshard import (
+    AugmentConfig,
+    NeuroShardModel,
+    comm_dataset,
+    comm_mape,
+    compute_dataset,
+    fit_comm_net,
+    fit_compute_net,
+)
+from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.sharders import make_sharder
+from dreamshard.sharders.learned import LearnedModel, PolicySharder
+from dreamshard.sharders.search import (
+    NeuroShardSharder,
+    SearchConfig,
+    _Evaluator,
+    greedy_grid,
+)
+from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table, access_count_bins
+from dreamshard.tasks import Task
+from dreamshard.train import TrainConfig, Trainer, train_autoshard, train_dreamshard
+
+BATCH = 1024
+# the policy-training configuration of these tests. The briefed one (cost_steps=100 at the default
+# cost_lr, policy_updates=10) is too short to be reliable: its policies were worse than random on the
+# test tasks for 2 of 5 seeds (ratios 0.82-1.2), the cost network being too rough to guide the policy.
+# With this one, 5 of 5 seeds beat random: 0.79-0.85 of its cost on 2-device test tasks, 0.68-0.83 on
+# the unseen 4-device ones.
+TRAIN = {"iterations": 2, "plans_per_iteration": 5, "cost_steps": 300, "cost_lr": 3e-3, "policy_updates": 20,
+         "episodes": 8, "policy_lr": 5e-3, "seed": 0}
+# reproducibility does not need a good policy: a shorter run, trained twice
+SHORT = {"cost_steps": 50, "policy_updates": 5}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # small networks: threads only add overhead and nondeterminism
+    yield
+    torch.set_num_threads(previous)
+
+
+def make_tables(seed: int, count: int, prefix: str) -> list[Table]:
+    """Heavy-tailed tables with bins from generated lookups (rows 1e2..1e5, Zipf 0.2..1.4)."""
+    rng = np.random.default_rng(seed)
+    tables = []
+    for i in range(count):
+        rows = int(10 ** rng.uniform(2, 5))
+        pooling = float(min(rng.lognormal(math.log(7.0), 1.0), 100.0))
+        alpha = float(rng.uniform(0.2, 1.4))
+        idx, _ = generate_lookups(TableProfile(rows, pooling, alpha), 512, seed * 1000 + i)
+        bins = access_count_bins(np.unique(idx, return_counts=True)[1])
+        tables.append(Table(f"{prefix}{i:03d}", rows, int(rng.choice([4, 8, 16, 32, 64, 128])), pooling, tuple(bins)))
+    return tables
+
+
+def make_tasks(pool: list[Table], seed: int, count: int, sizes: tuple[int, int], devices: int, prefix: str,
+               tight: bool = False) -> list[Task]:
+    rng = np.random.default_rng(seed)
+    memory = MemoryModel()
+    tasks = []
+    for k in range(count):
+        chosen = [pool[int(i)] for i in rng.choice(len(pool), int(rng.integers(*sizes)), replace=False)]
+        gb = 1.0
+        if tight:  # devices barely hold the tables: 115% of an even share, at least the largest table
+            sizes_b = [memory.shard_bytes(t.rows, t.dim) for t in chosen]
+            gb = max(1.15 * sum(sizes_b) / devices, 1.01 * max(sizes_b)) / GB
+        tasks.append(Task.uniform(f"{prefix}/{k}", chosen, devices, gb))
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def backend() -> AnalyticBackend:
+    return AnalyticBackend(AnalyticConfig(regime="cpu", batch_size=BATCH))
+
+
+@pytest.fixture(scope="module")
+def world():
+    train_pool, test_pool = make_tables(1, 60, "tr"), make_tables(2, 60, "te")
+    return {
+        "train": make_tasks(train_pool, 10, 6, (8, 17), 2, "train"),
+        "train_more": make_tasks(train_pool, 11, 4, (8, 17), 4, "train4"),
+        "test2": make_tasks(test_pool, 20, 6, (8, 17), 2, "test2"),
+        "test4": make_tasks(test_pool, 21, 4, (10, 21), 4, "test4"),
+        "tight": make_tasks(test_pool, 22, 4, (8, 13), 3, "tight", tight=True),
+    }
+
+
+@pytest.fixture(scope="module")
+def scaler(world) -> FeatureScaler:
+    tasks = world["train"] + world["train_more"]
+    return FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
+
+
+def measured(backend, tasks, num_plans: int, seed: int) -> CostData:
+    items = plans_to_measure(tasks, num_plans, 0.5, seed, "fp")
+    return cost_data_from_plans([(it.task, it.plan, backend.plan_cost(it.task, it.plan)) for it in items])
+
+
+# ---------------------------------------------------------------- features
+
+
+def test_scaler_standardises_log_features_and_passes_bins_through(world, scaler):
+    tables = [t for task in world["train"] + world["train_more"] for t in task.tables]
+    raw = table_features(tables, MemoryModel())
+    assert raw.shape == (len(tables), NUM_FEATURES) and len(FEATURE_NAMES) == NUM_FEATURES == 4 + NUM_BINS
+    x = scaler.transform(raw)
+    assert x.dtype == np.float32
+    np.testing.assert_allclose(x[:, :4].mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(x[:, :4].std(axis=0), 1.0, atol=1e-4)
+    np.testing.assert_allclose(x[:, 4:], raw[:, 4:], rtol=1e-6)  # bins unscaled
+    np.testing.assert_allclose(x[:, 0], (np.log1p(raw[:, 0]) - scaler.mean[0]) / scaler.std[0], rtol=1e-5)
+    # features of a slice: its width and its bytes, the table's rows, pooling and bins
+    t = tables[0]
+    f = shard_features(t, 4, MemoryModel("fp16", "exact_adagrad"))
+    assert f[0] == 4 and f[1] == t.rows and f[2] == t.pooling_factor
+    assert f[3] == pytest.approx(t.rows * 4 * (2 + 4) / GB)
+    # a constant column gets std 1, not a division by ~0
+    same = FeatureScaler.fit(np.repeat(raw[:1], 5, axis=0))
+    assert same.std[:4] == (1.0, 1.0, 1.0, 1.0)
+
+
+def test_scaler_round_trip_and_rejects_other_features(scaler):
+    d = json.loads(json.dumps(scaler.to_dict()))
+    again = FeatureScaler.from_dict(d)
+    assert again == scaler
+    raw = np.abs(np.random.default_rng(0).normal(size=(3, NUM_FEATURES))) * 100
+    np.testing.assert_array_equal(again.transform(raw), scaler.transform(raw))
+    with pytest.raises(DataFormatError, match="feature scaler"):
+        FeatureScaler.from_dict({**d, "features": d["features"][:-1]})
+
+
+def test_same_table_same_features_in_two_tasks(world, scaler):
+    t = world["test2"][0].tables[0]
+    others = [x for x in world["test2"][1].tables if x.name != t.name][:5]
+    a = Task.uniform("a", [t, *others], 2, 1.0)
+    b = Task.uniform("b", [*world["test4"][0].tables[:7], t], 4, 2.0)
+    xa = scaler.transform(table_features(a.tables, a.memory))
+    xb = scaler.transform(table_features(b.tables, b.memory))
+    np.testing.assert_array_equal(xa[0], xb[-1])
+    net = CostNet()
+    ca = TaskContext.build(a, net, scaler)
+    cb = TaskContext.build(b, net, scaler)
+    torch.testing.assert_close(ca.x[0], cb.x[-1], rtol=0, atol=0)
+
+
+def test_a_table_without_bins_is_a_data_format_error_naming_it():
+    with pytest.raises(DataFormatError, match="'bare'.*access-count bins"):
+        table_features([Table("ok", 10, 4, 1.0, (1.0,) + (0.0,) * 16), Table("bare", 10, 4, 1.0)], MemoryModel())
+
+
+# ---------------------------------------------------------------- cost network
+
+
+def test_cost_data_subset_and_concat_are_consistent(world, backend):
+    a = measured(backend, world["train"], 6, 0)
+    b = measured(backend, world["train_more"], 4, 1)
+    both = a.concat(b)
+    assert both.num_plans == 10 and len(both.device_plan) == len(a.device_plan) + len(b.device_plan)
+
+    def same(x: CostData, y: CostData):
+        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_ms"):
+            np.testing.assert_array_equal(getattr(x, field), getattr(y, field), err_msg=field)
+
+    same(both.subset(range(6)), a)
+    same(both.subset(range(6, 10)), b)
+    same(both.subset(range(10)), both)
+    same(CostData.empty().concat(a), a)
+    # order follows the requested plans; each device row keeps its shards and costs
+    swapped = both.subset([7, 2])
+    np.testing.assert_array_equal(swapped.plan_ms, both.plan_ms[[7, 2]])
+    same(swapped.subset([1]), a.subset([2]))
+    same(swapped.subset([0]), b.subset([1]))
+    assert (np.diff(swapped.device_plan) >= 0).all()
+    # a device row's costs add up to the plan's cost for the slowest device
+    for p in range(both.num_plans):
+        totals = both.device_ms[both.device_plan == p].sum(axis=1)
+        assert totals.max() == pytest.approx(both.plan_ms[p])
+
+
+def test_cost_data_from_collected_rows_equals_cost_data_from_plans(world, backend, tmp_path):
+    items = plans_to_measure(world["train"], 8, 0.5, 4, "fp")
+    journal = CostJournal(tmp_path / "journal")
+    collect(backend, items, journal, 3, {"batch_size": BATCH, "seed": 4})
+    ids = list(dict.fromkeys(it.plan_id for it in items))
+    by_id = {it.plan_id: it for it in items}
+    rows = cost_data_from_rows(journal.read("plans", ids), journal.read("devices", ids), world["train"])
+    direct = cost_data_from_plans([(by_id[i].task, by_id[i].plan, backend.plan_cost(by_id[i].task, by_id[i].plan))
+                                   for i in ids])
+    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_ms"):
+        np.testing.assert_allclose(getattr(rows, field), getattr(direct, field), rtol=1e-12, err_msg=field)
+
+
+def test_kendall_tau():
+    assert kendall_tau(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == 1.0
+    assert kendall_tau(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == -1.0
+    assert kendall_tau(np.array([1, 2, 3]), np.array([1, 3, 2])) == pytest.approx(1 / 3)
+
+
+MAPE_LIMIT = 0.35  # observed 0.18-0.23 over fit seeds 0-5 on held-out plans of unseen tables (untrained: 3.2)
+TAU_LIMIT = 0.5  # observed 0.63-0.78 over fit seeds 0-5
+
+
+def test_cost_net_learns_analytic_device_costs(world, backend, scaler):
+    data = measured(backend, world["train"] + world["train_more"], 80, 0)
+    held_out = measured(backend, world["test2"] + world["test4"], 30, 1)  # unseen tables
+    torch.manual_seed(0)
+    net = CostNet(scale_ms=median_device_ms(data))
+    before = evaluate_cost_net(net, scaler, held_out)
+    losses = fit_cost_net(net, scaler, data, steps=300, lr=5e-3, batch_plans=32, seed=0)
+    assert len(losses) == 300 and np.mean(losses[-20:]) < 0.3 * np.mean(losses[:20])
+    after = evaluate_cost_net(net, scaler, held_out)
+    print("cost net held out:", {k: after[k] for k in ("device_compute_mape", "plan_device_max_kendall_tau")},
+          "untrained:", before["device_compute_mape"])
+    assert after["num_plans"] == 30
+    assert after["device_compute_mape"] < MAPE_LIMIT
+    assert after["plan_device_max_kendall_tau"] > TAU_LIMIT
+    assert before["device_compute_mape"] > 2 * after["device_compute_mape"]
+    # predictions of a subset are the subset of the predictions
+    with torch.no_grad():
+        dev_all, plan_all = predict(net, scaler, held_out)
+        dev_sub, plan_sub = predict(net, scaler, held_out.subset([3, 5]))
+    torch.testing.assert_close(plan_sub, plan_all[[3, 5]])
+    rows = [np.flatnonzero(held_out.device_plan == p) for p in (3, 5)]
+    torch.testing.assert_close(dev_sub, dev_all[np.concatenate(rows)])
+    # same seed, same fit
+    torch.manual_seed(0)
+    again = CostNet(scale_ms=median_device_ms(data))
+    assert fit_cost_net(again, scaler, data, steps=300, lr=5e-3, batch_plans=32, seed=0) == losses
+
+
+# ---------------------------------------------------------------- DreamShard training
+
+
+def train_once(world, backend, scaler, **overrides) -> Trainer:
+    data = measured(backend, world["train"], 40, 0)
+    trainer = Trainer(world["train"], backend, scaler, TrainConfig(**{**TRAIN, **overrides}), data)
+    logs = train_dreamshard(trainer)
+    assert len(logs) == TRAIN["iterations"]
+    assert 0 < trainer.measurements == logs[-1].measurements <= TRAIN["iterations"] * TRAIN["plans_per_iteration"]
+    assert trainer.data.num_plans == data.num_plans + trainer.measurements
+    assert all(math.isfinite(log.cost_loss) and math.isfinite(log.policy_loss) for log in logs)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def trained(world, backend, scaler) -> Trainer:
+    return train_once(world, backend, scaler)
+
+
+@pytest.fixture(scope="module")
+def model(trained) -> LearnedModel:
+    return trained.model("dreamshard", {"note": "test"})
+
+
+def test_trained_policy_is_valid_and_beats_random(world, backend, model):
+    sharder = make_sharder("dreamshard", model=model)
+    assert isinstance(sharder, PolicySharder) and sharder.name == "dreamshard"
+    ratios = []
+    for task in world["test2"] + world["tight"]:
+        plan = sharder.shard(task)
+        validate_plan(task, plan)
+        for s in plan.shards:  # whole tables only
+            assert (s.col_start, s.col_end) == (0, next(t.dim for t in task.tables if t.name == s.table))
+        if task in world["test2"]:
+            mine = backend.plan_cost(task, plan).cost_ms
+            rand = np.mean([backend.plan_cost(task, make_sharder("random", seed=s).shard(task)).cost_ms
+                            for s in range(5)])
+            ratios.append(mine / rand)
+    print("dreamshard / random on test tasks:", np.round(ratios, 3))
+    assert np.mean(ratios) < 0.95  # observed 0.79-0.85 over training seeds 0-4
+
+
+def test_training_is_reproducible(world, backend, scaler):
+    first, again = train_once(world, backend, scaler, **SHORT), train_once(world, backend, scaler, **SHORT)
+    for (k, v), (k2, v2) in zip(first.policy.state_dict().items(), again.policy.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+    for (k, v), (k2, v2) in zip(first.cost_net.state_dict().items(), again.cost_net.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+    a = make_sharder("dreamshard", model=first.model("dreamshard", {}))
+    b = make_sharder("dreamshard", model=again.model("dreamshard", {}))
+    for task in world["test2"] + world["test4"]:
+        assert a.shard(task) == b.shard(task)
+
+
+def test_learned_model_save_load_round_trip(world, model, tmp_path):
+    path = tmp_path / "models" / "dreamshard.pt"
+    model.save(path)
+    loaded = LearnedModel.load(path)
+    assert loaded.meta == model.meta and loaded.scaler == model.scaler
+    assert loaded.cost_net.config == model.cost_net.config
+    a, b = make_sharder("dreamshard", model=model), make_sharder("dreamshard", model=path)
+    for task in world["test2"] + world["test4"] + world["tight"]:
+        assert a.shard(task) == b.shard(task)
+    with pytest.raises(DataFormatError, match="no such model checkpoint"):
+        LearnedModel.load(tmp_path / "absent.pt")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(DataFormatError, match="not a model checkpoint"):
+        LearnedModel.load(junk)
+    other = tmp_path / "other.pt"
+    torch.save({"format": "something-else"}, other)
+    with pytest.raises(DataFormatError, match="dreamshard-model/1"):
+        LearnedModel.load(other)
+
+
+def test_policy_plans_device_counts_it_was_not_trained_on(world, backend, model, trained):
+    assert {t.num_devices for t in trained.tasks} == {2}
+    sharder = make_sharder("dreamshard", model=model)
+    ratios = []
+    for task in world["test4"]:
+        plan = sharder.shard(task)
+        validate_plan(task, plan)
+        used = {s.device for s in plan.shards}
+        assert len(used) >= 2  # spreads the tables out
+        rand = np.mean([backend.plan_cost(task, make_sharder("random", seed=s).shard(task)).cost_ms for s in range(5)])
+        ratios.append(backend.plan_cost(task, plan).cost_ms / rand)
+    print("dreamshard / random on unseen 4-device tasks:", np.round(ratios, 3))
+    assert np.mean(ratios) < 1.0  # observed 0.68-0.83 over training seeds 0-4
+    one_device = Task.uniform("solo", world["test4"][0].tables, 1, 2.0)
+    assert {s.device for s in sharder.shard(one_device).shards} == {0}
+
+
+def _assignment(task: Task, plan: Plan) -> list[int]:
+    devices = {s.table: s.device for s in plan.shards}
+    return [devices[t.name] for t in task.tables]
+
+
+def test_sampling_keeps_the_plan_the_cost_network_rates_best(world, model):
+    greedy = PolicySharder("dreamshard", model)
+    sampled = make_sharder("dreamshard", model=model, samples=8, seed=3)
+    assert isinstance(sampled, PolicySharder) and sampled.samples == 8
+    strictly_better = 0
+    for task in world["test2"] + world["test4"] + world["tight"]:
+        ctx = TaskContext.build(task, model.cost_net, model.scaler)
+        g, s = greedy.shard(task), sampled.shard(task)
+        validate_plan(task, s)
+        with torch.no_grad():
+            pg = greedy.predicted_ms(ctx, _assignment(task, g))
+            ps = sampled.predicted_ms(ctx, _assignment(task, s))
+        assert ps <= pg * (1 + 1e-6)
+        strictly_better += ps < pg * (1 - 1e-6)
+        assert sampled.shard(task) == s  # seeded per task
+    assert strictly_better >= 1  # sampling finds something the greedy decode does not, somewhere
+
+
+def test_autoshard_respects_the_measurement_budget(world, backend, scaler):
+    data = measured(backend, world["train"], 20, 0)
+    trainer = Trainer(world["train"], backend, scaler,
+                      TrainConfig(cost_steps=20, episodes=6, measurement_budget=15, seed=0), data)
+    logs = train_autoshard(trainer)
+    assert 0 < trainer.measurements <= 15
+    assert len(logs) == 15 // 6
+    assert trainer.data.num_plans == data.num_plans + trainer.measurements
+    validate_plan(world["test2"][0], make_sharder("autoshard", model=trainer.model("autoshard", {})).shard(world["test2"][0]))
+    none = Trainer(world["train"], backend, scaler,
+                   TrainConfig(cost_steps=20, episodes=6, measurement_budget=5, seed=0), data)
+    assert train_autoshard(none) == [] and none.measurements == 0
+
+
+def test_trainer_rejects_bad_configs(world, backend, scaler):
+    with pytest.raises(ValueError, match="episodes"):
+        TrainConfig(episodes=0)
+    with pytest.raises(ValueError, match="measurement_budget"):
+        TrainConfig(measurement_budget=-1)
+    with pytest.raises(ValueError, match="no training tasks"):
+        Trainer([], backend, scaler, TrainConfig(), CostData.empty())
+
+
+# ---------------------------------------------------------------- CLI with a learned model
+
+
+@pytest.fixture(scope="module")
+def model_file(model, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "dreamshard.pt"
+    model.save(path)
+    return path
+
+
+def tables_frame(tables: list[Table], bins: bool = True) -> pd.DataFrame:
+    rows = []
+    for t in tables:
+        row = {"name": t.name, "rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor}
+        if bins:
+            row.update(zip(BIN_COLUMNS, t.bins))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _plan_argv(tables: Path, out: Path, *extra: str) -> list[str]:
+    return ["plan", "--tables", str(tables), "--devices", "3", "--memory-gb", "1", "--algo", "dreamshard",
+            "-o", str(out), *extra]
+
+
+def test_cli_plans_with_a_dreamshard_model(world, model, model_file, tmp_path, capsys):
+    tables = world["test4"][1].tables
+    csv = tmp_path / "tables.csv"
+    tables_frame(tables).to_csv(csv, index=False)
+    out = tmp_path / "plan.json"
+    assert main(_plan_argv(csv, out, "--model", str(model_file))) == 0
+    plan = Plan.load_json(out)
+    task = Task.uniform("tables", tables, 3, 1.0)
+    validate_plan(task, plan)
+    assert plan == make_sharder("dreamshard", model=model).shard(task)  # the same as the library
+    assert json.loads(out.read_text())["algorithm"] == "dreamshard"
+    sampled = tmp_path / "sampled.json"
+    assert main(_plan_argv(csv, sampled, "--model", str(model_file), "--samples", "4")) == 0
+    validate_plan(task, Plan.load_json(sampled))
+
+
+def _one_line_error(argv, capsys, *words):
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dreamshard: error:") and "\n" not in err and "Traceback" not in err, err
+    for w in words:
+        assert w in err, f"{w!r} not in {err!r}"
+
+
+def test_cli_dreamshard_without_bins_or_model_is_a_one_line_error(world, model_file, tmp_path, capsys):
+    tables = world["test2"][0].tables
+    bare = tmp_path / "bare.csv"
+    tables_frame(tables, bins=False).to_csv(bare, index=False)
+    out = tmp_path / "plan.json"
+    _one_line_error(_plan_argv(bare, out, "--model", str(model_file)), capsys, tables[0].name, "bin_0..bin_16")
+    assert not out.exists()
+    csv = tmp_path / "tables.csv"
+    tables_frame(tables).to_csv(csv, index=False)
+    _one_line_error(_plan_argv(csv, out), capsys, "dreamshard", "--model")
+    _one_line_error(_plan_argv(csv, out, "--model", str(tmp_path / "absent.pt")), capsys, "absent.pt")
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- NeuroShard
+
+SEARCH = SearchConfig(beams=2, depth=4, candidates=3, scale_steps=6)
+
+
+@pytest.fixture(scope="module")
+def neuro(world, backend, scaler) -> NeuroShardModel:
+    pool = list({t.name: t for task in world["train"] + world["train_more"] for t in task.tables}.values())
+    cfg = AugmentConfig(compute_samples=60, max_tables=8, memory_cap_gb=1.0, comm_samples=300,
+                        dims=(4, 8, 16, 32, 64, 128), seed=0)
+    data = compute_dataset(backend, pool, cfg, world["train"][0])
+    assert data.num_plans == 60 and (data.device_ms[:, 2] == 0).all()
+    assert len(data.device_plan) == 60 and data.plan_ms == pytest.approx(data.device_ms[:, :2].sum(axis=1))
+    compute, losses = fit_compute_net(data, scaler, steps=300, lr=5e-3, batch=32, seed=0)
+    assert np.mean(losses[-20:]) < 0.3 * np.mean(losses[:20])
+    cases = comm_dataset(backend, [1, 2, 3, 4], cfg.dims, cfg)
+    assert len(cases) == 300
+    for dims, offsets, target in cases[:20]:
+        fwd = offsets.max() - offsets  # any forward times with these offsets give the same comm
+        np.testing.assert_allclose(target, np.stack(backend.communication_cost(fwd, dims.astype(int)), axis=-1),
+                                   rtol=1e-9, atol=1e-12)
+    comm, _ = fit_comm_net(cases[60:], steps=300, lr=5e-3, batch=64, seed=0)
+    held = comm_mape(comm, cases[:60])
+    print("neuroshard comm held-out MAPE:", round(held, 3))
+    assert held < 0.5  # observed about 0.1-0.2
+    return NeuroShardModel(compute, comm, scaler, {"backend": backend.name})
+
+
+def _check_slices(task: Task, plan: Plan) -> None:
+    validate_plan(task, plan)
+    dims = {t.name: t.dim for t in task.tables}
+    covered = {name: 0 for name in dims}
+    for s in plan.shards:
+        width = s.col_end - s.col_start
+        assert width > 0 and width % 4 == 0 and s.col_start % 4 == 0
+        covered[s.table] += width
+    assert covered == dims  # each table's columns exactly once (validate_plan rules out overlaps)
+    used = device_memory_bytes(task, plan)
+    assert all(u <= d.memory_bytes for u, d in zip(used, task.devices))
+
+
+def _score(ev: _Evaluator, task: Task, plan: Plan) -> float:
+    index = {t.name: i for i, t in enumerate(task.tables)}
+    shards = tuple((index[s.table], s.col_start, s.col_end) for s in plan.shards)
+    enc = ev.encode(shards)
+    dev = np.zeros((task.num_devices, enc.shape[1]))
+    dims = np.zeros(task.num_devices)
+    for s, e in zip(plan.shards, enc):
+        dev[s.device] += e
+        dims[s.device] += s.col_end - s.col_start
+    return float(ev.score(dev, dims))
+
+
+def test_neuroshard_plans_are_valid_and_no_worse_than_its_greedy_start(world, neuro):
+    sharder = make_sharder("neuroshard", model=neuro, search=SEARCH)
+    assert isinstance(sharder, NeuroShardSharder)
+    split_somewhere = False
+    for task in world["test2"] + world["test4"] + world["tight"]:
+        plan = sharder.shard(task)
+        _check_slices(task, plan)
+        split_somewhere |= len(plan.shards) > len(task.tables)
+        ev = _Evaluator(neuro, task)
+        root = tuple((i, 0, t.dim) for i, t in enumerate(task.tables))
+        start = greedy_grid(ev, root, SEARCH)
+        final = _score(ev, task, plan)
+        if start is not None:
+            assert final <= start[0] * (1 + 1e-6), (task.name, final, start[0])
+    print("neuroshard split a table:", split_somewhere)
+
+
+def test_neuroshard_respects_memory_on_tight_tasks(world, neuro):
+    sharder = NeuroShardSharder(neuro, SearchConfig(beams=3, depth=6, candidates=5))
+    for task in world["tight"]:
+        plan = sharder.shard(task)
+        _check_slices(task, plan)
+        used = device_memory_bytes(task, plan)
+        assert max(u / d.memory_bytes for u, d in zip(used, task.devices)) > 0.5  # memory does bind here
+
+
+def test_neuroshard_model_save_load_round_trip(world, neuro, tmp_path):
+    path = tmp_path / "neuroshard.pt"
+    neuro.save(path)
+    loaded = NeuroShardModel.load(path)
+    assert loaded.meta == neuro.meta and loaded.scaler == neuro.scaler
+    a = make_sharder("neuroshard", model=neuro, search=SEARCH)
+    b = make_sharder("neuroshard", model=str(path), search={"beams": 2, "depth": 4, "candidates": 3, "scale_steps": 6})
+    for task in world["test2"][:3] + world["test4"][:2] + world["tight"][:2]:
+        assert a.shard(task) == b.shard(task)
+    torch.save({"format": "dreamshard-model/1"}, tmp_path / "wrong.pt")
+    with pytest.raises(DataFormatError, match="neuroshard-model/1"):
+        NeuroShardModel.load(tmp_path / "wrong.pt")
+    with pytest.raises(ValueError, match="needs its pre-trained cost models"):
+        make_sharder("neuroshard")
+
+
+def test_neuroshard_infeasible_task_raises(world, neuro):
+    tables = world["test4"][0].tables
+    need = sum(MemoryModel().shard_bytes(t.rows, t.dim) for t in tables)
+    task = Task.uniform("too-small", tables, 2, 0.45 * need / GB)  # 90% of what the tables need
+    with pytest.raises(InfeasibleTaskError):
+        make_sharder("neuroshard", model=neuro, search=SEARCH).shard(task)

@@ -1,0 +1,455 @@
+"""Orchestration at scale, with the real engines on 127.0.0.1 (no mocks):
+
+- a real Prefect server (`prefect server start`), a process work pool, the `retrain`
+  deployment of prefect.yaml, one triggered run executed by `prefect worker start --run-once`;
+- the collect flow on a Dask LocalCluster of two workers (prefect-dask) against the
+  single-process run: byte-identical costs (analytic backend);
+- a chunk that keeps failing is retried, then reported, and the finished chunks stay journaled;
+- a DVC local-directory remote: push, then pull into a fresh clone;
+- `dvc exp run -S` of a policy parameter reruns only the stages that depend on it.
+
+One tiny pipeline (analytic backend, a few tables, tasks and steps) is reproduced once
+per module in a temporary git repo with a DVC remote, and shared by the DVC and
+deployment tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
+
+FAMILIES = [
+    {"name": "tiny-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.01, "num_train": 3, "num_test": 2},
+    {"name": "tiny-8-4", "num_tables": 8, "num_devices": 4, "memory_gb": 0.01, "num_train": 2, "num_test": 2},
+]
+ALL_STAGES = {"download", "process", "tasks", "collect", "train_cost", "train_policy", "train_autoshard",
+              "train_neuroshard", "evaluate"}
+POLICY_STAGES = {"train_policy", "train_autoshard", "evaluate"}  # what train_policy.* reaches
+POOL = "dreamshard-gpu"  # the work pool prefect.yaml names for `retrain`
+
+
+def tiny_params() -> dict:
+    """The project's params.yaml, scaled down so that the whole `dvc repro` takes seconds per stage."""
+    p = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    p["data"]["source"] = "synthetic"
+    p["data"]["synthetic"].update(num_tables=24, batch_size=256, max_rows=5000, seed=0)
+    p["process"]["sample_batch"] = 64
+    p["tasks"].update(seed=0, test_fraction=0.5, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
+    p["backend"].update(name="analytic", batch_size=256)
+    p["collect"].update(num_plans=12, chunk_size=3)
+    p["train_cost"].update(steps=30, batch_plans=8)
+    p["train_policy"]["families"] = ["tiny-6-2"]
+    p["train_policy"]["common"].update(cost_steps=10, cost_batch_plans=8, episodes=2)
+    p["train_policy"]["dreamshard"].update(iterations=2, plans_per_iteration=2, policy_updates=2)
+    p["train_policy"]["autoshard"].update(measurement_budget=4)
+    p["train_neuroshard"].update(compute_samples=20, max_tables=4, comm_samples=40,
+                                 fit={"steps": 20, "lr": 0.001, "batch": 16})
+    p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
+    p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1,
+                         exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2})
+    return p
+
+
+def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if ok:
+        assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def out(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def ran(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def skipped(output: str) -> set[str]:
+    return set(re.findall(r"Stage '([^']+)' didn't change, skipping", output))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def file_digests(root: Path, paths: list[str]) -> dict[str, str]:
+    """md5 of every file under `paths` (files or folders) relative to `root`."""
+    digests = {}
+    for rel in paths:
+        p = root / rel
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        for f in files:
+            digests[str(f.relative_to(root))] = hashlib.md5(f.read_bytes()).hexdigest()
+    return digests
+
+
+def lock_outs(repo: Path, env: dict) -> list[str]:
+    """The outputs in dvc.lock that DVC caches (metrics and plots with `cache: false` are in git)."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    in_git = set(sh(["git", "ls-files"], repo, env).stdout.split())
+    return sorted({o["path"] for st in lock["stages"].values() for o in st.get("outs", [])} - in_git)
+
+
+# ------------------------------------------------------------------ the Prefect server
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` on 127.0.0.1 with its own PREFECT_HOME; yields the environment for its clients."""
+    home = tmp_path_factory.mktemp("prefect_server")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}  # not another test's server
+    env.update({
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",  # scheduled runs appear within seconds
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "DVC_NO_ANALYTICS": "1",
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    env.pop("PYTHONPATH", None)  # the temporary repos import their own dreamshard/stages/pipeline
+    port = free_port()
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen([str(VENV_BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+                    if r.read().strip() == b"true":
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, f"prefect server exited:\n{(home / 'server.log').read_text()}"
+            assert time.monotonic() < deadline, f"prefect server not up:\n{(home / 'server.log').read_text()}"
+            time.sleep(0.5)
+        env["PREFECT_API_URL"] = api
+        yield env
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(10)
+        log.close()
+
+
+@contextmanager
+def prefect_client(env: dict):
+    """A synchronous Prefect client in this process, talking to the test server."""
+    for key in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED"):
+        os.environ.setdefault(key, env[key])  # before Prefect is first imported
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        with get_client(sync_client=True) as client:
+            yield client
+
+
+# ------------------------------------------------------------------ the tiny pipeline, reproduced once
+
+
+def make_repo(repo: Path, env: dict) -> None:
+    repo.mkdir()
+    for name in ("dvc.yaml", "prefect.yaml"):
+        shutil.copy(PROJECT_ROOT / name, repo / name)
+    for pkg in ("dreamshard", "stages", "pipeline"):
+        shutil.copytree(PROJECT_ROOT / pkg, repo / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
+    (repo / ".gitignore").write_text("__pycache__/\n.prefect/\n")
+    sh(["git", "init", "-q", "-b", "main"], repo, env)
+    sh(["git", "config", "user.name", "Test"], repo, env)  # for `dvc exp run` here (not in clones)
+    sh(["git", "config", "user.email", "test@example.com"], repo, env)
+    sh(["dvc", "init", "-q"], repo, env)
+
+
+@pytest.fixture(scope="module")
+def pipeline_repo(tmp_path_factory, prefect_server):
+    """A git repo of the tiny pipeline with a DVC local remote: reproduced, committed, pushed."""
+    env = prefect_server
+    base = tmp_path_factory.mktemp("orchestration")
+    repo, remote = base / "repo", base / "dvc-remote"
+    make_repo(repo, env)
+    sh(["dvc", "remote", "add", "-d", "shared", str(remote)], repo, env)
+    sh([*GIT, "add", "-A"], repo, env)
+    sh([*GIT, "commit", "-q", "-m", "tiny pipeline"], repo, env)
+    t0 = time.monotonic()
+    output = out(sh(["dvc", "repro"], repo, env))
+    print(f"\nfull tiny `dvc repro`: {time.monotonic() - t0:.0f} s")
+    assert ran(output) == ALL_STAGES, output
+    sh([*GIT, "add", "-A"], repo, env)
+    sh([*GIT, "commit", "-q", "-m", "reproduced"], repo, env)
+    sh(["dvc", "push", "--run-cache"], repo, env)
+    outs = lock_outs(repo, env)
+    return {"repo": repo, "remote": remote, "outs": outs, "digests": file_digests(repo, outs),
+            "lock": (repo / "dvc.lock").read_text()}
+
+
+# ------------------------------------------------------------------ DVC remote and experiments
+
+
+@pytest.mark.integration
+def test_dvc_remote_push_pull_round_trip(pipeline_repo, prefect_server, tmp_path):
+    env, repo = prefect_server, pipeline_repo["repo"]
+    assert any(pipeline_repo["remote"].rglob("*")), "dvc push wrote nothing to the remote"
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(repo), str(clone)], tmp_path, env)
+    assert not any((clone / f).exists() for f in pipeline_repo["digests"])  # git has none of the outputs
+    sh(["dvc", "pull"], clone, env)  # from the local-directory remote in the committed .dvc/config
+    assert file_digests(clone, pipeline_repo["outs"]) == pipeline_repo["digests"]
+    status = out(sh(["dvc", "status"], clone, env))
+    assert "Data and pipelines are up to date" in status, status
+    # what was pulled makes a rerun unnecessary: nothing runs
+    assert ran(out(sh(["dvc", "repro"], clone, env))) == set()
+
+
+@pytest.mark.integration
+def test_exp_run_policy_param_reruns_only_its_stages(pipeline_repo, prefect_server):
+    env, repo = prefect_server, pipeline_repo["repo"]
+    proc = sh(["dvc", "exp", "run", "-n", "lr-0.005", "-S", "train_policy.common.policy_lr=0.005"], repo, env)
+    assert ran(out(proc)) == POLICY_STAGES, out(proc)
+    assert skipped(out(proc)) == ALL_STAGES - POLICY_STAGES, out(proc)
+    shown = json.loads(sh(["dvc", "exp", "show", "--json"], repo, env).stdout)
+    exps = {r["name"]: r for base in shown for e in (base.get("experiments") or []) for r in e["revs"]}
+    assert "lr-0.005" in exps, shown
+    data = exps["lr-0.005"]["data"]
+    assert data["params"]["params.yaml"]["data"]["train_policy"]["common"]["policy_lr"] == 0.005
+    eval_metrics = data["metrics"]["metrics/eval.json"]["data"]
+    assert set(eval_metrics["families"]) == {f["name"] for f in FAMILIES}
+    assert "dreamshard" in eval_metrics["families"]["tiny-6-2"]
+    # the experiment's lock differs from the baseline only in the policy stages
+    exp_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    base_lock = yaml.safe_load(pipeline_repo["lock"])["stages"]
+    assert {s for s in base_lock if exp_lock[s] != base_lock[s]} == POLICY_STAGES
+
+
+# ------------------------------------------------------------------ the `retrain` deployment
+
+
+def sqlalchemy_version() -> tuple[int, int]:
+    from importlib.metadata import version
+
+    return tuple(int(x) for x in version("sqlalchemy").split(".")[:2])
+
+
+@pytest.fixture(scope="module")
+def retrain_deployment(pipeline_repo, prefect_server):
+    """The `retrain` deployment of prefect.yaml on a process work pool of the test server."""
+    env, repo = dict(prefect_server), pipeline_repo["repo"]
+    env["DREAMSHARD_GIT_URL"] = str(repo)  # what the deployment's git_clone pull step clones
+    sh(["prefect", "work-pool", "create", POOL, "--type", "process"], repo, env)
+    sh(["prefect", "--no-prompt", "deploy", "--name", "retrain"], repo, env)
+    with prefect_client(env) as client:
+        deployment = client.read_deployment_by_name("retrain/retrain")
+    assert deployment.work_pool_name == POOL
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * 1"]
+    assert all(s.active for s in deployment.schedules)
+    assert deployment.global_concurrency_limit.limit == 1
+    assert deployment.pull_steps == [{"prefect.deployments.steps.git_clone": {"id": "clone",
+                                                                              "repository": str(repo)}}]
+    return deployment
+
+
+@pytest.mark.integration
+@pytest.mark.xfail(sqlalchemy_version() >= (2, 1), strict=True,
+                   reason="Prefect 3.8.8's scheduler service fails on SQLAlchemy 2.1 ('Can't evaluate bulk DML "
+                          "statement' in _insert_scheduled_flow_runs): pin sqlalchemy<2.1")
+def test_retrain_schedule_creates_runs(retrain_deployment, prefect_server):
+    """The server's scheduler turns the weekly cron into scheduled runs (Mondays 03:00 UTC)."""
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
+                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+
+    only_this = DeploymentFilter(id=DeploymentFilterId(any_=[retrain_deployment.id]))
+    scheduled = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED])))
+    with prefect_client(prefect_server) as client:
+        deadline = time.monotonic() + 20  # the scheduler's loop runs every 2 s here
+        while not (runs := [r for r in client.read_flow_runs(deployment_filter=only_this, flow_run_filter=scheduled)
+                            if r.auto_scheduled]):
+            assert time.monotonic() < deadline, "no run was scheduled from the cron schedule"
+            time.sleep(1)
+    assert all(r.expected_start_time.weekday() == 0 and r.expected_start_time.hour == 3 for r in runs)
+
+
+@pytest.mark.integration
+def test_retrain_deployment_runs_on_a_process_worker(retrain_deployment, pipeline_repo, prefect_server, tmp_path):
+    env, repo = prefect_server, pipeline_repo["repo"]
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.deployments import run_deployment
+
+    with prefect_client(env) as client:  # triggered now; the worker's --run-once picks it up
+        flow_run = run_deployment("retrain/retrain", timeout=0, parameters={
+            "set_params": {"train_policy.common.policy_lr": 0.002}, "name": "deployed-lr"})
+        assert client.read_flow_run(flow_run.id).deployment_id == retrain_deployment.id
+
+    worker_dir = tmp_path / "worker"
+    worker_dir.mkdir()
+    worker_env = {**env, "PREFECT_LOGGING_LEVEL": "INFO"}
+    t0 = time.monotonic()
+    worker = sh(["prefect", "worker", "start", "--pool", POOL, "--run-once"], worker_dir, worker_env)
+    print(f"\nworker --run-once: {time.monotonic() - t0:.0f} s")
+
+    with prefect_client(env) as client:
+        finished = client.read_flow_run(flow_run.id)
+        assert finished.state.is_completed(), f"{finished.state}\n{out(worker)}"
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+    assert [a.key for a in artifacts] == ["dreamshard-eval"]
+    markdown = artifacts[0].data
+    assert artifacts[0].type == "markdown"
+    assert "| family | sharder | mean cost (ms) |" in markdown
+    assert "experiment: `deployed-lr`" in markdown
+    assert "`train_policy.common.policy_lr=0.002`" in markdown
+    assert "stages run: train_policy, train_autoshard, evaluate" in markdown, markdown  # the rest was pulled
+
+    # the run's clone is gone; its experiment went to origin (git) and its outputs to the DVC remote
+    check = tmp_path / "check"
+    sh(["git", "clone", "-q", str(repo), str(check)], tmp_path, env)
+    sh(["dvc", "exp", "pull", "origin", "deployed-lr"], check, env)
+    sh(["dvc", "exp", "apply", "deployed-lr"], check, env)
+    assert yaml.safe_load((check / "params.yaml").read_text())["train_policy"]["common"]["policy_lr"] == 0.002
+    status = out(sh(["dvc", "status"], check, env))
+    assert "Data and pipelines are up to date" in status, status  # every output present, as locked
+    for path in ("models/dreamshard.pt", "models/autoshard.pt", "data/eval/results.parquet"):
+        assert (check / path).is_file(), path
+    from dreamshard.report import eval_markdown
+
+    assert eval_markdown(json.loads((check / "metrics/eval.json").read_text())) in markdown
+    models = file_digests(check, ["models/dreamshard.pt"])
+    assert models != {k: v for k, v in pipeline_repo["digests"].items() if k in models}  # retrained
+
+
+# ------------------------------------------------------------------ distributed cost collection
+
+
+def collect_workspace(base: Path, backend: dict | None = None, **collect) -> tuple[Path, dict]:
+    """data/ for the collect stage (download, process, tasks run in this process), and its params."""
+    params = tiny_params()
+    params["paths"] = {k: str(base / v) for k, v in params["paths"].items()}
+    if backend:
+        params["backend"].update(backend)
+    params["collect"].update(collect)
+    for stage in ("download", "process", "tasks"):
+        importlib.import_module(f"stages.{stage}").run(params)
+    return base, params
+
+
+def run_collect(params: dict, workdir: Path, name: str, env: dict, runner: dict, ok: bool = True):
+    p = {**params, "orchestration": {"collect": runner}}
+    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    return sh([sys.executable, "-m", "pipeline", "collect", "--params", f"{name}.yaml"], workdir, env, ok=ok)
+
+
+@pytest.mark.integration
+def test_collect_on_dask_cluster_matches_single_process(prefect_server, tmp_path):
+    from distributed import LocalCluster
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    env = prefect_server
+    base, params = collect_workspace(tmp_path, num_plans=12, chunk_size=2)
+    costs = Path(params["paths"]["costs"])
+
+    proc = run_collect(params, base, "single", env, {"runner": "local", "workers": 1})
+    assert "12 to measure in 6 chunk(s)" in out(proc), out(proc)
+    single = {f: (costs / f).read_bytes() for f in ("plans.parquet", "devices.parquet")}
+    assert not (costs / "journal").exists()
+    shutil.rmtree(costs)
+
+    class Placements(SchedulerPlugin):
+        """Where each task went and which resources it asked for, recorded by the scheduler."""
+
+        def __init__(self, scheduler):
+            self.scheduler, self.runs = scheduler, []
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "processing":
+                ts = self.scheduler.tasks[key]
+                self.runs.append((dict(ts.resource_restrictions or {}), ts.processing_on.address))
+
+    # two single-threaded worker processes, each with one (abstract) GPU, as `dask worker --resources GPU=1`
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", resources={"GPU": 1}) as cluster:
+        placements = Placements(cluster.scheduler)
+        cluster.scheduler.add_plugin(placements)
+        proc = run_collect(params, base, "dask", env, {"runner": "dask", "address": cluster.scheduler_address,
+                                                       "gpus_per_chunk": 1})
+    assert "12 to measure in 6 chunk(s)" in out(proc), out(proc)
+    for f, data in single.items():
+        assert (costs / f).read_bytes() == data, f"{f} differs between the Dask and the single-process run"
+    assert len(placements.runs) == 6, placements.runs
+    assert all(res == {"GPU": 1} for res, _ in placements.runs), placements.runs
+    assert len({addr for _, addr in placements.runs}) == 2, placements.runs  # both workers measured
+    plans = pd.read_parquet(costs / "plans.parquet")
+    assert len(plans) == 12 and set(plans["backend"]) == {"analytic"} and not plans["measured"].any()
+
+
+@pytest.mark.integration
+def test_collect_failed_chunk_is_retried_reported_and_resumed(prefect_server, tmp_path):
+    """Real FBGEMM kernels with a memory budget that some plans exceed: those chunks fail every attempt."""
+    from dreamshard.memory import GB
+    from dreamshard.plan import device_memory_bytes
+    from stages import collect as stage
+
+    env = prefect_server
+    fbgemm = {"device": "cpu", "threads": 1, "warmup": 0, "iterations": 1, "memory_budget_gb": 1.0}
+    base, params = collect_workspace(tmp_path, backend={"name": "fbgemm", "batch_size": 64, "fbgemm": fbgemm},
+                                     num_plans=8, chunk_size=1)
+    job = stage.prepare(params)
+    largest = sorted({max(device_memory_bytes(c[0].task, c[0].plan)) for c in job.chunks})
+    assert len(largest) >= 2
+    cut = len(largest) // 2
+    budget = (largest[cut - 1] + largest[cut]) / 2  # half the plans fit
+    fbgemm["memory_budget_gb"] = budget / GB
+    params["backend"]["fbgemm"] = fbgemm
+    job = stage.prepare(params)
+    failing = sum(max(device_memory_bytes(c[0].task, c[0].plan)) > budget for c in job.chunks)
+    total = len(job.chunks)
+    assert 0 < failing < total
+
+    runner = {"runner": "local", "workers": 1, "retries": 1, "retry_delay_s": 0}
+    proc = run_collect(params, base, "tight", env, runner, ok=False)
+    assert proc.returncode == 1, out(proc)
+    assert f"collect: error: {failing} of {total} chunk(s) failed after 1 retry" in proc.stderr, out(proc)
+    assert "over the measurement budget" in proc.stderr
+    journal = Path(params["paths"]["costs"]) / "journal"
+    assert len(list(journal.glob("plans-*.parquet"))) == total - failing  # the finished chunks are kept
+
+    with prefect_client(env) as client:
+        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="measure-chunk-")))
+    failed = [r for r in runs if r.state.is_failed()]
+    assert len(failed) == failing and all(r.run_count == 2 for r in failed)  # first attempt + 1 retry
+
+    # a rerun measures only what is missing
+    proc = run_collect(params, base, "tight", env, runner, ok=False)
+    assert f"{failing} to measure in {failing} chunk(s)" in out(proc), out(proc)
+    assert len(list(journal.glob("plans-*.parquet"))) == total - failing
