@@ -411,7 +411,10 @@ def test_training_script_shards_the_model_as_planned(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     import json
-    reports = {r["rank"]: r for r in (json.loads(line) for line in res.stdout.splitlines() if line.startswith("{"))}
+    # both ranks print to one pipe: their lines may run together, so decode each report where it starts
+    decoder = json.JSONDecoder()
+    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('{"rank"', i)]
+    reports = {r["rank"]: r for r in (decoder.raw_decode(res.stdout, i)[0] for i in starts)}
     assert set(reports) == {0, 1}
     for rank, report in reports.items():
         want = sorted([s.table, s.col_start, s.col_end] for s in plan.shards if s.device == rank)
