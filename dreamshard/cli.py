@@ -86,11 +86,12 @@ def cmd_measure(args: argparse.Namespace) -> None:
     import json
 
     from dreamshard.hardware import make_backend  # imports torch: only when measuring
+    from dreamshard.plan import read_plan_json
     from dreamshard.lookups import GeneratedLookups
 
     tables = read_tables_file(args.tables)
-    plan_obj = Plan.load_json(args.plan)
-    meta = json.loads(args.plan.read_text())
+    meta = read_plan_json(args.plan)  # the plan and the memory settings it was made under
+    plan_obj = Plan.from_dict(meta, str(args.plan))
     memory_gb = args.memory_gb if args.memory_gb is not None else meta.get("memory_gb")
     if not isinstance(memory_gb, (int, float)) or not memory_gb > 0:
         raise DreamShardError(f"{args.plan}: no memory_gb recorded in the plan; give --memory-gb")

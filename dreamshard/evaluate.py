@@ -96,8 +96,11 @@ class ExhaustiveResult:
     costs: dict[tuple[int, ...], float]  # canonical assignment -> plan cost, every feasible plan
     bound: LowerBound
 
-    def cost_of(self, plan: Plan) -> float:
-        """The enumerated cost of a whole-table plan of this task."""
+    def cost_of(self, plan: Plan) -> float | None:
+        """The enumerated cost of a whole-table plan of this task; None for a plan with column slices."""
+        dims = {t.name: t.dim for t in self.task.tables}
+        if any((s.col_start, s.col_end) != (0, dims[s.table]) for s in plan.shards):
+            return None
         devices = {s.table: s.device for s in plan.shards}
         return self.costs[canonical([devices[t.name] for t in self.task.tables])]
 

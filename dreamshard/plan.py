@@ -46,14 +46,7 @@ class Plan:
 
     @classmethod
     def load_json(cls, path: str | Path) -> Plan:
-        path = Path(path)
-        try:
-            obj = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise DataFormatError(f"{path}: no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataFormatError(f"{path}: not valid JSON: {exc}") from None
-        return cls.from_dict(obj, str(path))
+        return cls.from_dict(read_plan_json(path), str(path))
 
     @classmethod
     def from_dict(cls, obj: Any, origin: str = "plan") -> Plan:
@@ -74,6 +67,17 @@ class Plan:
                     raise DataFormatError(f"{origin}: shards[{i}].{key}: expected {typ.__name__}, got {s.get(key)!r}")
             shards.append(Shard(s["table"], s["device"], s["col_start"], s["col_end"]))
         return cls(n, tuple(shards))
+
+
+def read_plan_json(path: str | Path) -> Any:
+    """The parsed plan file (shards and any metadata beside them), with clear errors."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataFormatError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: not valid JSON: {exc}") from None
 
 
 def device_memory_bytes(task: Task, plan: Plan) -> list[int]:

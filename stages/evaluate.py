@@ -41,7 +41,7 @@ def run(params: dict[str, Any]) -> None:
     tasks_dir = Path(section(params, "paths.tasks"))
     tasks = read_tasks(tasks_dir / "test.parquet", section(params, "paths.tables"))
     per_family = int(cfg.get("train_tasks_per_family", 0))
-    train_tasks = [t for i, t in enumerate(read_tasks(tasks_dir / "train.parquet", section(params, "paths.tables")))
+    train_tasks = [t for t in read_tasks(tasks_dir / "train.parquet", section(params, "paths.tables"))
                    if int(t.name.rsplit("/", 1)[1]) < per_family]
     names = cfg.get("sharders")
     if not names:
@@ -157,10 +157,9 @@ def exhaustive_check(backend, tasks: list[Task], sharders, cfg: dict, batch_size
     per_task = []
     for task in tqdm(small, desc="exhaustive", unit="task"):
         res = exhaustive_optimum(backend, task, batch_size, topology, regime)
-        best_algo_cost = min(res.cost_of(p.plan) if all(s.col_end - s.col_start == tb.dim for s in p.plan.shards
-                                                        for tb in task.tables if tb.name == s.table)
-                             else backend.plan_cost(task, p.plan).cost_ms  # column splits: not enumerated
-                             for p in plan_with(sharders, task))
+        enumerated = [(p.plan, res.cost_of(p.plan)) for p in plan_with(sharders, task)]
+        best_algo_cost = min(cost if cost is not None else backend.plan_cost(task, plan).cost_ms  # split: measure
+                             for plan, cost in enumerated)
         per_task.append({
             "task": task.name, "plans": len(res.costs), "optimum_ms": res.optimum.cost_ms,
             "lower_bound_ms": res.bound.total_ms, "best_sharder_ms": best_algo_cost,
