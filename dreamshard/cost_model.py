@@ -250,3 +250,23 @@ def median_device_ms(data: CostData) -> float:
     totals = data.device_ms.sum(axis=-1)
     positive = totals[totals > 0]
     return float(np.median(positive)) if positive.size else 1.0
+
+
+COST_NET_FORMAT = "dreamshard-cost-net/1"
+
+
+def save_cost_net(net: CostNet, scaler: FeatureScaler, path) -> None:
+    """The network's constructor config, weights and feature scaler in one checkpoint."""
+    from dreamshard.checkpoints import save_checkpoint
+
+    save_checkpoint({"config": net.config, "state": net.state_dict(), "scaler": scaler.to_dict()}, COST_NET_FORMAT, path)
+
+
+def load_cost_net(path) -> tuple[CostNet, FeatureScaler]:
+    """What `save_cost_net` wrote; a clear error naming the file otherwise."""
+    from dreamshard.checkpoints import load_checkpoint
+
+    checkpoint = load_checkpoint(path, COST_NET_FORMAT)
+    net = CostNet(**checkpoint["config"])
+    net.load_state_dict(checkpoint["state"])
+    return net, FeatureScaler.from_dict(checkpoint["scaler"])

@@ -24,6 +24,7 @@ from dreamshard.tables import access_count_bins
 
 MIN_ROWS = 100
 DATASET_SUFFIXES = (".pt", ".pt.gz")
+MANIFEST = "manifest.json"  # written by the download stage beside the files: where they came from
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from dreamshard.hardware.base import CostBackend
 from dreamshard.io import write_parquet
 from dreamshard.lookups import RecordedLookups
 from dreamshard.tasks import read_tasks
-from stages.common import ParamsError, make_stage_backend, section
+from stages.backend import make_stage_backend
+from stages.common import ParamsError, section
 
 
 @dataclass

@@ -51,31 +51,3 @@ def build(cls: type[T], values: Any, where: str) -> T:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"params.yaml: {where}: {exc}") from None
-
-
-def recorded_lookups(params: dict[str, Any]):
-    """The process stage's recorded lookups, by table name."""
-    import pandas as pd
-
-    from dreamshard.lookups import RecordedLookups
-    from dreamshard.requests import read_requests
-
-    stats = pd.read_parquet(section(params, "paths.tables"), columns=["table_id", "name"])
-    by_id = read_requests(section(params, "paths.requests"))
-    return RecordedLookups({name: by_id[int(i)] for i, name in zip(stats["table_id"], stats["name"])})
-
-
-def make_stage_backend(params: dict[str, Any]):
-    """The cost backend named in params `backend`, fed with the recorded lookups."""
-    from dreamshard.hardware import BACKENDS, Topology, make_backend
-
-    cfg = section(params, "backend")
-    name = cfg.get("name")
-    if name not in BACKENDS:
-        raise ParamsError(f"params.yaml: backend.name: expected one of {', '.join(BACKENDS)}, got {name!r}")
-    topology = build(Topology, cfg.get("topology", {}), "backend.topology")
-    options = dict(cfg.get(name, {}) or {})
-    try:
-        return make_backend(name, recorded_lookups(params), topology, batch_size=cfg["batch_size"], **options)
-    except (TypeError, ValueError) as exc:
-        raise ParamsError(f"params.yaml: backend.{name}: {exc}") from None

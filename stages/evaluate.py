@@ -22,7 +22,8 @@ from dreamshard.io import write_parquet, write_text
 from dreamshard.memory import GB
 from dreamshard.sharders import HEURISTICS, LEARNED, SPLITTING, make_sharder
 from dreamshard.tasks import Task, read_tasks
-from stages.common import ParamsError, build, make_stage_backend, section
+from stages.backend import make_stage_backend
+from stages.common import ParamsError, build, section
 
 BOUND_USED = {
     SUPER_ADDITIVE: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
@@ -49,7 +50,7 @@ def run(params: dict[str, Any]) -> None:
     models = Path(section(params, "paths.models"))
     try:
         sharders = [make_sharder(n, seed=int(cfg.get("seed", 0)), model=models / f"{n}.pt" if n in LEARNED else None,
-                                 search=params.get("neuroshard"), batch_size=batch_size) for n in names]
+                                 search=section(params, "neuroshard"), batch_size=batch_size) for n in names]
     except ValueError as exc:
         raise ParamsError(f"params.yaml: evaluate.sharders: {exc}") from None
 

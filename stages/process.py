@@ -12,13 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from dreamshard.dlrm_data import load_dlrm_file, table_statistics
+from dreamshard.dlrm_data import MANIFEST, load_dlrm_file, table_statistics
 from dreamshard.errors import DataFormatError
 from dreamshard.io import write_parquet
 from dreamshard.requests import TableRequests, requests_to_arrow
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from stages.common import ParamsError, section
-from stages.download import MANIFEST
 
 
 def run(params: dict[str, Any]) -> None:

@@ -1,10 +1,11 @@
-"""train_autoshard: the policy trained on real measurements (see stages/train_policy.py)."""
+"""train_autoshard: the policy trained on real measurements (see stages/policy_training.py)."""
 from __future__ import annotations
 
 from typing import Any
 
-from stages.train_policy import train
+from stages.common import section
+from stages.policy_training import train
 
 
 def run(params: dict[str, Any]) -> None:
-    train(params, "autoshard")
+    train(params, "autoshard", section(params, "train_policy.autoshard"))

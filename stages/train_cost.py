@@ -12,29 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 
-from dreamshard.cost_model import (CostNet, cost_data_from_rows, evaluate_cost_net, fit_cost_net,
-                                   median_device_ms)
-from dreamshard.features import FeatureScaler, table_features
-from dreamshard.checkpoints import save_checkpoint
+from dreamshard.cost_model import CostNet, evaluate_cost_net, fit_cost_net, median_device_ms, save_cost_net
 from dreamshard.io import write_text
-from dreamshard.tasks import read_tasks
 from stages.common import ParamsError, section
-
-
-COST_NET_FORMAT = "dreamshard-cost-net/1"
-
-
-def load_scaler_and_data(params: dict[str, Any]):
-    """The feature scaler of the training tasks' tables, the collected cost data, the training tasks."""
-    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
-    scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
-    costs = Path(section(params, "paths.costs"))
-    plans = pd.read_parquet(costs / "plans.parquet")
-    devices = pd.read_parquet(costs / "devices.parquet")
-    return scaler, cost_data_from_rows(plans, devices, tasks), tasks
+from stages.cost_data import load_scaler_and_data
 
 
 def run(params: dict[str, Any]) -> None:
@@ -59,7 +42,6 @@ def run(params: dict[str, Any]) -> None:
                "holdout_fraction": holdout, "final_loss": losses[-1]}
     net, losses = fit(data)  # the checkpoint learns from every measured plan
     out = Path(section(params, "paths.cost_model"))
-    save_checkpoint({"config": net.config, "state": net.state_dict(), "scaler": scaler.to_dict()},
-                    COST_NET_FORMAT, out)
+    save_cost_net(net, scaler, out)
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.cost_model_metrics"))
     print(f"train_cost: {data.num_plans} plans; held out: {metrics['held_out']}")

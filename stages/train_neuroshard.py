@@ -18,7 +18,8 @@ from dreamshard.io import write_text
 from dreamshard.neuroshard import (AugmentConfig, NeuroShardModel, comm_dataset, comm_mape, compute_dataset,
                                    fit_comm_net, fit_compute_net)
 from dreamshard.tasks import read_tasks
-from stages.common import ParamsError, build, make_stage_backend, section
+from stages.backend import make_stage_backend
+from stages.common import ParamsError, build, section
 
 
 def run(params: dict[str, Any]) -> None:

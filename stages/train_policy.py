@@ -1,69 +1,11 @@
-"""train_policy / train_autoshard: train the placement policy and save models/<algorithm>.pt.
-
-dreamshard: the alternating loop on the estimated MDP, starting from the train_cost
-network; autoshard: the same policy rewarded by real measurements under a budget.
-Both train on the training tasks of `train_policy.families` (the other families test
-generalisation to unseen table and device counts), save a checkpoint per iteration
-under models/<algorithm>/ and write their training curve for `dvc plots`.
-"""
+"""train_policy: DreamShard's policy, trained on the estimated MDP (see stages/policy_training.py)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from dreamshard.checkpoints import load_checkpoint
-from dreamshard.cost_model import CostNet
-from dreamshard.features import FeatureScaler
-from dreamshard.io import write_text
-from dreamshard.train import IterationLog, Trainer, TrainConfig, train_autoshard, train_dreamshard
-from stages.common import ParamsError, build, make_stage_backend, section
-from stages.train_cost import COST_NET_FORMAT, load_scaler_and_data
-
-LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
+from stages.common import section
+from stages.policy_training import train
 
 
 def run(params: dict[str, Any]) -> None:
-    train(params, "dreamshard")
-
-
-def train(params: dict[str, Any], algorithm: str) -> None:
-    cfg = dict(section(params, "train_policy"))
-    families = cfg.pop("families", None)
-    options = {**cfg.pop("common", {}), **cfg.pop(algorithm, {})}
-    config = build(TrainConfig, options, f"train_policy.{algorithm}")
-    _, data, tasks = load_scaler_and_data(params)
-    if families:
-        unknown = set(families) - {t.family for t in tasks}
-        if unknown:
-            raise ParamsError(f"params.yaml: train_policy.families: no training tasks of {sorted(unknown)}")
-        tasks = [t for t in tasks if t.family in families]
-    checkpoint = load_checkpoint(section(params, "paths.cost_model"), COST_NET_FORMAT)
-    cost_net = CostNet(**checkpoint["config"])
-    cost_net.load_state_dict(checkpoint["state"])
-    scaler = FeatureScaler.from_dict(checkpoint["scaler"])
-    backend = make_stage_backend(params)
-    trainer = Trainer(tasks, backend, scaler, config, data, cost_net)
-    models = Path(section(params, "paths.models"))
-    meta = {"families": sorted({t.family for t in tasks}), "backend": backend.name,
-            "table_counts": sorted({len(t.tables) for t in tasks}),
-            "device_counts": sorted({t.num_devices for t in tasks}),
-            "device": backend.device_name(), "collected_plans": data.num_plans}
-
-    def save_iteration(log: IterationLog, tr: Trainer) -> None:
-        tr.model(algorithm, meta).save(models / algorithm / f"iter_{log.iteration:03d}.pt")
-        print(f"{algorithm}: iteration {log.iteration}: {log}")
-
-    logs = LOOPS[algorithm](trainer, save_iteration)
-    trainer.model(algorithm, meta).save(models / f"{algorithm}.pt")
-    curve = pd.DataFrame([vars(log) for log in logs])
-    plot_path = Path(section(params, "paths.plots")) / f"train_{algorithm}.csv"
-    plot_path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(curve.to_csv(index=False), plot_path)
-    summary = {"algorithm": algorithm, "real_plan_measurements": {
-        "collect": data.num_plans, "training_loop": trainer.measurements,
-        "total": data.num_plans + trainer.measurements}, "iterations": len(logs),
-        "families": meta["families"]}
-    write_text(json.dumps(summary, indent=2) + "\n", Path(section(params, "paths.metrics")) / f"train_{algorithm}.json")
+    train(params, "dreamshard", section(params, "train_policy.dreamshard"))

@@ -74,10 +74,15 @@ def test_plan_uses_memory_options(tmp_path, tables_csv, capsys):
 
 
 def test_plan_is_reproducible_by_seed(tmp_path, tables_csv):
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    main(plan_args(tables_csv, a, "random", 4, 0.1, "--seed", "5"))
-    main(plan_args(tables_csv, b, "random", 4, 0.1, "--seed", "5"))
-    assert Plan.load_json(a) == Plan.load_json(b)
+    def planned(seed: int, name: str) -> Plan:
+        out = tmp_path / name
+        assert main(plan_args(tables_csv, out, "random", 4, 0.1, "--seed", str(seed))) == 0
+        return check_plan_file(out, tables_csv, 4, 0.1)
+
+    first = planned(5, "a.json")
+    assert planned(5, "b.json") == first  # same seed, same plan
+    others = {seed: planned(seed, f"seed{seed}.json") for seed in range(6, 11)}
+    assert any(p != first for p in others.values()), "five other seeds all gave seed 5's plan: the seed is ignored"
 
 
 def test_plan_parquet_with_bins(tmp_path, capsys):

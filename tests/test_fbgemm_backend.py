@@ -59,10 +59,27 @@ def test_config_rejects_bad_values_naming_the_field(field, value):
         FbgemmConfig(**{field: value})
 
 
-def test_config_defaults():
-    c = FbgemmConfig()
-    assert (c.batch_size, c.warmup, c.iterations, c.threads, c.device) == (4096, 3, 15, 1, "cpu")
-    assert c.memory_budget_gb == 4.0 and c.learning_rate == 0.01 and c.topology == Topology()
+def test_the_pipeline_params_reach_the_backend(project_root):
+    """Every key of params.yaml's backend group configures the backend the stages measure with."""
+    from stages.backend import make_stage_backend
+    from stages.common import load_params
+
+    params = load_params(project_root / "params.yaml")
+    params["backend"]["name"] = "fbgemm"
+    cfg = params["backend"]
+    backend = make_stage_backend(params, GeneratedLookups())
+    assert isinstance(backend, FbgemmBackend)
+    assert backend.config.batch_size == cfg["batch_size"]
+    assert backend.config.topology == Topology(**cfg["topology"])
+    for key, value in cfg["fbgemm"].items():
+        assert getattr(backend.config, key) == value, key
+    # a changed value arrives too, and a key the backend does not know is an error naming it
+    more = cfg["fbgemm"]["iterations"] + 1
+    params["backend"]["fbgemm"] = {**cfg["fbgemm"], "iterations": more}
+    assert make_stage_backend(params, GeneratedLookups()).config.iterations == more
+    params["backend"]["fbgemm"]["iterationz"] = 3
+    with pytest.raises(DreamShardError, match="iterationz"):
+        make_stage_backend(params, GeneratedLookups())
 
 
 # ---------------------------------------------------------------- compute cost
@@ -267,27 +284,33 @@ def test_compute_cost_on_cuda(memory):
     assert plan.measured and plan.backend == "fbgemm" and not plan.device_name.startswith("cpu")
 
 
-# ---------------------------------------------------------------- fusion on CPU kernels
+# ---------------------------------------------------------------- what holds on every machine
+#
+# Whether fusing tables costs more or less than running them apart depends on the processor
+# (measured: Intel Xeon 1.5-1.8x the sum of singles, AMD EPYC 0.96x), so no test asserts it:
+# `python -m benchmarks.cpu_kernels` measures it, and the evaluate stage records the regime it
+# measured in metrics/eval.json. The tests below assert only structural relations, with margins
+# that load on the other core cannot close.
 
 
-def test_fusing_larger_tables_is_super_additive_on_cpu():
-    """REFERENCE.md: on this CPU one operator holding many large tables costs more than
-    the sum of their single-table operators (measured 1.3-1.4x for 20 tables; 1.7-2x for
-    the 10 tables here). The margin asserted is deliberately small: 5%.
+def test_a_hundred_times_the_lookups_costs_more():
+    """The same table with pooling 100 against pooling 1: 100x the rows gathered and updated."""
+    heavy = Table("heavy", 100_000, 64, 100.0)
+    light = Table("light", 100_000, 64, 1.0)
+    task = Task.uniform("work", [heavy, light], 1, 1.0)
+    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=1024, warmup=1, iterations=5))
+    # noise only ever slows a run down: compare the heavy table's fastest run with the light one's slowest
+    heavy_ms = [backend.compute_cost(task, [Shard("heavy", 0, 0, 64)]).total_ms for _ in range(2)]
+    light_ms = [backend.compute_cost(task, [Shard("light", 0, 0, 64)]).total_ms for _ in range(2)]
+    assert min(heavy_ms) > max(light_ms), (heavy_ms, light_ms)
 
-    Each side is the minimum over two interleaved repeats, since noise (other load, VM
-    steal) only ever makes a measurement slower.
-    """
-    rows = [300_000, 200_000, 150_000, 100_000, 80_000, 60_000, 50_000, 40_000, 30_000, 20_000]
-    dims = [64, 128, 32, 64, 128, 64, 32, 128, 64, 32]
-    tables = [Table(f"big{i}", r, d, 10.0) for i, (r, d) in enumerate(zip(rows, dims))]
-    task = Task.uniform("fusion", tables, 1, 16.0)
-    shards = whole(task)
-    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=4096, warmup=2, iterations=7))
-    fused, summed = [], []
-    for _ in range(2):
-        fused.append(backend.compute_cost(task, shards).total_ms)
-        summed.append(sum(backend.compute_cost(task, [s]).total_ms for s in shards))
-    ratio = min(fused) / min(summed)
-    print(f"fused {min(fused):.2f} ms, sum of singles {min(summed):.2f} ms, ratio {ratio:.3f}")
-    assert ratio > 1.05, f"expected super-additive fusion on CPU, got ratio {ratio:.3f} ({fused} vs {summed})"
+
+def test_medians_agree_between_two_runs_within_a_generous_factor():
+    """Two measurements of one operator are the same quantity: medians within 4x even on a loaded machine."""
+    task = tiny_task()
+    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=1024, warmup=1, iterations=7))
+    first = backend.compute_cost(task, whole(task))
+    second = backend.compute_cost(task, whole(task))
+    for a, b in ((first.fwd_ms, second.fwd_ms), (first.bwd_ms, second.bwd_ms)):
+        assert positive_finite(a) and positive_finite(b)
+        assert 0.25 < a / b < 4.0, (first, second)

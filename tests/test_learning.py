@@ -530,18 +530,32 @@ def _score(ev: _Evaluator, task: Task, plan: Plan) -> float:
 def test_neuroshard_plans_are_valid_and_no_worse_than_its_greedy_start(world, neuro):
     sharder = make_sharder("neuroshard", model=neuro, search=SEARCH)
     assert isinstance(sharder, NeuroShardSharder)
-    split_somewhere = False
     for task in world["test2"] + world["test4"] + world["tight"]:
         plan = sharder.shard(task)
         _check_slices(task, plan)
-        split_somewhere |= len(plan.shards) > len(task.tables)
         ev = _Evaluator(neuro, task)
         root = tuple((i, 0, t.dim) for i, t in enumerate(task.tables))
         start = greedy_grid(ev, root, SEARCH)
         final = _score(ev, task, plan)
         if start is not None:
             assert final <= start[0] * (1 + 1e-6), (task.name, final, start[0])
-    print("neuroshard split a table:", split_somewhere)
+
+
+def _table_with_bins(name: str, rows: int, dim: int, pooling: float, alpha: float, seed: int) -> Table:
+    idx, _ = generate_lookups(TableProfile(rows, pooling, alpha), 512, seed)
+    return Table(name, rows, dim, pooling, tuple(access_count_bins(np.unique(idx, return_counts=True)[1])))
+
+
+def test_neuroshard_splits_the_table_that_dominates_the_step(neuro):
+    """One table with most of the work on two devices: whole, it sets the step time on its device;
+    its column halves on both devices share the work, so the search must split it."""
+    hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
+    small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(3)]
+    task = Task.uniform("one-hot-table", [hot, *small], 2, 1.0)
+    plan = make_sharder("neuroshard", model=neuro, search=SEARCH).shard(task)
+    _check_slices(task, plan)
+    pieces = [s for s in plan.shards if s.table == "hot"]
+    assert len(pieces) >= 2 and len({s.device for s in pieces}) == 2, plan.shards
 
 
 def test_neuroshard_respects_memory_on_tight_tasks(world, neuro):

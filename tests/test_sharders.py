@@ -7,7 +7,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
-from dreamshard.sharders.heuristics import RandomSharder
+from dreamshard.sharders.heuristics import GreedySharder, RandomSharder
 from dreamshard.sharders.placement import by_least_load, find_feasible_assignment, place_tables
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
@@ -54,10 +54,23 @@ def four_tables() -> Task:
     return Task.uniform("hand", tables, 2, 1.0)
 
 
-def test_registry_lists_every_heuristic():
+def test_registry_builds_every_heuristic_under_its_name(four_tables):
+    import inspect
+
+    from dreamshard.sharders import heuristics
+
     assert set(HEURISTICS) <= set(SHARDERS)
-    assert set(KNOWN) | {"random"} == set(HEURISTICS)
-    with pytest.raises(ValueError, match="unknown sharder 'nope'"):
+    keys_registered = set()
+    for name in HEURISTICS:
+        sharder = make_sharder(name)
+        assert sharder.name == name, f"make_sharder({name!r}) built {sharder.name!r}"
+        validate_plan(four_tables, sharder.shard(four_tables))
+        if isinstance(sharder, GreedySharder):
+            keys_registered.add(sharder.key)
+    # every key the heuristics module defines is reachable by name
+    defined = {f for n, f in inspect.getmembers(heuristics, inspect.isfunction) if n.endswith("_key")}
+    assert defined and defined == keys_registered, defined ^ keys_registered
+    with pytest.raises(ValueError, match="unknown sharder 'nope'; available: random, size_greedy"):
         make_sharder("nope")
 
 
@@ -69,8 +82,9 @@ def test_greedy_heuristics_give_the_hand_computed_assignment(four_tables, name):
     assert assignment(plan, four_tables) == KNOWN[name]
 
 
-def test_the_four_keys_give_four_different_plans():
-    assert len({tuple(v) for v in KNOWN.values()}) == 4
+def test_the_four_keys_give_four_different_plans(four_tables):
+    plans = {name: tuple(assignment(make_sharder(name).shard(four_tables), four_tables)) for name in KNOWN}
+    assert len(set(plans.values())) == 4, plans
 
 
 def test_greedy_ties_on_key_go_to_less_memory_then_lower_index():

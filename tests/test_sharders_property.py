@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dreamshard.cost_model import CostNet
-from dreamshard.errors import InfeasibleTaskError
+from dreamshard.errors import DataFormatError, InfeasibleTaskError
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import validate_plan
 from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
@@ -48,7 +48,8 @@ def tasks(draw) -> Task:
             rows=draw(st.integers(1, 5000)),
             dim=4 * draw(st.integers(1, 16)),
             pooling_factor=draw(st.floats(0, 200, allow_nan=False)),
-            bins=tuple(float(k == hot) for k in range(17)) if (hot := draw(st.integers(0, 16))) >= 0 else None,
+            # hot = -1: a table without access-count bins (users' tables files may omit them)
+            bins=tuple(float(k == hot) for k in range(17)) if (hot := draw(st.integers(-1, 16))) >= 0 else None,
         )
         for i in range(n)
     )
@@ -76,9 +77,14 @@ def brute_force_feasible(task: Task) -> bool:
 @given(task=tasks(), seed=st.integers(0, 2**16))
 def test_sharders_agree_with_brute_force(task, seed):
     feasible = brute_force_feasible(task)
+    without_bins = [t.name for t in task.tables if t.bins is None]
     for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/test_torchrec.py
         sharder = make_sharder(name, seed=seed, model=NEUROSHARD_MODEL if name == "neuroshard" else MODEL)
-        if feasible:
+        if name in LEARNED and without_bins:
+            # the learned cost models need the bins: a clear refusal naming a table, never a plan from guesses
+            with pytest.raises(DataFormatError, match=r"table '(%s)'.*bin_0\.\.bin_16" % "|".join(without_bins)):
+                sharder.shard(task)
+        elif feasible:
             plan = sharder.shard(task)
             validate_plan(task, plan)
         else:
@@ -95,6 +101,7 @@ def test_the_strategy_covers_every_outcome():
     def collect(task):
         sizes = [task.table_bytes(i) for i in range(len(task.tables))]
         caps = [d.memory_bytes for d in task.devices]
+        seen.add("some table without bins" if any(t.bins is None for t in task.tables) else "every table with bins")
         if brute_force_feasible(task):
             seen.add("feasible")
         elif max(sizes) <= max(caps) and sum(sizes) <= sum(caps):
@@ -103,4 +110,5 @@ def test_the_strategy_covers_every_outcome():
             seen.add("trivially infeasible")
 
     collect()
-    assert seen == {"feasible", "bin-packing infeasible", "trivially infeasible"}
+    assert seen == {"feasible", "bin-packing infeasible", "trivially infeasible", "some table without bins",
+                    "every table with bins"}

@@ -1,0 +1,23 @@
+"""What the cost network's stages read: the training tasks, their feature scaler and the collected costs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dreamshard.cost_model import CostData, cost_data_from_rows
+from dreamshard.features import FeatureScaler, table_features
+from dreamshard.tasks import Task, read_tasks
+from stages.common import section
+
+
+def load_scaler_and_data(params: dict[str, Any]) -> tuple[FeatureScaler, CostData, list[Task]]:
+    """The feature scaler of the training tasks' tables, the collected cost data, the training tasks."""
+    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
+    scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
+    costs = Path(section(params, "paths.costs"))
+    plans = pd.read_parquet(costs / "plans.parquet")
+    devices = pd.read_parquet(costs / "devices.parquet")
+    return scaler, cost_data_from_rows(plans, devices, tasks), tasks
