@@ -7,18 +7,20 @@ slowest device, which only adds). So
   cost >= (sum_d compute(S_d)) / N + 2 x mean_d transfer_d.
 
 How sum_d compute(S_d) is bounded depends on how fusing tables changes their cost,
-which is measured (`additivity_ratio`: fused cost / sum of single costs on probe sets):
-  super-additive or mixed (FBGEMM on CPU: many or large tables compete for cache, while
-    a few small ones still share the operator's fixed cost): assume fusion saves at most
-    the fixed per-operator cost o per table joined, i.e. compute(S) >= o + sum_{t in S}
-    (c(t) - o). o is at most the cheapest table's single cost m, so
-    sum_d compute(S_d) >= sum_t c(t) - (T - 1) m.
-  sub-additive (compute(A u B) <= compute(A) + compute(B); GPUs, where fusion saves
-    launches and more): sum_d compute(S_d) >= compute(all tables fused). Probes of single
-    tables cannot prove that for every split, so the smaller of this and the first bound
-    is used.
-The plain sum of single costs is NOT a bound on CPU kernels: 8 small tables on 2
-devices had an optimum below it (measured by the evaluate stage's exhaustive check). Transfers: every device sends its outputs to N-1 others,
+which is measured (`additivity_ratio`: fused cost / sum of single costs on probe sets),
+never assumed from the kind of processor:
+  super_additive or mixed (large tables compete for cache while small ones still share
+    the operator's fixed cost; measured for FBGEMM's CPU kernels on an Intel Xeon, 1.5-1.8x):
+    assume fusion saves at most the fixed per-operator cost o per table joined, i.e.
+    compute(S) >= o + sum_{t in S} (c(t) - o). o is at most the cheapest table's single
+    cost m, so sum_d compute(S_d) >= sum_t c(t) - (T - 1) m.
+  sub_additive (compute(A u B) <= compute(A) + compute(B): fusion saves launches and more;
+    measured for FBGEMM's CPU kernels on an AMD EPYC, 0.96x): sum_d compute(S_d) >=
+    compute(all tables fused). Probes of single tables cannot prove that for every split,
+    so the smaller of this and the first bound is used.
+The plain sum of single costs is NOT a bound on super-additive kernels: 8 small tables on
+2 devices had an optimum below it (the evaluate stage's exhaustive check, Intel Xeon).
+Transfers: every device sends its outputs to N-1 others,
 so mean_d transfer_d >= latency + (N-1) B D bytes / (N^2 x fastest link), D the task's
 total dim. Independently, the device holding table t costs at least c(t) + 2 x
 (latency + (N-1)/N B dim_t bytes / fastest link), assuming a table's cost does not drop
@@ -40,8 +42,8 @@ from dreamshard.hardware.comm import Topology
 from dreamshard.plan import Shard
 from dreamshard.tasks import Task
 
-SUPER_ADDITIVE = "super-additive"
-SUB_ADDITIVE = "sub-additive"
+SUPER_ADDITIVE = "super_additive"
+SUB_ADDITIVE = "sub_additive"
 MIXED = "mixed"
 
 

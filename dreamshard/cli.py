@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
     m.add_argument("--threads", type=int, default=1, help="fbgemm on cpu: threads")
     m.add_argument("--iterations", type=int, default=10, help="fbgemm: timed iterations (median reported)")
+    m.add_argument("--regime", choices=["super_additive", "sub_additive"],
+                   help="analytic (required there): what fusing tables does to their cost; real kernels differ "
+                        "between processors, so there is no default")
     m.add_argument("--seed", type=int, default=0, help="seed of the lookups generated from the statistics")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     m.set_defaults(func=cmd_measure)
@@ -101,6 +104,10 @@ def cmd_measure(args: argparse.Namespace) -> None:
     options = {"batch_size": args.batch_size}
     if args.backend == "fbgemm":
         options.update(device=args.device, threads=args.threads, iterations=args.iterations)
+    elif args.regime is None:
+        raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
+    else:
+        options.update(regime=args.regime)
     backend = make_backend(args.backend, GeneratedLookups(seed=args.seed), **options)
     cost = backend.plan_cost(task, plan_obj)
     devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}

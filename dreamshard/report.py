@@ -11,9 +11,12 @@ END = "<!-- eval-summary:end -->"
 def eval_markdown(metrics: dict) -> str:
     """Per family and sharder: measured cost, relative to the best heuristic and to the lower bound."""
     kind = "measured" if metrics.get("measured") else "modelled, not measured"
+    additivity = metrics["additivity"]
+    ratios = ", ".join(f"{r:.2f}" for r in additivity.get("fused_over_sum_of_singles", []))
     lines = [
         f"Backend `{metrics['backend']}` on {metrics['device']} ({kind}), batch {metrics.get('batch_size')}; "
-        f"test tasks; lower bound: {metrics['additivity']['lower_bound']}.",
+        f"test tasks. Fusion regime measured on this machine: {additivity['regime']} "
+        f"(fused / sum of single-table costs: {ratios}); lower bound: {additivity['lower_bound']}.",
         "",
         "| family | sharder | mean cost (ms) | vs best heuristic | cost / lower bound | planning p50 (ms) |",
         "|---|---|---:|---:|---:|---:|",

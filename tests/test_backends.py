@@ -49,7 +49,7 @@ from dreamshard.tasks import Task
 # ---------------------------------------------------------------- small hand-made tables
 
 # Large enough working sets (touched rows x dim x 4 B, several MiB each against the 8 MiB
-# cache) that the CPU regime's cache pressure outweighs the launch cost fusion saves.
+# cache) that the super-additive regime's cache pressure outweighs the launch cost fusion saves.
 BIG = [
     Table("big0", 100_000, 64, 20.0),
     Table("big1", 50_000, 128, 10.0),
@@ -64,7 +64,7 @@ SMALL = [
 ]
 
 
-def backend(regime: str = "cpu", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
+def backend(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
     return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
 
 
@@ -81,7 +81,7 @@ def small_task() -> Task:
 # ---------------------------------------------------------------- analytic backend
 
 
-@pytest.mark.parametrize("regime", ["cpu", "gpu"])
+@pytest.mark.parametrize("regime", ["super_additive", "sub_additive"])
 def test_analytic_is_deterministic_positive_and_labelled(big_task, regime):
     b = backend(regime)
     plan = make_sharder("size_greedy").shard(big_task)
@@ -104,7 +104,7 @@ def test_analytic_is_deterministic_positive_and_labelled(big_task, regime):
 
 
 def test_analytic_empty_device_costs_nothing(big_task):
-    for regime in ("cpu", "gpu"):
+    for regime in ("super_additive", "sub_additive"):
         assert backend(regime).compute_cost(big_task, []) == ComputeCost(0.0, 0.0)
     assert backend().compute_cost(big_task, []).total_ms == 0.0
 
@@ -115,7 +115,7 @@ def test_analytic_single_table_matches_the_documented_formula():
     t = Table("a", 1_000, 8, 2.0)
     task = Task.uniform("one", [t], 1, 1.0)
     assert cold_fraction(t) == 0.5
-    cost = backend("cpu", batch_size=100).compute_cost(task, whole_shards(task))
+    cost = backend("super_additive", batch_size=100).compute_cost(task, whole_shards(task))
     miss = 1 + 0.6 * 3200 / (8 * 2**20)
     work_us = (200 * 8 * 1.0 * miss + 100 * 8 * 0.5) / 1000
     update_us = 100 * 8 * 2.0 / 1000
@@ -130,8 +130,8 @@ def test_cold_fraction_from_bins():
     assert cold_fraction(Table("h", 100, 4, 1.0, half_at_4)) == pytest.approx(1 / 2.5)
 
 
-def test_fusion_is_super_additive_in_the_cpu_regime(big_task):
-    b = backend("cpu")
+def test_fusion_is_super_additive_in_the_super_additive_regime(big_task):
+    b = backend("super_additive")
     shards = whole_shards(big_task)
     fused = b.compute_cost(big_task, shards).total_ms
     single = sum(b.compute_cost(big_task, [s]).total_ms for s in shards)
@@ -141,9 +141,9 @@ def test_fusion_is_super_additive_in_the_cpu_regime(big_task):
 
 
 @pytest.mark.parametrize("tables", [BIG, SMALL], ids=["big", "small"])
-def test_fusion_is_sub_additive_in_the_gpu_regime(tables):
+def test_fusion_is_sub_additive_in_the_sub_additive_regime(tables):
     task = Task.uniform("t", tables, 2, 1.0)
-    b = backend("gpu")
+    b = backend("sub_additive")
     shards = whole_shards(task)
     fused = b.compute_cost(task, shards).total_ms
     single = sum(b.compute_cost(task, [s]).total_ms for s in shards)
@@ -154,17 +154,21 @@ def test_fusion_is_sub_additive_in_the_gpu_regime(tables):
 
 
 def test_analytic_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="regime"):
+    with pytest.raises(ValueError, match="regime: expected one of super_additive, sub_additive, got 'tpu'$"):
         AnalyticConfig(regime="tpu")
+    with pytest.raises(ValueError, match="named by what fusion does, not by hardware"):
+        AnalyticConfig(regime="cpu")
+    with pytest.raises(TypeError, match="regime"):
+        AnalyticConfig()  # no default: which regime real kernels are in depends on the processor
     with pytest.raises(ValueError, match="batch_size"):
-        AnalyticConfig(batch_size=0)
+        AnalyticConfig(regime="sub_additive", batch_size=0)
 
 
 def test_make_backend_builds_the_analytic_backend():
     topo = Topology(devices_per_host=2)
-    b = make_backend("analytic", GeneratedLookups(), topo, batch_size=512, regime="gpu")
+    b = make_backend("analytic", GeneratedLookups(), topo, batch_size=512, regime="sub_additive")
     assert isinstance(b, AnalyticBackend)
-    assert b.config.batch_size == 512 and b.config.regime == "gpu" and b.config.topology == topo
+    assert b.config.batch_size == 512 and b.config.regime == "sub_additive" and b.config.topology == topo
     with pytest.raises(ValueError, match="unknown cost backend"):
         make_backend("abacus", GeneratedLookups())
 
@@ -246,7 +250,7 @@ def test_assemble_plan_cost_adds_the_all_to_all():
 
 def test_analytic_plan_cost_is_compute_plus_modelled_comm(big_task):
     topo = Topology(devices_per_host=1)
-    b = backend("cpu", 1024, topo)
+    b = backend("super_additive", 1024, topo)
     plan = Plan.from_assignment(big_task, [0, 1, 1, 0])
     cost = b.plan_cost(big_task, plan)
     compute = [b.compute_cost(big_task, plan.device_shards(d)) for d in range(2)]
@@ -287,10 +291,10 @@ def sampled_tasks() -> list[Task]:
 
 
 BOUND_BACKENDS = {
-    "cpu": dict(regime="cpu", batch_size=2048),
-    "gpu": dict(regime="gpu", batch_size=2048),
-    "cpu-2-per-host": dict(regime="cpu", batch_size=1024, topology=Topology(devices_per_host=2)),
-    "gpu-2-per-host": dict(regime="gpu", batch_size=4096, topology=Topology(devices_per_host=2)),
+    "super_additive": dict(regime="super_additive", batch_size=2048),
+    "sub_additive": dict(regime="sub_additive", batch_size=2048),
+    "super_additive-2-per-host": dict(regime="super_additive", batch_size=1024, topology=Topology(devices_per_host=2)),
+    "sub_additive-2-per-host": dict(regime="sub_additive", batch_size=4096, topology=Topology(devices_per_host=2)),
 }
 
 
@@ -298,7 +302,7 @@ BOUND_BACKENDS = {
 def test_lower_bound_is_below_every_sharders_plan(sampled_tasks, name):
     b = backend(**BOUND_BACKENDS[name])
     regime = regime_of([additivity_ratio(b, t) for t in sampled_tasks])
-    if b.config.regime == "gpu":
+    if b.config.regime == "sub_additive":
         assert regime == SUB_ADDITIVE
     else:
         assert regime in (SUPER_ADDITIVE, MIXED)
@@ -316,7 +320,7 @@ def test_lower_bound_is_below_every_sharders_plan(sampled_tasks, name):
             assert bound.total_ms <= cost * (1 + 1e-9), (task.name, sharder.name, bound, cost)
 
 
-@pytest.mark.parametrize("regime_name", ["cpu", "gpu"])
+@pytest.mark.parametrize("regime_name", ["super_additive", "sub_additive"])
 @pytest.mark.parametrize("num_tables", [6, 8])
 def test_lower_bound_is_below_the_exhaustive_optimum(regime_name, num_tables):
     stats = synthetic_stats(12, seed=11, max_rows=20_000)
@@ -350,7 +354,7 @@ def test_regime_of_lists_of_ratios():
 
 def test_single_device_bound_has_no_transfer():
     task = Task.uniform("one", BIG, 1, 1.0)
-    b = backend("gpu")
+    b = backend("sub_additive")
     bound = lower_bound(b, task, SUB_ADDITIVE, 2048, Topology())
     fused = b.compute_cost(task, whole_shards(task)).total_ms
     assert bound.transfer_mean_ms == 0.0
@@ -380,7 +384,8 @@ def planned(tmp_path, capsys) -> tuple[Path, Path]:
 
 
 def measure(tables: Path, plan: Path, *extra: str) -> list[str]:
-    return ["measure", "--tables", str(tables), "--plan", str(plan), "--backend", "analytic", *extra]
+    return ["measure", "--tables", str(tables), "--plan", str(plan), "--backend", "analytic",
+            "--regime", "super_additive", *extra]
 
 
 def one_line_error(argv, capsys) -> str:
@@ -412,8 +417,15 @@ def test_measure_json_with_the_analytic_backend(planned, capsys):
     # the same number as the library gives for this task and plan
     task = Task.uniform("tables", [Table(r.name, r.rows, r.dim, r.pooling_factor) for r in CLI_TABLES.itertuples()],
                         3, 0.05)
-    expected = backend("cpu", 1024).plan_cost(task, Plan.load_json(plan))
+    expected = backend("super_additive", 1024).plan_cost(task, Plan.load_json(plan))
     assert out["cost_ms"] == pytest.approx(expected.cost_ms)
+
+
+def test_measure_analytic_needs_a_regime(planned, capsys):
+    tables, plan = planned
+    argv = measure(tables, plan)
+    del argv[argv.index("--regime"): argv.index("--regime") + 2]
+    assert "--regime super_additive or sub_additive" in one_line_error(argv, capsys)
 
 
 def test_measure_table_output(planned, capsys):

@@ -97,11 +97,11 @@ def split_plan(task: Task, plan: Plan, parts: int) -> Plan:
 # ---------------------------------------------------------------- whole-table plans
 
 
-def test_bound_below_every_heuristic_plan_gpu_and_close_to_the_best():
+def test_bound_below_every_heuristic_plan_sub_additive_and_close_to_the_best():
     tasks = sampled_tasks(0, 20)
-    b = backend("gpu")
+    b = backend("sub_additive")
     assert {task_regime(b, t) for t in tasks} == {SUB_ADDITIVE}
-    assert not violations("gpu", tasks)
+    assert not violations("sub_additive", tasks)
     # not vacuous: the best heuristic is within 2x of the bound on every task
     for k, task in enumerate(tasks):
         bound = lower_bound(b, task, SUB_ADDITIVE, BATCH, TOPOLOGY).total_ms
@@ -109,24 +109,24 @@ def test_bound_below_every_heuristic_plan_gpu_and_close_to_the_best():
         assert best < 2.0 * bound, (task.name, best, bound)
 
 
-def test_conservative_bound_below_every_heuristic_plan_cpu():
-    # the super-additive / mixed bound (sum of singles - (T-1) x the cheapest) holds on CPU-regime costs
-    assert not violations("cpu", sampled_tasks(0, 20), regime=MIXED)
-    assert not violations("cpu", sampled_tasks(0, 20), regime=SUPER_ADDITIVE)
+def test_conservative_bound_below_every_heuristic_plan_super_additive():
+    # the super-additive / mixed bound (sum of singles - (T-1) x the cheapest) holds on super-additive-regime costs
+    assert not violations("super_additive", sampled_tasks(0, 20), regime=MIXED)
+    assert not violations("super_additive", sampled_tasks(0, 20), regime=SUPER_ADDITIVE)
 
 
-def test_bound_below_every_heuristic_plan_cpu_with_the_regime_measured_per_task():
-    assert not violations("cpu", sampled_tasks(0, 20))
+def test_bound_below_every_heuristic_plan_super_additive_with_the_regime_measured_per_task():
+    assert not violations("super_additive", sampled_tasks(0, 20))
 
 
 # Eight identical tables: each 4096 touched rows x 16 cols x 4 B = 256 KiB of the 8 MiB cache.
 EIGHT_SMALL = [Table(f"e{i}", 100_000, 16, 4.0) for i in range(8)]
 
 
-def test_eight_small_tables_are_neither_sub_nor_super_additive_on_cpu():
+def test_eight_small_tables_mix_both_behaviours_in_the_super_additive_regime():
     """Why the sub-additive bound is capped: the probe says sub-additive, yet fusing all costs more than halves."""
     task = Task.uniform("eight", EIGHT_SMALL, 2, 1.0)
-    b = backend("cpu", Topology())
+    b = backend("super_additive", Topology())
     shards = whole_shards(task)
     fused = b.compute_cost(task, shards).total_ms
     singles = sum(b.compute_cost(task, [s]).total_ms for s in shards)
@@ -136,14 +136,14 @@ def test_eight_small_tables_are_neither_sub_nor_super_additive_on_cpu():
     assert regime_of([additivity_ratio(b, task)]) == SUB_ADDITIVE
 
 
-def test_cpu_bound_with_measured_regime_below_the_exhaustive_optimum_of_eight_small_tables():
+def test_super_additive_bound_with_measured_regime_below_the_exhaustive_optimum_of_eight_small_tables():
     task = Task.uniform("eight", EIGHT_SMALL, 2, 1.0)
-    b = backend("cpu", Topology())
+    b = backend("super_additive", Topology())
     res = exhaustive_optimum(b, task, BATCH, Topology(), regime_of([additivity_ratio(b, task)]))
     assert res.bound.total_ms <= res.optimum.cost_ms
 
 
-@pytest.mark.parametrize("regime_name", ["cpu", "gpu"])
+@pytest.mark.parametrize("regime_name", ["super_additive", "sub_additive"])
 def test_bound_below_the_exhaustive_optimum_of_sampled_tasks(regime_name):
     rng = np.random.default_rng(7)
     b = backend(regime_name)
@@ -173,7 +173,7 @@ def heavy_split_plan() -> Plan:
 def test_whole_table_bound_does_not_hold_for_column_split_plans():
     # why column_splits exists: the hot table alone bounds whole-table plans, not split ones
     task = Task.uniform("heavy", HEAVY, 4, 1.0)
-    b = backend("cpu", Topology())
+    b = backend("super_additive", Topology())
     plan = heavy_split_plan()
     validate_plan(task, plan)
     whole = lower_bound(b, task, MIXED, BATCH, Topology())
@@ -185,27 +185,27 @@ def test_whole_table_bound_does_not_hold_for_column_split_plans():
         assert whole.total_ms <= b.plan_cost(task, make_sharder(name).shard(task)).cost_ms * (1 + 1e-9)
 
 
-def test_column_split_bound_below_plans_with_slices_cpu():
-    # CPU regime with the conservative compute bound: holds for 2-, 4- and 8-way slices of every heuristic plan
+def test_column_split_bound_below_plans_with_slices_super_additive():
+    # super-additive regime with the conservative compute bound: holds for 2-, 4- and 8-way slices of every heuristic plan
     tasks = sampled_tasks(1, 12, memory_gb=4.0)
-    b = backend("cpu")
+    b = backend("super_additive")
     for t in tasks:
         assert lower_bound(b, t, MIXED, BATCH, TOPOLOGY, True).total_ms <= \
             lower_bound(b, t, MIXED, BATCH, TOPOLOGY).total_ms
-    assert not violations("cpu", tasks, column_splits=True, regime=MIXED, parts=(1, 2, 4, 8))
+    assert not violations("super_additive", tasks, column_splits=True, regime=MIXED, parts=(1, 2, 4, 8))
 
 
 def test_a_slice_costs_less_per_column_than_its_table():
     """Why the split-aware bound uses 4-column slices: in the analytic model they do less work than the table."""
     task = Task.uniform("heavy", HEAVY, 4, 1.0)
-    for regime_name in ("cpu", "gpu"):
+    for regime_name in ("super_additive", "sub_additive"):
         b = backend(regime_name, Topology())
         whole = b.compute_cost(task, [Shard("hot", 0, 0, 128)]).total_ms
         slices = sum(b.compute_cost(task, [Shard("hot", 0, 32 * d, 32 * d + 32)]).total_ms for d in range(4))
         assert slices < whole  # 67.12 ms against 68.62 ms, although the slices pay 3 more launches
 
 
-@pytest.mark.parametrize("regime_name", ["cpu", "gpu"])
+@pytest.mark.parametrize("regime_name", ["super_additive", "sub_additive"])
 def test_column_split_bound_below_a_plan_splitting_a_hot_table(regime_name):
     task = Task.uniform("heavy", HEAVY, 4, 1.0)
     b = backend(regime_name, Topology())
@@ -213,6 +213,6 @@ def test_column_split_bound_below_a_plan_splitting_a_hot_table(regime_name):
     assert bound.total_ms <= b.plan_cost(task, heavy_split_plan()).cost_ms
 
 
-def test_column_split_bound_below_plans_with_slices_gpu():
-    assert not violations("gpu", sampled_tasks(1, 12, memory_gb=4.0), column_splits=True, regime=MIXED,
+def test_column_split_bound_below_plans_with_slices_sub_additive():
+    assert not violations("sub_additive", sampled_tasks(1, 12, memory_gb=4.0), column_splits=True, regime=MIXED,
                           parts=(2, 4, 8))

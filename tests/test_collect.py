@@ -43,7 +43,7 @@ def tiny_params(root: Path) -> dict:
     params["process"]["sample_batch"] = 64
     params["tasks"].update(seed=0, test_fraction=0.5, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
     params["backend"].update(name="analytic", batch_size=512)
-    params["backend"]["analytic"] = {"regime": "cpu"}
+    params["backend"]["analytic"] = {"regime": "super_additive"}
     params["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)
     return params
 
@@ -61,7 +61,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def analytic() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="cpu", batch_size=512))
+    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=512))
 
 
 class FailingBackend:
@@ -264,7 +264,7 @@ def test_collect_stage_end_to_end(data):
     assert 1 <= len(plans) <= params["collect"]["num_plans"]
     assert set(plans["task_id"]) <= {t.name for t in tasks}
     assert set(plans["backend"]) == {"analytic"} and not plans["measured"].any()
-    assert set(plans["device_name"]) == {"analytic model (cpu regime)"}
+    assert set(plans["device_name"]) == {"analytic model (super_additive regime)"}
     assert (plans["batch_size"] == 512).all() and (plans["seed"] == 0).all()
     # one device row per device of each plan, in plan order
     per_plan = devices.groupby("plan_id", sort=False).size()

@@ -114,7 +114,7 @@ def make_tasks(pool: list[Table], seed: int, count: int, sizes: tuple[int, int],
 
 @pytest.fixture(scope="module")
 def backend() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="cpu", batch_size=BATCH))
+    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=BATCH))
 
 
 @pytest.fixture(scope="module")
