@@ -12,7 +12,7 @@ export DVC_NO_ANALYTICS := 1
 # dvc.yaml stage commands call `python`: the project environment's.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test clean
+.PHONY: setup run test lint clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,13 @@ run: setup
 	$(BIN)/dvc config core.analytics false
 	$(BIN)/dvc repro
 
-test: setup
+# lint and types first: seconds, and they fail before the suite's minutes
+test: lint
 	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check dreamshard stages pipeline benchmarks tests
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .prefect

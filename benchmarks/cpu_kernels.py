@@ -3,12 +3,12 @@
     python -m benchmarks.cpu_kernels [--tables N] [--repeats R] [--batch-size B] [--iterations I]
 
 Builds N tables (default 20) with log-uniform rows in [300, 300k], dims in {8..128},
-Poisson pooling and Zipf lookups (dreamshard.lookups.GeneratedLookups, seed 0), then,
+Poisson pooling and Zipf lookups (dreamshard.data.lookups.GeneratedLookups, seed 0), then,
 R times, side by side in one run on FBGEMM's CPU kernels with 1 thread:
   fused:  one operator holding all N tables (forward + backward with the optimizer update)
   singles: N one-table operators, costs summed
 Prints the medians over the R repeats, their ratio, the fusion regime it implies
-(dreamshard.bounds.regime_of over the per-repeat ratios: super_additive, sub_additive or
+(dreamshard.evaluation.bounds.regime_of over the per-repeat ratios: super_additive, sub_additive or
 mixed) and the measurement noise: the coefficient of variation (std / mean) of the fused
 cost across the repeats. These are CPU figures, labelled with the CPU's name: not GPU figures.
 
@@ -24,9 +24,9 @@ import time
 
 import numpy as np
 
-from dreamshard.bounds import regime_of
-from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig
-from dreamshard.lookups import DEFAULT_ZIPF_ALPHA, GeneratedLookups
+from dreamshard.data.lookups import DEFAULT_ZIPF_ALPHA, GeneratedLookups
+from dreamshard.evaluation.bounds import regime_of
+from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, pin_threads
 from dreamshard.plan import Shard
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     config = FbgemmConfig(batch_size=args.batch_size, warmup=args.warmup, iterations=args.iterations, threads=1,
                           device="cpu", memory_budget_gb=16.0)
     backend = FbgemmBackend(GeneratedLookups(seed=args.seed), config)
+    pin_threads(backend)
     everything = [Shard(t.name, 0, 0, t.dim) for t in tables]
     size_mb = sum(task.memory.shard_bytes(t.rows, t.dim) for t in tables) / 2**20
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
 
     med = statistics.median
+    per_repeat = [a / b for a, b in zip(fused, singles)]
     print()
     print(f"(1) fused vs sum of single-table costs, CPU ({backend.device_name()}), median over {args.repeats} repeats:")
     print(f"    fused (1 operator, {len(tables)} tables):   {med(fused):8.2f} ms   "
@@ -107,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(fwd {med(single_fwd):.2f}, bwd {med(single_bwd):.2f})")
     print(f"    ratio fused / sum:                {med(fused) / med(singles):8.3f}   "
           f"(fwd {med(fused_fwd) / med(single_fwd):.3f}, bwd {med(fused_bwd) / med(single_bwd):.3f}; "
-          f"per-repeat ratios {min(a / b for a, b in zip(fused, singles)):.3f}..{max(a / b for a, b in zip(fused, singles)):.3f})")
-    print(f"    fusion regime on this machine:    {regime_of([a / b for a, b in zip(fused, singles)])}")
+          f"per-repeat ratios {min(per_repeat):.3f}..{max(per_repeat):.3f})")
+    print(f"    fusion regime on this machine:    {regime_of(per_repeat)}")
     print(f"(2) noise of the fused cost across {args.repeats} repeats at {config.iterations} iterations, CPU:")
     print(f"    coefficient of variation (std/mean): total {cv(fused):.3f}, fwd {cv(fused_fwd):.3f}, "
           f"bwd {cv(fused_bwd):.3f}; sum of singles {cv(singles):.3f}")

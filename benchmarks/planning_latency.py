@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dreamshard.sharders import make_sharder
+from dreamshard.sharders import load_model, make_sharder, spec
 from dreamshard.tasks import Task, stats_table
 
 CASES = [("dreamshard", 100, 8), ("dreamshard", 1000, 64), ("neuroshard", 100, 8), ("size_lookup_greedy", 100, 8)]
@@ -46,8 +46,8 @@ def main() -> None:
     stats = pd.read_parquet(args.tables)
     results = {}
     for algo, n_tables, n_devices in CASES:
-        model = Path(args.models) / f"{algo}.pt"
-        sharder = make_sharder(algo, model=model if model.exists() else None)
+        options = {"model": load_model(algo, Path(args.models) / f"{algo}.pt")} if spec(algo).needs_model else {}
+        sharder = make_sharder(algo, **options)
         task = make_task(stats, n_tables, n_devices, seed=0)
         sharder.shard(task)  # warm-up: first-call allocations
         times = []

@@ -8,7 +8,7 @@ from pathlib import Path
 from dreamshard.errors import DreamShardError
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
-from dreamshard.sharders import SHARDERS, make_sharder
+from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, Task
 
@@ -30,10 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-gb", required=True, type=float, help="memory capacity of each device, GB")
     p.add_argument("--algo", required=True, choices=sorted(SHARDERS), help="sharder")
     p.add_argument("-o", "--output", required=True, type=Path, help="plan JSON to write")
-    p.add_argument("--seed", type=int, default=0, help="seed of randomised sharders")
-    p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard)")
-    p.add_argument("--samples", type=int, default=0,
-                   help="learned sharders: also sample this many plans, keep the one the cost network rates best")
+    p.add_argument("--seed", type=int, help="seed of randomised sharders (random, dreamshard, autoshard)")
+    p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard, neuroshard)")
+    p.add_argument("--samples", type=int,
+                   help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES))
     p.add_argument("--format", default="json", choices=["json", "torchrec"],
@@ -59,6 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def sharder_options(args: argparse.Namespace) -> dict:
+    """The options of `--algo` from the command line; one it does not take is an error."""
+    s = spec(args.algo)
+    given = {"seed": args.seed, "samples": args.samples, "model": args.model}
+    options = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name not in s.options:
+            raise DreamShardError(f"--{name}: sharder {args.algo!r} takes no {name}")
+        options[name] = load_model(args.algo, value) if name == "model" else value
+    return options
+
+
 def cmd_plan(args: argparse.Namespace) -> None:
     tables = read_tables_file(args.tables)
     if args.devices < 1:
@@ -67,10 +81,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
     task = Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
                         MemoryModel(args.weights_precision, args.optimizer))
-    plan = make_sharder(args.algo, seed=args.seed, model=args.model, samples=args.samples).shard(task)
+    plan = make_sharder(args.algo, **sharder_options(args)).shard(task)
     validate_plan(task, plan)
     if args.format == "torchrec":
-        from dreamshard.torchrec_export import save_torchrec_plan  # imports torchrec: only for this format
+        from dreamshard.interop.torchrec import save_torchrec_plan  # imports torchrec: only for this format
 
         save_torchrec_plan(task, plan, args.output)
     else:
@@ -88,9 +102,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def cmd_measure(args: argparse.Namespace) -> None:
     import json
 
+    from dreamshard.data.lookups import GeneratedLookups
     from dreamshard.hardware import make_backend  # imports torch: only when measuring
     from dreamshard.plan import read_plan_json
-    from dreamshard.lookups import GeneratedLookups
 
     tables = read_tables_file(args.tables)
     meta = read_plan_json(args.plan)  # the plan and the memory settings it was made under
@@ -109,6 +123,9 @@ def cmd_measure(args: argparse.Namespace) -> None:
     else:
         options.update(regime=args.regime)
     backend = make_backend(args.backend, GeneratedLookups(seed=args.seed), **options)
+    from dreamshard.hardware.fbgemm import pin_threads
+
+    pin_threads(backend)  # this command is the program: it sets the measurement thread count
     cost = backend.plan_cost(task, plan_obj)
     devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}
                for d in cost.devices]

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dreamshard.errors import DataFormatError, InvalidPlanError
 from dreamshard.io import write_text

@@ -1,9 +1,9 @@
-"""Tasks (tables + devices), and sampling train/test tasks from disjoint table pools."""
+"""Tasks (tables + devices + memory model) and their Parquet files; sampling them is dreamshard.data.sampling."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 from dreamshard.errors import DataFormatError
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.tables import BIN_COLUMNS, Table
-
 
 MAX_MEMORY_GB = 1e6  # keeps byte counts far inside int64
 

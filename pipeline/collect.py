@@ -32,8 +32,8 @@ from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 from prefect.utilities.annotations import unmapped
 
-from dreamshard.collect import PlanToMeasure, measure_chunk
 from dreamshard.errors import DreamShardError
+from dreamshard.evaluation.collect import PlanToMeasure, measure_chunk
 from dreamshard.hardware.base import CostBackend
 from stages.common import build, load_params
 
@@ -91,6 +91,9 @@ def make_task_runner(cfg: RunnerConfig) -> TaskRunner:
 def measure_chunk_task(index: int, backend: CostBackend, chunk: list[PlanToMeasure],
                        extra: dict) -> tuple[list[dict], list[dict]]:
     """The rows of one chunk, measured wherever the task runner put this task."""
+    from dreamshard.hardware.fbgemm import pin_threads
+
+    pin_threads(backend)  # a worker process starts with torch's default thread count
     return measure_chunk(backend, chunk, extra)
 
 

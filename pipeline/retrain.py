@@ -13,7 +13,7 @@ for everything that touches data:
    when `git_remote` is given (the experiment's commit, so `dvc exp show` lists it
    anywhere, and its outputs): a throw-away checkout loses nothing;
 4. a Markdown artifact (key `artifact_key`) with the evaluation table of
-   metrics/eval.json (dreamshard.report.eval_markdown) and what was run.
+   metrics/eval.json (dreamshard.evaluation.report.eval_markdown) and what was run.
 
 Stage commands run `python -m pipeline STAGE` with this interpreter (its folder goes
 first on PATH) and report to the same Prefect API as this flow.
@@ -92,7 +92,7 @@ def stages_run(output: str) -> list[str]:
 
 def summary_markdown(metrics: dict, *, experiment: str | None, set_params: dict[str, Any], ran: list[str],
                      commit: str, remote: str | None) -> str:
-    from dreamshard.report import eval_markdown
+    from dreamshard.evaluation.report import eval_markdown
 
     lines = ["# DreamShard retraining", "",
              f"- commit: `{commit or 'unknown'}`",

@@ -10,8 +10,8 @@ def recorded_lookups(params: dict[str, Any]):
     """The process stage's recorded lookups, by table name."""
     import pandas as pd
 
-    from dreamshard.lookups import RecordedLookups
-    from dreamshard.requests import read_requests
+    from dreamshard.data.lookups import RecordedLookups
+    from dreamshard.data.requests import read_requests
 
     stats = pd.read_parquet(section(params, "paths.tables"), columns=["table_id", "name"])
     by_id = read_requests(section(params, "paths.requests"))
@@ -29,7 +29,11 @@ def make_stage_backend(params: dict[str, Any], lookups=None):
     topology = build(Topology, cfg.get("topology", {}), "backend.topology")
     options = dict(cfg.get(name, {}) or {})
     try:
-        return make_backend(name, recorded_lookups(params) if lookups is None else lookups, topology,
-                            batch_size=cfg["batch_size"], **options)
+        backend = make_backend(name, recorded_lookups(params) if lookups is None else lookups, topology,
+                               batch_size=cfg["batch_size"], **options)
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"params.yaml: backend.{name}: {exc}") from None
+    from dreamshard.hardware.fbgemm import pin_threads
+
+    pin_threads(backend)  # a stage is a program: it sets the measurement thread count once, here
+    return backend

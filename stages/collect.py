@@ -15,18 +15,19 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 from tqdm import tqdm
 
-from dreamshard.collect import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
+from dreamshard.data.lookups import RecordedLookups
 from dreamshard.errors import DreamShardError
+from dreamshard.evaluation.collect import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
 from dreamshard.hardware.base import CostBackend
 from dreamshard.io import write_parquet
-from dreamshard.lookups import RecordedLookups
 from dreamshard.tasks import read_tasks
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, section

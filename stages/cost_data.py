@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.cost_model import CostData, cost_data_from_rows
-from dreamshard.features import FeatureScaler, table_features
+from dreamshard.learning.cost_model import CostData, cost_data_from_rows
+from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.tasks import Task, read_tasks
 from stages.common import section
 

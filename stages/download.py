@@ -10,8 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dreamshard.dlrm_data import (MANIFEST, SyntheticConfig, generate_synthetic, is_dataset_file, load_dlrm_file,
-                                  save_dlrm_file)
+from dreamshard.data.dlrm import MANIFEST, SyntheticConfig, generate_synthetic, is_dataset_file, load_dlrm_file, save_dlrm_file
 from dreamshard.io import atomic_path, write_text
 from stages.common import ParamsError, build, section
 

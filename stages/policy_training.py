@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from dreamshard.cost_model import load_cost_net
 from dreamshard.io import write_text
-from dreamshard.train import IterationLog, Trainer, TrainConfig, train_autoshard, train_dreamshard
+from dreamshard.learning.cost_model import load_cost_net
+from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_autoshard, train_dreamshard
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, build, section
 from stages.cost_data import load_scaler_and_data
@@ -28,8 +28,9 @@ from stages.cost_data import load_scaler_and_data
 LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
 
 
-def train(params: dict[str, Any], algorithm: str, own: dict[str, Any]) -> None:
-    """Train `algorithm` with `train_policy.common` overridden by `own` (its params group)."""
+def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_path: Path) -> None:
+    """Train `algorithm` with `train_policy.common` overridden by `own` (its params group); save it to
+    `model_path`, and each iteration's checkpoint in the folder of the same name without the suffix."""
     families = section(params, "train_policy.families")
     options = {**(section(params, "train_policy.common") or {}), **(own or {})}
     config = build(TrainConfig, options, f"train_policy.{algorithm}")
@@ -42,18 +43,17 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any]) -> None:
     cost_net, scaler = load_cost_net(section(params, "paths.cost_model"))
     backend = make_stage_backend(params)
     trainer = Trainer(tasks, backend, scaler, config, data, cost_net)
-    models = Path(section(params, "paths.models"))
     meta = {"families": sorted({t.family for t in tasks}), "backend": backend.name,
             "table_counts": sorted({len(t.tables) for t in tasks}),
             "device_counts": sorted({t.num_devices for t in tasks}),
             "device": backend.device_name(), "collected_plans": data.num_plans}
 
     def save_iteration(log: IterationLog, tr: Trainer) -> None:
-        tr.model(algorithm, meta).save(models / algorithm / f"iter_{log.iteration:03d}.pt")
+        tr.model(algorithm, meta).save(model_path.with_suffix("") / f"iter_{log.iteration:03d}.pt")
         print(f"{algorithm}: iteration {log.iteration}: {log}")
 
     logs = LOOPS[algorithm](trainer, save_iteration)
-    trainer.model(algorithm, meta).save(models / f"{algorithm}.pt")
+    trainer.model(algorithm, meta).save(model_path)
     curve = pd.DataFrame([vars(log) for log in logs])
     plot_path = Path(section(params, "paths.plots")) / f"train_{algorithm}.csv"
     plot_path.parent.mkdir(parents=True, exist_ok=True)

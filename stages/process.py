@@ -12,10 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from dreamshard.dlrm_data import MANIFEST, load_dlrm_file, table_statistics
+from dreamshard.data.dlrm import MANIFEST, load_dlrm_file, table_statistics
+from dreamshard.data.requests import TableRequests, requests_to_arrow
 from dreamshard.errors import DataFormatError
 from dreamshard.io import write_parquet
-from dreamshard.requests import TableRequests, requests_to_arrow
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from stages.common import ParamsError, section
 

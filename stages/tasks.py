@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
 from dreamshard.io import write_parquet
 from dreamshard.memory import MemoryModel
-from dreamshard.sampling import TaskFamily, sample_tasks, split_table_pools
 from dreamshard.tasks import tasks_to_arrow
 from stages.common import ParamsError, build, section
 

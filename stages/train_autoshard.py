@@ -1,6 +1,7 @@
 """train_autoshard: the policy trained on real measurements (see stages/policy_training.py)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from stages.common import section
@@ -8,4 +9,4 @@ from stages.policy_training import train
 
 
 def run(params: dict[str, Any]) -> None:
-    train(params, "autoshard", section(params, "train_policy.autoshard"))
+    train(params, "autoshard", section(params, "train_policy.autoshard"), Path(section(params, "paths.autoshard_model")))

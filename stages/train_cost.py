@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dreamshard.cost_model import CostNet, evaluate_cost_net, fit_cost_net, median_device_ms, save_cost_net
 from dreamshard.io import write_text
+from dreamshard.learning.cost_model import CostNetConfig, evaluate_cost_net, fit_cost_net, median_device_ms, save_cost_net
 from stages.common import ParamsError, section
 from stages.cost_data import load_scaler_and_data
 
@@ -32,8 +32,8 @@ def run(params: dict[str, Any]) -> None:
     held, fit_on = data.subset(order[:n_hold]), data.subset(order[n_hold:])
 
     def fit(d):
-        torch.manual_seed(seed)
-        net = CostNet(scale_ms=median_device_ms(d), plan_estimate=cfg.get("plan_estimate", "device_max"))
+        config = CostNetConfig(scale_ms=median_device_ms(d), plan_estimate=cfg["plan_estimate"])
+        net = config.build(torch.Generator().manual_seed(seed))
         losses = fit_cost_net(net, scaler, d, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed)
         return net, losses
 

@@ -1,6 +1,6 @@
 """train_neuroshard: NeuroShard's pre-trained compute and communication models -> models/neuroshard.pt.
 
-Augmented data from the training pool's tables (see dreamshard/neuroshard.py), measured
+Augmented data from the training pool's tables (see dreamshard/learning/neuroshard.py), measured
 with the backend of `backend`; a seeded share is held out for metrics/neuroshard.json.
 """
 from __future__ import annotations
@@ -12,11 +12,18 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from dreamshard.cost_model import evaluate_cost_net
-from dreamshard.features import FeatureScaler, table_features
 from dreamshard.io import write_text
-from dreamshard.neuroshard import (AugmentConfig, NeuroShardModel, comm_dataset, comm_mape, compute_dataset,
-                                   fit_comm_net, fit_compute_net)
+from dreamshard.learning.cost_model import evaluate_cost_net
+from dreamshard.learning.features import FeatureScaler, table_features
+from dreamshard.learning.neuroshard import (
+    AugmentConfig,
+    NeuroShardModel,
+    comm_dataset,
+    comm_mape,
+    compute_dataset,
+    fit_comm_net,
+    fit_compute_net,
+)
 from dreamshard.tasks import read_tasks
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, build, section
@@ -38,17 +45,17 @@ def run(params: dict[str, Any]) -> None:
     cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), augment.dims, augment)
     n_hold = max(1, int(round(holdout * data.num_plans)))
     order = np.random.default_rng(augment.seed).permutation(data.num_plans)
-    steps, lr, batch = int(fit["steps"]), float(fit["lr"]), int(fit["batch"])
+    steps, lr, batch, comm_batch = int(fit["steps"]), float(fit["lr"]), int(fit["batch"]), int(fit["comm_batch"])
     compute, _ = fit_compute_net(data.subset(order[n_hold:]), scaler, steps, lr, batch, augment.seed)
     c_hold = max(1, int(round(holdout * len(cases))))
-    comm, _ = fit_comm_net(cases[c_hold:], steps, lr, 256, augment.seed)
+    comm, _ = fit_comm_net(cases[c_hold:], steps, lr, comm_batch, augment.seed)
     metrics = {"compute_held_out": evaluate_cost_net(compute, scaler, data.subset(order[:n_hold])),
                "comm_held_out_mape": comm_mape(comm, cases[:c_hold]),
                "compute_samples": data.num_plans, "comm_samples": len(cases),
                "backend": backend.name, "device": backend.device_name(), "measured": backend.measured}
     # the saved models learn from every sample
     compute, _ = fit_compute_net(data, scaler, steps, lr, batch, augment.seed)
-    comm, _ = fit_comm_net(cases, steps, lr, 256, augment.seed)
+    comm, _ = fit_comm_net(cases, steps, lr, comm_batch, augment.seed)
     meta = {"backend": backend.name, "device": backend.device_name(), "compute_samples": data.num_plans}
     NeuroShardModel(compute, comm, scaler, meta).save(section(params, "paths.neuroshard_model"))
     write_text(json.dumps(metrics, indent=2) + "\n", Path(section(params, "paths.metrics")) / "neuroshard.json")

@@ -1,6 +1,7 @@
 """train_policy: DreamShard's policy, trained on the estimated MDP (see stages/policy_training.py)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from stages.common import section
@@ -8,4 +9,4 @@ from stages.policy_training import train
 
 
 def run(params: dict[str, Any]) -> None:
-    train(params, "dreamshard", section(params, "train_policy.dreamshard"))
+    train(params, "dreamshard", section(params, "train_policy.dreamshard"), Path(section(params, "paths.dreamshard_model")))

@@ -23,6 +23,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes over 10 s; runs by default")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """The suite is a program: like the stages, it pins torch to the 1 thread the CPU kernels measure with
+    (FbgemmConfig.threads; the backend refuses to measure with another count and never sets it itself)."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return PROJECT_ROOT

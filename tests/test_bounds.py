@@ -1,19 +1,30 @@
-"""Lower bounds (dreamshard/bounds.py) against real plan costs of the analytic backend.
+"""Lower bounds (dreamshard/evaluation/bounds.py) against real plan costs of the analytic backend.
 
-Complements tests/test_backends.py: many seeded tasks regime by regime (the regime measured
+Many seeded tasks regime by regime (the regime measured
 per task, as `additivity_ratio` / `regime_of` do), 8-device tasks over several hosts, plans
 with column slices (`column_splits=True`), and the cases that once put the bound above a
 real plan: a regime probe that calls a task sub-additive although fusing everything costs
-more than two fused halves, and slices that do less work than their table.
+more than two fused halves, and slices that do less work than their table. At the end:
+generated tables sampled into tasks, bounds against every sharder's plan and the exhaustive
+optimum under several backend settings.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from dreamshard.bounds import (
+from dreamshard.data.dlrm import (
+    SyntheticConfig,
+    generate_lookups,
+    sample_table_profiles,
+    table_seed,
+    table_statistics,
+)
+from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
+from dreamshard.evaluation.bounds import (
     MIXED,
     SUB_ADDITIVE,
     SUPER_ADDITIVE,
@@ -22,13 +33,15 @@ from dreamshard.bounds import (
     regime_of,
     whole_shards,
 )
-from dreamshard.evaluate import exhaustive_optimum
+from dreamshard.evaluation.evaluate import exhaustive_optimum
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.hardware.comm import Topology
+from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
-from dreamshard.tables import NUM_BINS, Table
+from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table
 from dreamshard.tasks import Task
+from helpers import seeded
 
 BATCH = 2048
 TOPOLOGY = Topology(devices_per_host=2)  # 8-device tasks span 4 hosts
@@ -69,7 +82,7 @@ def violations(regime_name: str, tasks, column_splits=False, regime=None, parts=
         bound = lower_bound(b, task, regime or task_regime(b, task), BATCH, TOPOLOGY, column_splits)
         assert bound.total_ms > 0
         for name in HEURISTICS:
-            whole = make_sharder(name, seed=k).shard(task)
+            whole = make_sharder(name, **seeded(name, k)).shard(task)
             for p in parts:
                 plan = split_plan(task, whole, p)
                 validate_plan(task, plan)
@@ -105,7 +118,7 @@ def test_bound_below_every_heuristic_plan_sub_additive_and_close_to_the_best():
     # not vacuous: the best heuristic is within 2x of the bound on every task
     for k, task in enumerate(tasks):
         bound = lower_bound(b, task, SUB_ADDITIVE, BATCH, TOPOLOGY).total_ms
-        best = min(b.plan_cost(task, make_sharder(n, seed=k).shard(task)).cost_ms for n in HEURISTICS)
+        best = min(b.plan_cost(task, make_sharder(n, **seeded(n, k)).shard(task)).cost_ms for n in HEURISTICS)
         assert best < 2.0 * bound, (task.name, best, bound)
 
 
@@ -216,3 +229,114 @@ def test_column_split_bound_below_a_plan_splitting_a_hot_table(regime_name):
 def test_column_split_bound_below_plans_with_slices_sub_additive():
     assert not violations("sub_additive", sampled_tasks(1, 12, memory_gb=4.0), column_splits=True, regime=MIXED,
                           parts=(2, 4, 8))
+
+
+# ---------------------------------------------------------------- bounds on sampled tasks, per backend setting
+
+
+def analytic_backend(regime: str = "super_additive", batch_size: int = 2048,
+                     topology: Topology | None = None) -> AnalyticBackend:
+    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
+
+
+
+DIMS = [4, 8, 16, 32, 64]
+
+
+def synthetic_stats(num_tables: int, seed: int, batch: int = 512, max_rows: int = 50_000) -> pd.DataFrame:
+    """A data/tables.parquet-like frame of generated tables (statistics of real generated lookups)."""
+    cfg = SyntheticConfig(num_tables=num_tables, batch_size=batch, max_rows=max_rows, seed=seed)
+    rows = []
+    for i, p in enumerate(sample_table_profiles(cfg)):
+        idx, lengths = generate_lookups(p, batch, table_seed(seed, f"t{i}"))
+        s = table_statistics(idx, lengths)
+        rows.append({"table_id": i, "name": f"gen{seed}/t{i:03d}", "rows": s.rows,
+                     "pooling_factor": s.pooling_factor, **dict(zip(BIN_COLUMNS, s.bins))})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def generated_tasks() -> list[Task]:
+    stats = synthetic_stats(40, seed=5)
+    pool, _ = split_table_pools(stats["table_id"].tolist(), 0.25, 0)
+    rng = np.random.default_rng(1)
+    tasks = []
+    for fam in (TaskFamily("b-10-2", 10, 2, 0.02, 0, 0), TaskFamily("b-12-4", 12, 4, 0.02, 0, 0),
+                TaskFamily("b-20-3", 20, 3, 0.05, 0, 0)):
+        tasks += sample_tasks(stats, pool, fam, 3, "train", DIMS, MemoryModel(), rng)
+    return tasks
+
+
+BOUND_BACKENDS = {
+    "super_additive": dict(regime="super_additive", batch_size=2048),
+    "sub_additive": dict(regime="sub_additive", batch_size=2048),
+    "super_additive-2-per-host": dict(regime="super_additive", batch_size=1024, topology=Topology(devices_per_host=2)),
+    "sub_additive-2-per-host": dict(regime="sub_additive", batch_size=4096, topology=Topology(devices_per_host=2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOUND_BACKENDS))
+def test_lower_bound_is_below_every_sharders_plan(generated_tasks, name):
+    b = analytic_backend(**BOUND_BACKENDS[name])
+    regime = regime_of([additivity_ratio(b, t) for t in generated_tasks])
+    if b.config.regime == "sub_additive":
+        assert regime == SUB_ADDITIVE
+    else:
+        assert regime in (SUPER_ADDITIVE, MIXED)
+    sharders = [make_sharder(h, **seeded(h, 3)) for h in HEURISTICS]
+    for task in generated_tasks:
+        bound = lower_bound(b, task, regime, b.config.batch_size, b.config.topology)
+        assert bound.total_ms > 0
+        assert bound.total_ms == pytest.approx(max(bound.compute_mean_ms + 2 * bound.transfer_mean_ms,
+                                                   bound.max_table_ms))
+        assert bound.transfer_mean_ms > 0
+        for sharder in sharders:
+            plan = sharder.shard(task)
+            validate_plan(task, plan)
+            cost = b.plan_cost(task, plan).cost_ms
+            assert bound.total_ms <= cost * (1 + 1e-9), (task.name, sharder.name, bound, cost)
+
+
+@pytest.mark.parametrize("regime_name", ["super_additive", "sub_additive"])
+@pytest.mark.parametrize("num_tables", [6, 8])
+def test_lower_bound_is_below_the_exhaustive_optimum(regime_name, num_tables):
+    stats = synthetic_stats(12, seed=11, max_rows=20_000)
+    rng = np.random.default_rng(num_tables)
+    fam = TaskFamily("ex", num_tables, 2, 0.01, 0, 0)
+    task = sample_tasks(stats, stats["table_id"].tolist(), fam, 1, "test", DIMS, MemoryModel(), rng)[0]
+    b = analytic_backend(regime_name, batch_size=2048)
+    regime = regime_of([additivity_ratio(b, task)])
+    result = exhaustive_optimum(b, task, b.config.batch_size, b.config.topology, regime)
+    # the optimum is a real plan, costed exactly as the backend costs it
+    validate_plan(task, result.optimum_plan)
+    assert result.optimum.cost_ms == pytest.approx(b.plan_cost(task, result.optimum_plan).cost_ms)
+    assert result.optimum.cost_ms == min(result.costs.values())
+    assert len(result.costs) <= 2 ** (num_tables - 1)  # identical devices: each split counted once
+    assert result.bound == lower_bound(b, task, regime, b.config.batch_size, b.config.topology)
+    assert result.bound.total_ms <= result.optimum.cost_ms * (1 + 1e-9)
+    for h in HEURISTICS:
+        plan = make_sharder(h).shard(task)
+        cost = b.plan_cost(task, plan).cost_ms
+        assert result.cost_of(plan) == pytest.approx(cost)
+        assert result.optimum.cost_ms <= cost * (1 + 1e-9)
+
+
+def test_regime_of_lists_of_ratios():
+    assert regime_of([1.0, 1.2, 3.0]) == SUPER_ADDITIVE
+    assert regime_of([0.5, 0.99]) == SUB_ADDITIVE
+    assert regime_of([0.9, 1.1]) == MIXED
+    assert regime_of([1.0]) == SUPER_ADDITIVE  # exactly additive counts as super-additive
+    assert regime_of([0.999999]) == SUB_ADDITIVE
+
+
+def test_single_device_bound_has_no_transfer():
+    big = [Table("big0", 100_000, 64, 20.0), Table("big1", 50_000, 128, 10.0), Table("big2", 200_000, 32, 30.0),
+           Table("big3", 80_000, 64, 5.0)]
+    task = Task.uniform("one", big, 1, 1.0)
+    b = analytic_backend("sub_additive")
+    bound = lower_bound(b, task, SUB_ADDITIVE, 2048, Topology())
+    fused = b.compute_cost(task, whole_shards(task)).total_ms
+    assert bound.transfer_mean_ms == 0.0
+    assert bound.total_ms == pytest.approx(fused)  # one device: the bound is the plan's cost
+    assert bound.total_ms == pytest.approx(b.plan_cost(task, Plan.from_assignment(task, [0] * 4)).cost_ms)
+

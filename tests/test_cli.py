@@ -39,14 +39,14 @@ def plan_args(tables: Path, out: Path, algo: str = "size_greedy", devices: int =
             "--algo", algo, "-o", str(out), *extra]
 
 
-def check_plan_file(path: Path, tables_file: Path, devices: int, memory_gb: float, memory=MemoryModel()) -> Plan:
+def check_plan_file(path: Path, tables_file: Path, devices: int, memory_gb: float, memory: MemoryModel | None = None) -> Plan:
     obj = json.loads(path.read_text())
     assert obj["num_devices"] == devices
     assert isinstance(obj["shards"], list)
     for s in obj["shards"]:
         assert set(s) == {"table", "device", "col_start", "col_end"}
     plan = Plan.from_dict(obj)
-    task = Task.uniform("check", read_tables_file(tables_file), devices, memory_gb, memory)
+    task = Task.uniform("check", read_tables_file(tables_file), devices, memory_gb, memory or MemoryModel())
     validate_plan(task, plan)
     assert sorted(s["table"] for s in obj["shards"]) == sorted(t.name for t in task.tables)
     return plan
@@ -127,7 +127,8 @@ def run_failing(argv, capsys, out: Path) -> str:
 @pytest.mark.parametrize(
     "make, words",
     [
-        pytest.param(lambda p: bad_csv(p, pooling_factor=None), ["bad.csv", "missing column", "pooling_factor"], id="missing-column"),
+        pytest.param(lambda p: bad_csv(p, pooling_factor=None), ["bad.csv", "missing column", "pooling_factor"],
+                     id="missing-column"),
         pytest.param(lambda p: bad_csv(p, rows=None, dim=None), ["bad.csv", "rows, dim"], id="missing-columns"),
         pytest.param(lambda p: bad_csv(p, rows=1.5), ["bad.csv", "emb_3", "'rows'", "integer", "1.5"], id="rows-not-integer"),
         pytest.param(lambda p: bad_csv(p, rows="many"), ["bad.csv", "emb_3", "many"], id="rows-not-a-number"),

@@ -14,38 +14,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
-from dreamshard.collect import CostJournal, collect, perturb, plan_id, plans_to_measure
+from dreamshard.evaluation.collect import (
+    CostJournal,
+    collect,
+    perturb,
+    plan_id,
+    plans_to_measure,
+)
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
 from dreamshard.tasks import read_tasks
+from helpers import seeded, tiny_params
 from stages import collect as collect_stage
 from stages import download, process
 from stages import tasks as tasks_stage
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-NUM_TABLES = 24
-FAMILIES = [
-    {"name": "tiny-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.01, "num_train": 3, "num_test": 2},
-    {"name": "tiny-8-4", "num_tables": 8, "num_devices": 4, "memory_gb": 0.01, "num_train": 2, "num_test": 2},
-]
-EXTRA = {"batch_size": 512, "seed": 0}
-
-
-def tiny_params(root: Path) -> dict:
-    """params.yaml with a tiny dataset, tiny task families, the analytic backend and paths under `root`."""
-    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
-    params["paths"] = {key: str(root / value) for key, value in params["paths"].items()}
-    params["data"]["source"] = "synthetic"
-    params["data"]["synthetic"].update(num_tables=NUM_TABLES, batch_size=256, max_rows=5000, seed=0)
-    params["process"]["sample_batch"] = 64
-    params["tasks"].update(seed=0, test_fraction=0.5, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
-    params["backend"].update(name="analytic", batch_size=512)
-    params["backend"]["analytic"] = {"regime": "super_additive"}
-    params["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)
-    return params
+EXTRA = {"batch_size": 512, "seed": 0}  # what helpers.tiny_params gives the collect stage
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +100,7 @@ def test_plans_to_measure_are_valid_and_mix_sharders_with_perturbed_plans(data):
     # an unperturbed item is exactly its sharder's plan
     for k, it in enumerate(items):
         if not it.source.endswith("+perturbed"):
-            assert it.plan == make_sharder(it.source, seed=3 + k).shard(it.task)
+            assert it.plan == make_sharder(it.source, **seeded(it.source, 3 + k)).shard(it.task)
 
 
 def test_plans_to_measure_is_seeded_and_ids_depend_on_the_fingerprint(data):
@@ -270,7 +256,7 @@ def test_collect_stage_end_to_end(data):
     per_plan = devices.groupby("plan_id", sort=False).size()
     assert per_plan.index.tolist() == plans["plan_id"].tolist()
     assert per_plan.tolist() == plans["num_devices"].tolist()
-    for pid, group in devices.groupby("plan_id", sort=False):
+    for _, group in devices.groupby("plan_id", sort=False):
         assert group["device"].tolist() == list(range(len(group)))
     totals = devices[["fwd_ms", "bwd_ms", "fwd_comm_ms", "bwd_comm_ms"]].sum(axis=1).groupby(devices["plan_id"]).max()
     np.testing.assert_allclose(totals.loc[plans["plan_id"]].to_numpy(), plans["cost_ms"].to_numpy(), rtol=1e-12)

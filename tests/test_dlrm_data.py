@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dreamshard.dlrm_data import (
+from dreamshard.data.dlrm import (
     MIN_ROWS,
     EmbeddingBagBatch,
     SyntheticConfig,

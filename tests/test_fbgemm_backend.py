@@ -7,10 +7,15 @@ import numpy as np
 import pytest
 import torch
 
+from dreamshard.data.lookups import GeneratedLookups
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.comm import Topology, communication_ms
-from dreamshard.hardware.fbgemm import CPU_SUPPORTED, FbgemmBackend, FbgemmConfig
-from dreamshard.lookups import GeneratedLookups
+from dreamshard.hardware.fbgemm import (
+    CPU_SUPPORTED,
+    FbgemmBackend,
+    FbgemmConfig,
+    pin_threads,
+)
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, Shard
 from dreamshard.tables import Table
@@ -121,10 +126,20 @@ def test_bad_shards_are_refused(backend, shard):
         backend.compute_cost(tiny_task(), [shard])
 
 
-def test_thread_count_is_restored(backend):
-    before = torch.get_num_threads()
-    backend.compute_cost(tiny_task(), whole(tiny_task())[:1])
-    assert torch.get_num_threads() == before
+def test_another_thread_count_is_refused_and_never_changed(backend):
+    """The thread count is process-wide: the backend checks it, only the program sets it (pin_threads)."""
+    assert torch.get_num_threads() == 1  # the suite pins it, as the stages do
+    two = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=256, warmup=1, iterations=3, threads=2))
+    with pytest.raises(DreamShardError, match=r"threads=2, but this process runs 1.*pin_threads"):
+        two.compute_cost(tiny_task(), whole(tiny_task())[:1])
+    assert torch.get_num_threads() == 1
+    try:
+        pin_threads(two)
+        assert torch.get_num_threads() == 2
+        assert positive_finite(two.compute_cost(tiny_task(), whole(tiny_task())[:1]).total_ms)
+    finally:
+        pin_threads(backend)
+    assert torch.get_num_threads() == 1
 
 
 # ---------------------------------------------------------------- what the operator computes
@@ -254,7 +269,7 @@ def test_adam_is_refused_on_cpu(backend):
 def test_lookups_outside_the_table_are_refused():
     class Wrong:
         def lookups(self, table, batch_size):
-            from dreamshard.requests import TableRequests
+            from dreamshard.data.requests import TableRequests
 
             return TableRequests(np.full(batch_size, table.rows, dtype=np.int64), np.ones(batch_size, dtype=np.int64))
 

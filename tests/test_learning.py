@@ -17,10 +17,13 @@ import pytest
 import torch
 
 from dreamshard.cli import main
-from dreamshard.collect import CostJournal, collect, plans_to_measure
-from dreamshard.cost_model import (
+from dreamshard.data.dlrm import TableProfile, generate_lookups
+from dreamshard.errors import DataFormatError, InfeasibleTaskError
+from dreamshard.evaluation.collect import CostJournal, collect, plans_to_measure
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.learning.cost_model import (
     CostData,
-    CostNet,
+    CostNetConfig,
     cost_data_from_plans,
     cost_data_from_rows,
     evaluate_cost_net,
@@ -29,19 +32,15 @@ from dreamshard.cost_model import (
     median_device_ms,
     predict,
 )
-from dreamshard.dlrm_data import TableProfile, generate_lookups
-from dreamshard.errors import DataFormatError, InfeasibleTaskError
-from dreamshard.features import (
+from dreamshard.learning.features import (
     FEATURE_NAMES,
     NUM_FEATURES,
     FeatureScaler,
     shard_features,
     table_features,
 )
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.mdp import TaskContext
-from dreamshard.memory import GB, MemoryModel
-from dreamshard.neuroshard import (
+from dreamshard.learning.mdp import TaskContext
+from dreamshard.learning.neuroshard import (
     AugmentConfig,
     NeuroShardModel,
     comm_dataset,
@@ -50,9 +49,17 @@ from dreamshard.neuroshard import (
     fit_comm_net,
     fit_compute_net,
 )
+from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+from dreamshard.learning.train import (
+    TrainConfig,
+    Trainer,
+    train_autoshard,
+    train_dreamshard,
+)
+from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
-from dreamshard.sharders import make_sharder
-from dreamshard.sharders.learned import LearnedModel, PolicySharder
+from dreamshard.sharders import load_model, make_sharder
+from dreamshard.sharders.learned import PolicySharder
 from dreamshard.sharders.search import (
     NeuroShardSharder,
     SearchConfig,
@@ -61,7 +68,6 @@ from dreamshard.sharders.search import (
 )
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table, access_count_bins
 from dreamshard.tasks import Task
-from dreamshard.train import TrainConfig, Trainer, train_autoshard, train_dreamshard
 
 BATCH = 1024
 # the policy-training configuration of these tests. The briefed one (cost_steps=100 at the default
@@ -181,7 +187,7 @@ def test_same_table_same_features_in_two_tasks(world, scaler):
     xa = scaler.transform(table_features(a.tables, a.memory))
     xb = scaler.transform(table_features(b.tables, b.memory))
     np.testing.assert_array_equal(xa[0], xb[-1])
-    net = CostNet()
+    net = CostNetConfig().build(torch.Generator().manual_seed(0))
     ca = TaskContext.build(a, net, scaler)
     cb = TaskContext.build(b, net, scaler)
     torch.testing.assert_close(ca.x[0], cb.x[-1], rtol=0, atol=0)
@@ -202,7 +208,7 @@ def test_cost_data_subset_and_concat_are_consistent(world, backend):
     assert both.num_plans == 10 and len(both.device_plan) == len(a.device_plan) + len(b.device_plan)
 
     def same(x: CostData, y: CostData):
-        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_ms"):
+        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms"):
             np.testing.assert_array_equal(getattr(x, field), getattr(y, field), err_msg=field)
 
     same(both.subset(range(6)), a)
@@ -211,14 +217,14 @@ def test_cost_data_subset_and_concat_are_consistent(world, backend):
     same(CostData.empty().concat(a), a)
     # order follows the requested plans; each device row keeps its shards and costs
     swapped = both.subset([7, 2])
-    np.testing.assert_array_equal(swapped.plan_ms, both.plan_ms[[7, 2]])
+    np.testing.assert_array_equal(swapped.plan_cost_ms, both.plan_cost_ms[[7, 2]])
     same(swapped.subset([1]), a.subset([2]))
     same(swapped.subset([0]), b.subset([1]))
     assert (np.diff(swapped.device_plan) >= 0).all()
     # a device row's costs add up to the plan's cost for the slowest device
     for p in range(both.num_plans):
         totals = both.device_ms[both.device_plan == p].sum(axis=1)
-        assert totals.max() == pytest.approx(both.plan_ms[p])
+        assert totals.max() == pytest.approx(both.plan_cost_ms[p])
 
 
 def test_cost_data_from_collected_rows_equals_cost_data_from_plans(world, backend, tmp_path):
@@ -230,7 +236,7 @@ def test_cost_data_from_collected_rows_equals_cost_data_from_plans(world, backen
     rows = cost_data_from_rows(journal.read("plans", ids), journal.read("devices", ids), world["train"])
     direct = cost_data_from_plans([(by_id[i].task, by_id[i].plan, backend.plan_cost(by_id[i].task, by_id[i].plan))
                                    for i in ids])
-    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_ms"):
+    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms"):
         np.testing.assert_allclose(getattr(rows, field), getattr(direct, field), rtol=1e-12, err_msg=field)
 
 
@@ -247,8 +253,7 @@ TAU_LIMIT = 0.5  # observed 0.63-0.78 over fit seeds 0-5
 def test_cost_net_learns_analytic_device_costs(world, backend, scaler):
     data = measured(backend, world["train"] + world["train_more"], 80, 0)
     held_out = measured(backend, world["test2"] + world["test4"], 30, 1)  # unseen tables
-    torch.manual_seed(0)
-    net = CostNet(scale_ms=median_device_ms(data))
+    net = CostNetConfig(scale_ms=median_device_ms(data)).build(torch.Generator().manual_seed(0))
     before = evaluate_cost_net(net, scaler, held_out)
     losses = fit_cost_net(net, scaler, data, steps=300, lr=5e-3, batch_plans=32, seed=0)
     assert len(losses) == 300 and np.mean(losses[-20:]) < 0.3 * np.mean(losses[:20])
@@ -267,8 +272,7 @@ def test_cost_net_learns_analytic_device_costs(world, backend, scaler):
     rows = [np.flatnonzero(held_out.device_plan == p) for p in (3, 5)]
     torch.testing.assert_close(dev_sub, dev_all[np.concatenate(rows)])
     # same seed, same fit
-    torch.manual_seed(0)
-    again = CostNet(scale_ms=median_device_ms(data))
+    again = CostNetConfig(scale_ms=median_device_ms(data)).build(torch.Generator().manual_seed(0))
     assert fit_cost_net(again, scaler, data, steps=300, lr=5e-3, batch_plans=32, seed=0) == losses
 
 
@@ -332,7 +336,7 @@ def test_learned_model_save_load_round_trip(world, model, tmp_path):
     loaded = LearnedModel.load(path)
     assert loaded.meta == model.meta and loaded.scaler == model.scaler
     assert loaded.cost_net.config == model.cost_net.config
-    a, b = make_sharder("dreamshard", model=model), make_sharder("dreamshard", model=path)
+    a, b = make_sharder("dreamshard", model=model), make_sharder("dreamshard", model=load_model("dreamshard", path))
     for task in world["test2"] + world["test4"] + world["tight"]:
         assert a.shard(task) == b.shard(task)
     with pytest.raises(DataFormatError, match="no such model checkpoint"):
@@ -343,7 +347,7 @@ def test_learned_model_save_load_round_trip(world, model, tmp_path):
         LearnedModel.load(junk)
     other = tmp_path / "other.pt"
     torch.save({"format": "something-else"}, other)
-    with pytest.raises(DataFormatError, match="dreamshard-model/1"):
+    with pytest.raises(DataFormatError, match="expected a dreamshard-checkpoint/2 checkpoint"):
         LearnedModel.load(other)
 
 
@@ -486,7 +490,7 @@ def neuro(world, backend, scaler) -> NeuroShardModel:
                         dims=(4, 8, 16, 32, 64, 128), seed=0)
     data = compute_dataset(backend, pool, cfg, world["train"][0])
     assert data.num_plans == 60 and (data.device_ms[:, 2] == 0).all()
-    assert len(data.device_plan) == 60 and data.plan_ms == pytest.approx(data.device_ms[:, :2].sum(axis=1))
+    assert len(data.device_plan) == 60 and data.plan_cost_ms == pytest.approx(data.device_ms[:, :2].sum(axis=1))
     compute, losses = fit_compute_net(data, scaler, steps=300, lr=5e-3, batch=32, seed=0)
     assert np.mean(losses[-20:]) < 0.3 * np.mean(losses[:20])
     cases = comm_dataset(backend, [1, 2, 3, 4], cfg.dims, cfg)
@@ -573,13 +577,14 @@ def test_neuroshard_model_save_load_round_trip(world, neuro, tmp_path):
     loaded = NeuroShardModel.load(path)
     assert loaded.meta == neuro.meta and loaded.scaler == neuro.scaler
     a = make_sharder("neuroshard", model=neuro, search=SEARCH)
-    b = make_sharder("neuroshard", model=str(path), search={"beams": 2, "depth": 4, "candidates": 3, "scale_steps": 6})
+    b = make_sharder("neuroshard", model=load_model("neuroshard", str(path)),
+                     search=SearchConfig(beams=2, depth=4, candidates=3, scale_steps=6))
     for task in world["test2"][:3] + world["test4"][:2] + world["tight"][:2]:
         assert a.shard(task) == b.shard(task)
-    torch.save({"format": "dreamshard-model/1"}, tmp_path / "wrong.pt")
-    with pytest.raises(DataFormatError, match="neuroshard-model/1"):
+    LearnedModel(neuro.compute, PolicyNetConfig().build(torch.Generator()), neuro.scaler, {}).save(tmp_path / "wrong.pt")
+    with pytest.raises(DataFormatError, match="expected a 'neuroshard' checkpoint, found a 'policy' one"):
         NeuroShardModel.load(tmp_path / "wrong.pt")
-    with pytest.raises(ValueError, match="needs its pre-trained cost models"):
+    with pytest.raises(ValueError, match="needs a trained model"):
         make_sharder("neuroshard")
 
 

@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -33,14 +32,13 @@ import pandas as pd
 import pytest
 import yaml
 
+import helpers
+from helpers import FAMILIES, out, ran, sh, skipped
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 
-FAMILIES = [
-    {"name": "tiny-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.01, "num_train": 3, "num_test": 2},
-    {"name": "tiny-8-4", "num_tables": 8, "num_devices": 4, "memory_gb": 0.01, "num_train": 2, "num_test": 2},
-]
 ALL_STAGES = {"download", "process", "tasks", "collect", "train_cost", "train_policy", "train_autoshard",
               "train_neuroshard", "evaluate"}
 POLICY_STAGES = {"train_policy", "train_autoshard", "evaluate"}  # what train_policy.* reaches
@@ -48,44 +46,11 @@ POOL = "dreamshard-gpu"  # the work pool prefect.yaml names for `retrain`
 
 
 def tiny_params() -> dict:
-    """The project's params.yaml, scaled down so that the whole `dvc repro` takes seconds per stage."""
-    p = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
-    p["data"]["source"] = "synthetic"
-    p["data"]["synthetic"].update(num_tables=24, batch_size=256, max_rows=5000, seed=0)
-    p["process"]["sample_batch"] = 64
-    p["tasks"].update(seed=0, test_fraction=0.5, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
-    p["backend"].update(name="analytic", batch_size=256)
-    p["collect"].update(num_plans=12, chunk_size=3)
-    p["train_cost"].update(steps=30, batch_plans=8)
-    p["train_policy"]["families"] = ["tiny-6-2"]
-    p["train_policy"]["common"].update(cost_steps=10, cost_batch_plans=8, episodes=2)
-    p["train_policy"]["dreamshard"].update(iterations=2, plans_per_iteration=2, policy_updates=2)
-    p["train_policy"]["autoshard"].update(measurement_budget=4)
-    p["train_neuroshard"].update(compute_samples=20, max_tables=4, comm_samples=40,
-                                 fit={"steps": 20, "lr": 0.001, "batch": 16})
-    p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
-    p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1,
-                         exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2})
+    """helpers.tiny_params with smaller kernels' batches and chunks of 3 plans."""
+    p = helpers.tiny_params()
+    p["backend"].update(batch_size=256)
+    p["collect"].update(chunk_size=3)
     return p
-
-
-def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if ok:
-        assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
-def out(proc: subprocess.CompletedProcess) -> str:
-    return proc.stdout + proc.stderr
-
-
-def ran(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
-
-
-def skipped(output: str) -> set[str]:
-    return set(re.findall(r"Stage '([^']+)' didn't change, skipping", output))
 
 
 def free_port() -> int:
@@ -249,6 +214,9 @@ def test_exp_run_policy_param_reruns_only_its_stages(pipeline_repo, prefect_serv
     exp_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     base_lock = yaml.safe_load(pipeline_repo["lock"])["stages"]
     assert {s for s in base_lock if exp_lock[s] != base_lock[s]} == POLICY_STAGES
+    # a key of one algorithm's group reruns that algorithm's stage only (dvc.yaml lists params per key)
+    proc = sh(["dvc", "exp", "run", "-n", "budget-2", "-S", "train_policy.autoshard.measurement_budget=2"], repo, env)
+    assert ran(out(proc)) == {"train_autoshard", "evaluate"}, out(proc)
 
 
 # ------------------------------------------------------------------ the `retrain` deployment
@@ -284,8 +252,13 @@ def retrain_deployment(pipeline_repo, prefect_server):
                           "statement' in _insert_scheduled_flow_runs): pin sqlalchemy<2.1")
 def test_retrain_schedule_creates_runs(retrain_deployment, prefect_server):
     """The server's scheduler turns the weekly cron into scheduled runs (Mondays 03:00 UTC)."""
-    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
-                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     only_this = DeploymentFilter(id=DeploymentFilterId(any_=[retrain_deployment.id]))
@@ -340,7 +313,7 @@ def test_retrain_deployment_runs_on_a_process_worker(retrain_deployment, pipelin
     assert "Data and pipelines are up to date" in status, status  # every output present, as locked
     for path in ("models/dreamshard.pt", "models/autoshard.pt", "data/eval/results.parquet"):
         assert (check / path).is_file(), path
-    from dreamshard.report import eval_markdown
+    from dreamshard.evaluation.report import eval_markdown
 
     assert eval_markdown(json.loads((check / "metrics/eval.json").read_text())) in markdown
     models = file_digests(check, ["models/dreamshard.pt"])

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.io import write_parquet
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, validate_plan
-from dreamshard.sampling import TaskFamily, sample_tasks, split_table_pools
 from dreamshard.sharders.placement import find_feasible_assignment
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from dreamshard.tasks import TASKS_SCHEMA, read_tasks, tasks_to_arrow

@@ -8,9 +8,14 @@ from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
 from dreamshard.sharders.heuristics import GreedySharder, RandomSharder
-from dreamshard.sharders.placement import by_least_load, find_feasible_assignment, place_tables
+from dreamshard.sharders.placement import (
+    by_least_load,
+    find_feasible_assignment,
+    place_tables,
+)
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
+from helpers import seeded
 
 
 def assignment(plan: Plan, task: Task) -> list[int]:
@@ -145,7 +150,7 @@ def test_random_is_seeded_deterministic_and_respects_memory():
 @pytest.mark.parametrize("name", sorted(HEURISTICS))
 def test_every_sharder_respects_memory_on_a_tight_task(name):
     task = tight_task()
-    plan = make_sharder(name, seed=3).shard(task)
+    plan = make_sharder(name, **seeded(name, 3)).shard(task)
     validate_plan(task, plan)
     assert all(used <= 5_000_000 for used in device_memory_bytes(task, plan))
 

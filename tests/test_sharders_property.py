@@ -3,35 +3,35 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dreamshard.cost_model import CostNet
 from dreamshard.errors import DataFormatError, InfeasibleTaskError
+from dreamshard.learning.cost_model import CostNetConfig
+from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
+from dreamshard.learning.neuroshard import CommNetConfig, NeuroShardModel
+from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import validate_plan
 from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
 from dreamshard.tables import Table
-from dreamshard.features import NUM_FEATURES, FeatureScaler
-from dreamshard.neuroshard import CommNet, NeuroShardModel
-from dreamshard.policy import PolicyNet
-from dreamshard.sharders.learned import LearnedModel
 from dreamshard.tasks import Device, Task
+from helpers import seeded
 
 
 def untrained_model() -> LearnedModel:
     """A learned sharder's model with random weights: decoding must stay valid whatever the weights."""
-    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
     raw = np.abs(np.random.default_rng(0).normal(size=(64, NUM_FEATURES))) * 100
-    return LearnedModel(CostNet(), PolicyNet(), FeatureScaler.fit(raw), {})
+    return LearnedModel(CostNetConfig().build(gen), PolicyNetConfig().build(gen), FeatureScaler.fit(raw), {})
 
 
 MODEL = untrained_model()
-NEUROSHARD_MODEL = NeuroShardModel(CostNet(), CommNet(), MODEL.scaler, {})
+NEUROSHARD_MODEL = NeuroShardModel(CostNetConfig().build(torch.Generator().manual_seed(1)),
+                                   CommNetConfig().build(torch.Generator().manual_seed(2)), MODEL.scaler, {})
 
 MEMORY_MODELS = [MemoryModel(), MemoryModel("fp16"), MemoryModel("fp32", "exact_row_wise_adagrad"),
                  MemoryModel("fp16", "adam")]
@@ -79,10 +79,11 @@ def test_sharders_agree_with_brute_force(task, seed):
     feasible = brute_force_feasible(task)
     without_bins = [t.name for t in task.tables if t.bins is None]
     for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/test_torchrec.py
-        sharder = make_sharder(name, seed=seed, model=NEUROSHARD_MODEL if name == "neuroshard" else MODEL)
+        options = {"model": NEUROSHARD_MODEL if name == "neuroshard" else MODEL} if name in LEARNED else {}
+        sharder = make_sharder(name, **options, **seeded(name, seed))
         if name in LEARNED and without_bins:
             # the learned cost models need the bins: a clear refusal naming a table, never a plan from guesses
-            with pytest.raises(DataFormatError, match=r"table '(%s)'.*bin_0\.\.bin_16" % "|".join(without_bins)):
+            with pytest.raises(DataFormatError, match=rf"table '({'|'.join(without_bins)})'.*bin_0\.\.bin_16"):
                 sharder.shard(task)
         elif feasible:
             plan = sharder.shard(task)

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from dreamshard.dlrm_data import load_dlrm_file, table_statistics
+from dreamshard.data.dlrm import load_dlrm_file, table_statistics
+from dreamshard.data.requests import REQUESTS_SCHEMA, read_requests
 from dreamshard.errors import DataFormatError
-from dreamshard.requests import REQUESTS_SCHEMA, read_requests
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from stages import download, process
 from stages.common import ParamsError

@@ -28,19 +28,19 @@ from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from dreamshard.cli import main  # noqa: E402
 from dreamshard.errors import DreamShardError, InfeasibleTaskError, InvalidPlanError  # noqa: E402
-from dreamshard.memory import GB, MemoryModel  # noqa: E402
-from dreamshard.plan import Plan, Shard, validate_plan  # noqa: E402
-from dreamshard.sharders import SHARDERS, TORCHREC, make_sharder  # noqa: E402
-from dreamshard.sharders.torchrec_planner import TorchRecSharder, from_torchrec_plan  # noqa: E402
-from dreamshard.tables import Table  # noqa: E402
-from dreamshard.tasks import Device, Task  # noqa: E402
-from dreamshard.torchrec_export import (  # noqa: E402
+from dreamshard.interop.torchrec import (  # noqa: E402
     DEFAULT_FQN,
     meta_ebc,
     save_torchrec_plan,
     to_torchrec_plan,
     torchrec_perf_estimate,
 )
+from dreamshard.memory import GB, MemoryModel  # noqa: E402
+from dreamshard.plan import Plan, Shard, validate_plan  # noqa: E402
+from dreamshard.sharders import SHARDERS, make_sharder  # noqa: E402
+from dreamshard.sharders.torchrec_planner import TorchRecSharder, from_torchrec_plan  # noqa: E402
+from dreamshard.tables import Table  # noqa: E402
+from dreamshard.tasks import Device, Task  # noqa: E402
 
 
 def random_task(num_tables: int, num_devices: int, memory_gb: float = 5.0, seed: int = 0,
@@ -83,13 +83,16 @@ def check_sharding_plan(sp, task: Task, plan: Plan, fqn: str = DEFAULT_FQN) -> N
 # ---------------------------------------------------------------- the sharder
 
 def test_registered_and_lazy():
-    assert set(TORCHREC) <= set(SHARDERS)
-    sharder = make_sharder("torchrec", seed=3, model=None)  # options of other sharders are ignored
-    assert sharder.name == "torchrec" and not sharder.full_search
+    assert {n for n, s in SHARDERS.items() if s.kind == "torchrec"} == {"torchrec", "torchrec_full"}
+    sharder = make_sharder("torchrec", batch_size=1024)
+    assert sharder.name == "torchrec" and not sharder.full_search and sharder.batch_size == 1024
+    with pytest.raises(ValueError, match="sharder 'torchrec': unknown option.s. model, seed; it takes batch_size"):
+        make_sharder("torchrec", seed=3, model=None)  # options of other sharders are an error, not ignored
     full = make_sharder("torchrec_full")
     assert full.name == "torchrec_full" and full.full_search
     # importing the library and the CLI must not load torchrec (nor torch)
-    code = "import sys, dreamshard, dreamshard.cli, dreamshard.sharders; print(sorted(m for m in ('torch', 'torchrec') if m in sys.modules))"
+    code = ("import sys, dreamshard, dreamshard.cli, dreamshard.sharders; "
+            "print(sorted(m for m in ('torch', 'torchrec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -292,9 +295,11 @@ def test_perf_estimate_equals_the_planners_own_rating():
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.perf_models import NoopPerfModel
-    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.storage_reservations import (
+        FixedPercentageStorageReservation,
+    )
 
-    from dreamshard import torchrec_export as tx
+    from dreamshard.interop import torchrec as tx
 
     task = random_task(50, 8, seed=5)
     topo = tx.topology(task)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dreamshard.data.lookups import LookupSource
 from dreamshard.hardware.base import ComputeCost, CostBackend, DeviceCost, PlanCost
 from dreamshard.hardware.comm import Topology
-from dreamshard.lookups import LookupSource
 
 BACKENDS = ("fbgemm", "analytic")
 

@@ -23,8 +23,8 @@ Communication comes from the all-to-all model in dreamshard.hardware.comm.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -5,8 +5,9 @@ fwd + bwd (the fused operator's compute) + fwd_comm + bwd_comm (the all-to-all),
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -67,5 +68,6 @@ class CostBackend(Protocol):
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """Per-device compute and communication of a whole plan."""
 
-    def communication_cost(self, fwd_ms: Sequence[float], dim_sums: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def communication_cost(self, fwd_ms: Sequence[float] | np.ndarray,
+                           dim_sums: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(fwd_comm_ms, bwd_comm_ms) per device, given each device's forward compute and dim sum."""

@@ -19,8 +19,8 @@ after the dense backward, which all devices finish together, so no such wait.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -11,8 +11,11 @@ on, devices one after another. Per device:
             it runs FBGEMM's fused optimizer update)
   result:   median forward ms, median backward ms
 
-CPU timings use time.perf_counter with the thread count pinned (torch.set_num_threads)
-and are CPU figures: never to be read as GPU figures. CUDA timings use CUDA events.
+CPU timings use time.perf_counter and are CPU figures: never to be read as GPU figures.
+They need torch's intra-op thread count to be `threads`; the backend checks it and refuses
+to measure otherwise, but never sets it: the thread count is process-wide state, so the
+application sets it once at its start (the stages, `dreamshard measure` and the benchmarks
+do, with `pin_threads`), and threads measuring side by side cannot race on it. CUDA timings use CUDA events.
 Communication is not measured here: it comes from the all-to-all model in
 dreamshard.hardware.comm (PlanCost.comm = "model").
 
@@ -28,9 +31,10 @@ import platform
 import statistics
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +46,7 @@ from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:  # LookupSource is a Protocol; only needed for annotations
-    from dreamshard.lookups import LookupSource
+    from dreamshard.data.lookups import LookupSource
 
 DEVICES = ("cpu", "cuda")
 # our optimizer name -> FBGEMM EmbOptimType member name
@@ -65,7 +69,7 @@ class FbgemmConfig:
     batch_size: int = 4096
     warmup: int = 3
     iterations: int = 15
-    threads: int = 1  # CPU threads during a measurement (torch.set_num_threads), restored afterwards
+    threads: int = 1  # CPU threads of a measurement: torch.get_num_threads() must equal it (see pin_threads)
     device: str = "cpu"  # "cpu" or "cuda"
     memory_budget_gb: float = 4.0  # refuse to build an operator whose weights + optimizer state exceed this
     learning_rate: float = 0.01
@@ -175,8 +179,11 @@ class FbgemmBackend:
             return Samples((0.0,), (0.0,))
         import torch
 
-        previous_threads = torch.get_num_threads()
-        torch.set_num_threads(self.config.threads)
+        if self.config.device == "cpu" and torch.get_num_threads() != self.config.threads:
+            raise DreamShardError(
+                f"fbgemm backend: CPU timings need torch's thread count to be threads={self.config.threads}, "
+                f"but this process runs {torch.get_num_threads()}; set it once at the start of the process "
+                f"(dreamshard.hardware.fbgemm.pin_threads(backend) or torch.set_num_threads), never mid-measurement")
         fused = None
         try:
             fused = self.build_operator(task, shards)
@@ -185,7 +192,6 @@ class FbgemmBackend:
                 else fused.time_cpu(self.config.iterations)
         finally:
             del fused  # free the operator (and its weights) before anything else is built
-            torch.set_num_threads(previous_threads)
             if self.config.device == "cuda":
                 torch.cuda.empty_cache()
 
@@ -250,7 +256,7 @@ class FbgemmBackend:
         batch = self.config.batch_size
         cache = {}  # column slices of one table share its lookups
         all_indices, all_lengths = [], []
-        for s, (table, _) in zip(shards, specs):
+        for table, _ in specs:
             if table.name not in cache:
                 req = self.lookups.lookups(table, batch)
                 idx = np.asarray(req.indices, dtype=np.int64)
@@ -324,11 +330,11 @@ class FbgemmBackend:
 class FusedOperator:
     """One device's TBE with its table-major inputs and the fixed output gradient of its backward."""
 
-    op: object  # SplitTableBatchedEmbeddingBagsCodegen
-    indices: object  # torch.Tensor, int64
-    offsets: object  # torch.Tensor, int64, T*B+1
-    grad: object  # torch.Tensor [B, sum of widths]
-    device: object  # torch.device
+    op: Any  # SplitTableBatchedEmbeddingBagsCodegen (torch is imported lazily: no annotations of its types)
+    indices: Any  # torch.Tensor, int64
+    offsets: Any  # torch.Tensor, int64, T*B+1
+    grad: Any  # torch.Tensor [B, sum of widths]
+    device: Any  # torch.device
 
     def step(self):
         """One forward and backward (the backward applies the optimizer update); returns the output."""
@@ -369,3 +375,15 @@ class FusedOperator:
         fwd = tuple(float(s.elapsed_time(m)) for s, m, _ in events)
         bwd = tuple(float(m.elapsed_time(e)) for _, m, e in events)
         return Samples(fwd, bwd)
+
+
+def pin_threads(backend: object) -> None:
+    """For an application's start: give torch the thread count a CPU `FbgemmBackend` measures with.
+
+    Process-wide: call it once, before any measurement, from the program (a stage, a CLI
+    command, a benchmark, a worker process), never from library code. Other backends: no-op.
+    """
+    if isinstance(backend, FbgemmBackend) and backend.config.device == "cpu":
+        import torch
+
+        torch.set_num_threads(backend.config.threads)

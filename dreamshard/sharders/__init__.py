@@ -1,7 +1,16 @@
-"""Sharders turn a task into a plan. `make_sharder(name)` builds one by its registered name."""
+"""Sharders turn a task into a plan. One typed record per sharder; `make_sharder(name, ...)` builds one.
+
+Each record says what the sharder is (`kind`), whether it needs a trained model, whether
+it may split tables, and which options its factory takes. An option it does not take is
+an error naming it, never ignored. A model is always an object: `load_model(name, path)`
+reads the checkpoint of a sharder that needs one.
+"""
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from dreamshard.plan import Plan
 from dreamshard.sharders.heuristics import (
@@ -16,40 +25,70 @@ from dreamshard.tasks import Task
 
 
 class Sharder(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def shard(self, task: Task) -> Plan: ...
 
 
-def _greedy(name, key):
-    return lambda **_: GreedySharder(name, key)
+KINDS = ("heuristic", "policy", "search", "torchrec")
 
 
-def _learned(name):
-    def factory(model=None, samples: int = 0, seed: int = 0, **_) -> Sharder:
-        from dreamshard.sharders.learned import LearnedModel, PolicySharder  # imports torch
+@dataclass(frozen=True)
+class SharderSpec:
+    name: str
+    kind: str  # heuristic | policy (DreamShard, AutoShard) | search (NeuroShard) | torchrec (TorchRec's planner)
+    factory: Callable[..., Sharder]
+    options: tuple[str, ...]  # keyword options the factory takes
+    needs_model: bool = False  # `model` is required: an object from load_model(name, path)
+    splits_tables: bool = False  # may place column slices of a table on several devices
+    doc: str = ""
 
-        if model is None:
-            raise ValueError(f"sharder {name!r} needs a trained model checkpoint (--model PATH)")
-        loaded = model if isinstance(model, LearnedModel) else LearnedModel.load(model)
-        return PolicySharder(name, loaded, samples, seed)
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"sharder {self.name!r}: kind {self.kind!r} not one of {KINDS}")
+        if self.needs_model and "model" not in self.options:
+            raise ValueError(f"sharder {self.name!r} needs a model but takes no 'model' option")
+
+
+def _greedy(name: str, key: Callable[[Task, int], float]) -> Callable[[], Sharder]:
+    def factory() -> Sharder:
+        return GreedySharder(name, key)
 
     return factory
 
 
-def _neuroshard(model=None, search=None, **_) -> Sharder:
-    from dreamshard.neuroshard import NeuroShardModel  # imports torch
+def _random(seed: int = 0) -> Sharder:
+    return RandomSharder(seed)
+
+
+def _policy(name: str) -> Callable[..., Sharder]:
+    def factory(model: Any, samples: int = 0, seed: int = 0) -> Sharder:
+        from dreamshard.learning.policy import LearnedModel  # imports torch
+        from dreamshard.sharders.learned import PolicySharder
+
+        if not isinstance(model, LearnedModel):
+            raise TypeError(f"sharder {name!r}: model must be a LearnedModel (load_model({name!r}, path)), "
+                            f"got {type(model).__name__}")
+        return PolicySharder(name, model, samples, seed)
+
+    return factory
+
+
+def _neuroshard(model: Any, search: Any = None) -> Sharder:
+    from dreamshard.learning.neuroshard import NeuroShardModel  # imports torch
     from dreamshard.sharders.search import NeuroShardSharder, SearchConfig
 
-    if model is None:
-        raise ValueError("sharder 'neuroshard' needs its pre-trained cost models (--model PATH)")
-    loaded = model if isinstance(model, NeuroShardModel) else NeuroShardModel.load(model)
-    config = search if isinstance(search, SearchConfig) else SearchConfig(**(search or {}))
-    return NeuroShardSharder(loaded, config)
+    if not isinstance(model, NeuroShardModel):
+        raise TypeError(f"sharder 'neuroshard': model must be a NeuroShardModel (load_model('neuroshard', path)), "
+                        f"got {type(model).__name__}")
+    if search is not None and not isinstance(search, SearchConfig):
+        raise TypeError(f"sharder 'neuroshard': search must be a SearchConfig, got {type(search).__name__}")
+    return NeuroShardSharder(model, search or SearchConfig())
 
 
-def _torchrec(name, full_search):
-    def factory(batch_size: int = 2048, sharding_types=None, **_) -> Sharder:
+def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
+    def factory(batch_size: int = 2048, sharding_types: tuple[str, ...] | None = None) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
 
         return make(name, full_search, batch_size, sharding_types)
@@ -57,29 +96,58 @@ def _torchrec(name, full_search):
     return factory
 
 
-# name -> factory taking keyword options (seed, model paths, ...) it may ignore
-SHARDERS: dict[str, Callable[..., Sharder]] = {
-    "random": lambda seed=0, **_: RandomSharder(seed),
-    "size_greedy": _greedy("size_greedy", size_key),
-    "dim_greedy": _greedy("dim_greedy", dim_key),
-    "lookup_greedy": _greedy("lookup_greedy", lookup_key),
-    "size_lookup_greedy": _greedy("size_lookup_greedy", size_lookup_key),
-    "dreamshard": _learned("dreamshard"),
-    "autoshard": _learned("autoshard"),
-    "neuroshard": _neuroshard,
-    "torchrec": _torchrec("torchrec", full_search=False),  # TorchRec's planner, table-wise (needs torchrec)
-    "torchrec_full": _torchrec("torchrec_full", full_search=True),  # all its sharding types; may raise
-}
+_SPECS = (
+    SharderSpec("random", "heuristic", _random, ("seed",), doc="each table onto a random device with room"),
+    SharderSpec("size_greedy", "heuristic", _greedy("size_greedy", size_key), (), doc="greedy, key = table bytes"),
+    SharderSpec("dim_greedy", "heuristic", _greedy("dim_greedy", dim_key), (), doc="greedy, key = dim"),
+    SharderSpec("lookup_greedy", "heuristic", _greedy("lookup_greedy", lookup_key), (),
+                doc="greedy, key = dim x pooling factor"),
+    SharderSpec("size_lookup_greedy", "heuristic", _greedy("size_lookup_greedy", size_lookup_key), (),
+                doc="greedy, key = dim x pooling factor x log10(rows)"),
+    SharderSpec("dreamshard", "policy", _policy("dreamshard"), ("model", "samples", "seed"), needs_model=True,
+                doc="policy trained on the estimated MDP"),
+    SharderSpec("autoshard", "policy", _policy("autoshard"), ("model", "samples", "seed"), needs_model=True,
+                doc="policy trained on real measurements"),
+    SharderSpec("neuroshard", "search", _neuroshard, ("model", "search"), needs_model=True, splits_tables=True,
+                doc="beam search over column splits with pre-trained cost models"),
+    SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size",),
+                doc="TorchRec's planner, table-wise (greedy: may give up on feasible tasks)"),
+    SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True), ("batch_size", "sharding_types"),
+                splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
+)
+SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}
+HEURISTICS = tuple(n for n, s in SHARDERS.items() if s.kind == "heuristic")
+LEARNED = tuple(n for n, s in SHARDERS.items() if s.needs_model)
 
-HEURISTICS = ("random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
-LEARNED = ("dreamshard", "autoshard", "neuroshard")  # need model=PATH
-SPLITTING = ("neuroshard", "torchrec_full")  # may split tables by columns
-TORCHREC = ("torchrec", "torchrec_full")  # TorchRec's planner: greedy, may give up on feasible tasks
+
+def spec(name: str) -> SharderSpec:
+    try:
+        return SHARDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown sharder {name!r}; available: {', '.join(SHARDERS)}") from None
 
 
 def make_sharder(name: str, **options: Any) -> Sharder:
-    try:
-        factory = SHARDERS[name]
-    except KeyError:
-        raise ValueError(f"unknown sharder {name!r}; available: {', '.join(SHARDERS)}") from None
-    return factory(**options)
+    """The sharder `name` built with `options`; an option it does not take is an error."""
+    s = spec(name)
+    unknown = sorted(set(options) - set(s.options))
+    if unknown:
+        takes = ", ".join(s.options) or "no options"
+        raise ValueError(f"sharder {name!r}: unknown option(s) {', '.join(unknown)}; it takes {takes}")
+    if s.needs_model and options.get("model") is None:
+        raise ValueError(f"sharder {name!r} needs a trained model (--model PATH)")
+    return s.factory(**options)
+
+
+def load_model(name: str, path: str | Path) -> Any:
+    """The trained model sharder `name` needs, read from its checkpoint."""
+    s = spec(name)
+    if s.kind == "policy":
+        from dreamshard.learning.policy import LearnedModel
+
+        return LearnedModel.load(path)
+    if s.kind == "search":
+        from dreamshard.learning.neuroshard import NeuroShardModel
+
+        return NeuroShardModel.load(path)
+    raise ValueError(f"sharder {name!r} uses no trained model")

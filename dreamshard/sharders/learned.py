@@ -1,4 +1,4 @@
-"""Sharders driven by a trained policy (DreamShard, AutoShard), and their checkpoints.
+"""Sharders driven by a trained policy (DreamShard, AutoShard): decoding a LearnedModel into a plan.
 
 Decoding walks the tables in the policy's order and ranks the devices by the policy's
 logits; the first with room is taken, which is the arg-max over the legal devices. The
@@ -11,49 +11,15 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from dreamshard.cost_model import CostNet
-from dreamshard.checkpoints import load_checkpoint, save_checkpoint
-from dreamshard.features import FeatureScaler
-from dreamshard.mdp import TaskContext
+from dreamshard.learning.mdp import TaskContext
+from dreamshard.learning.policy import LearnedModel
 from dreamshard.plan import Plan
-from dreamshard.policy import PolicyNet
 from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
-
-CHECKPOINT_FORMAT = "dreamshard-model/1"
-
-
-@dataclass
-class LearnedModel:
-    cost_net: CostNet
-    policy: PolicyNet
-    scaler: FeatureScaler
-    meta: dict
-
-    def save(self, path: str | Path) -> None:
-        state = {
-            "cost_net": {"config": self.cost_net.config, "state": self.cost_net.state_dict()},
-            "policy": {"config": self.policy.config, "state": self.policy.state_dict()},
-            "scaler": self.scaler.to_dict(),
-            "meta": self.meta,
-        }
-        save_checkpoint(state, CHECKPOINT_FORMAT, path)
-
-    @classmethod
-    def load(cls, path: str | Path) -> LearnedModel:
-        state = load_checkpoint(path, CHECKPOINT_FORMAT)
-        cost_net = CostNet(**state["cost_net"]["config"])
-        cost_net.load_state_dict(state["cost_net"]["state"])
-        policy = PolicyNet(**state["policy"]["config"])
-        policy.load_state_dict(state["policy"]["state"])
-        cost_net.eval()
-        policy.eval()
-        return cls(cost_net, policy, FeatureScaler.from_dict(state["scaler"]), state["meta"])
 
 
 @dataclass

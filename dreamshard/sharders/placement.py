@@ -9,9 +9,8 @@ result is exactly the plain greedy plan; backing up only happens near memory lim
 """
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -61,13 +60,27 @@ def place_tables(
     steps = 0
     deepest = 0
 
-    def search(k: int) -> bool:
-        nonlocal steps, deepest
-        if k == n:
-            return True
-        deepest = max(deepest, k)
+    # depth-first search with an explicit stack (no recursion): rankings[k] is the ranking of the
+    # k-th table in `order`, made when the search first reached it; tried[k] how much of it is used
+    rankings: list[Sequence[int]] = []
+    tried: list[int] = []
+    k = 0
+    while 0 <= k < n:
         t = order[k]
-        for d in rank_devices(t, state):
+        if len(rankings) == k:  # reaching this table from the one before: rank its devices now
+            deepest = max(deepest, k)
+            rankings.append(rank_devices(t, state))
+            tried.append(0)
+        elif assignment[t] != -1:  # back from a dead end below: take this table off its device
+            d = assignment[t]
+            assignment[t] = -1
+            state.used_bytes[d] -= sizes[t]
+            state.free_bytes[d] += sizes[t]
+            state.load[d] -= w[t]
+        placed = False
+        while tried[k] < len(rankings[k]) and not placed:
+            d = rankings[k][tried[k]]
+            tried[k] += 1
             if state.free_bytes[d] < sizes[t]:
                 continue
             steps += 1
@@ -81,20 +94,14 @@ def place_tables(
             state.used_bytes[d] += sizes[t]
             state.free_bytes[d] -= sizes[t]
             state.load[d] += w[t]
-            if search(k + 1):
-                return True
-            assignment[t] = -1
-            state.used_bytes[d] -= sizes[t]
-            state.free_bytes[d] += sizes[t]
-            state.load[d] -= w[t]
-        return False
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, n + 100))
-    try:
-        found = search(0)
-    finally:
-        sys.setrecursionlimit(limit)
+            placed = True
+        if placed:
+            k += 1
+        else:  # every device of the ranking tried: back up to the table before
+            rankings.pop()
+            tried.pop()
+            k -= 1
+    found = k == n
     if not found:
         raise InfeasibleTaskError(
             f"task {task.name!r}: no placement of all {n} tables fits in memory; "

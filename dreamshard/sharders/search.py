@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dreamshard.features import shard_features
-from dreamshard.neuroshard import CommNet, NeuroShardModel
+from dreamshard.learning.features import shard_features
+from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
 from dreamshard.plan import Plan, Shard
 from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tables import Table

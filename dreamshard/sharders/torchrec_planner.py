@@ -1,7 +1,7 @@
 """TorchRec's planner as a baseline sharder (`torchrec`, `torchrec_full`).
 
 TorchRec's `EmbeddingShardingPlanner` plans the task's EmbeddingBagCollection (built on
-the meta device, see dreamshard.torchrec_export) for one rank per device:
+the meta device, see dreamshard.interop.torchrec) for one rank per device:
 
 - topology: world size = number of devices, compute device "cuda", HBM = each device's memory;
 - per table: `ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
@@ -26,13 +26,13 @@ TorchRec is imported only when a plan is made.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from dreamshard.errors import DreamShardError, InfeasibleTaskError
+from dreamshard.interop.torchrec import COLUMN_WISE, DEFAULT_BATCH_SIZE, TABLE_WISE
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
-from dreamshard.torchrec_export import COLUMN_WISE, DEFAULT_BATCH_SIZE, TABLE_WISE
 
 REPRESENTABLE = (TABLE_WISE, COLUMN_WISE)
 
@@ -55,7 +55,7 @@ class TorchRecSharder:
 
     def torchrec_plan(self, task: Task):
         """TorchRec's ShardingPlan for the task's EBC (module path "" : the EBC itself)."""
-        from dreamshard import torchrec_export as tx
+        from dreamshard.interop import torchrec as tx
 
         tx.require_torchrec()
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -87,7 +87,7 @@ class TorchRecSharder:
 
 def from_torchrec_plan(task: Task, sharding_plan, module_path: str = "") -> Plan:
     """Our Plan from TorchRec's ShardingPlan of the task's EBC at `module_path`."""
-    from dreamshard.torchrec_export import torchrec_table_shards
+    from dreamshard.interop.torchrec import torchrec_table_shards
 
     module_plan = sharding_plan.get_plan_for_module(module_path)
     if module_plan is None:
@@ -101,7 +101,8 @@ def from_torchrec_plan(task: Task, sharding_plan, module_path: str = "") -> Plan
     if odd:
         raise DreamShardError(
             f"task {task.name!r}: TorchRec chose shardings a DreamShard plan cannot represent for "
-            f"{len(odd)} table(s): {', '.join(odd[:8])}{', ...' if len(odd) > 8 else ''}; a plan holds whole tables and column slices only "
+            f"{len(odd)} table(s): {', '.join(odd[:8])}{', ...' if len(odd) > 8 else ''}; "
+            "a plan holds whole tables and column slices only "
             f"(restrict the search with sharding_types={REPRESENTABLE!r})"
         )
     shards = []

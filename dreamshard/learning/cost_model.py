@@ -10,21 +10,25 @@ log(ms + TARGET_EPS_MS), so sub-ms and tens-of-ms costs weigh alike.
 
 The plan cost the rest of the system uses (`plan_cost`) is chosen by `plan_estimate`:
 "head" is the plan head; "device_max" is the max over devices of their predicted
-fwd + bwd + comm. Both are trained and reported; on the default pipeline's held-out
-plans (50 collected CPU-kernel plans) device_max ranked plans far better (Kendall tau
-0.73 against 0.29), so it is the default.
+fwd + bwd + comm. Both are trained, and train_cost reports both on held-out plans
+(metrics/cost_model.json: plan_kendall_tau for the head, plan_device_max_kendall_tau
+for device_max). Which ranks better has changed between runs (10 held-out plans are few),
+so the choice is a param, `train_cost.plan_estimate`, default device_max.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from dreamshard.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.hardware.base import PlanCost
+from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
 
@@ -33,10 +37,20 @@ DEVICE_TARGETS = ("fwd_ms", "bwd_ms", "comm_ms")
 PLAN_ESTIMATES = ("device_max", "head")
 
 
-def mlp(*sizes: int) -> nn.Sequential:
+def linear(fan_in: int, fan_out: int, generator: torch.Generator) -> nn.Linear:
+    """nn.Linear with PyTorch's default initialisation drawn from `generator`, not the global RNG."""
+    layer = nn.Linear(fan_in, fan_out, device="meta").to_empty(device="cpu")
+    with torch.no_grad():
+        nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5), generator=generator)
+        bound = 1 / math.sqrt(fan_in)
+        nn.init.uniform_(layer.bias, -bound, bound, generator=generator)
+    return layer
+
+
+def mlp(*sizes: int, generator: torch.Generator) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        layers.append(linear(sizes[i], sizes[i + 1], generator))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -46,19 +60,34 @@ def log_cost(ms: torch.Tensor) -> torch.Tensor:
     return torch.log(ms + TARGET_EPS_MS)
 
 
+@dataclass(frozen=True)
+class CostNetConfig:
+    """Everything that shapes a CostNet; a checkpoint stores it beside the weights."""
+
+    hidden: int = 128
+    embed: int = 32
+    head_hidden: int = 64
+    scale_ms: float = 1.0  # heads output softplus x scale_ms: the median measured device cost
+    plan_estimate: str = "device_max"
+
+    def __post_init__(self) -> None:
+        if self.plan_estimate not in PLAN_ESTIMATES:
+            raise ValueError(f"plan_estimate: expected one of {PLAN_ESTIMATES}, got {self.plan_estimate!r}")
+
+    def build(self, generator: torch.Generator) -> CostNet:
+        return CostNet(self, generator)
+
+
 class CostNet(nn.Module):
-    def __init__(self, hidden: int = 128, embed: int = 32, head_hidden: int = 64, scale_ms: float = 1.0,
-                 plan_estimate: str = "device_max") -> None:
+    def __init__(self, config: CostNetConfig, generator: torch.Generator) -> None:
         super().__init__()
-        if plan_estimate not in PLAN_ESTIMATES:
-            raise ValueError(f"plan_estimate: expected one of {PLAN_ESTIMATES}, got {plan_estimate!r}")
-        self.config = {"hidden": hidden, "embed": embed, "head_hidden": head_hidden, "scale_ms": scale_ms,
-                       "plan_estimate": plan_estimate}
-        self.scale_ms = scale_ms
-        self.plan_estimate = plan_estimate
-        self.encoder = mlp(NUM_FEATURES, hidden, embed)
-        self.device_heads = nn.ModuleList([mlp(embed, head_hidden, 1) for _ in DEVICE_TARGETS])
-        self.plan_head = mlp(embed, head_hidden, 1)
+        self.config = config
+        self.scale_ms = config.scale_ms
+        self.plan_estimate = config.plan_estimate
+        self.encoder = mlp(NUM_FEATURES, config.hidden, config.embed, generator=generator)
+        self.device_heads = nn.ModuleList([mlp(config.embed, config.head_hidden, 1, generator=generator)
+                                           for _ in DEVICE_TARGETS])
+        self.plan_head = mlp(config.embed, config.head_hidden, 1, generator=generator)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """[..., 21] scaled features -> [..., embed]: sum these over a device's shards."""
@@ -90,19 +119,19 @@ class CostData:
     shard_device: np.ndarray  # [M] index of the shard's device row
     device_plan: np.ndarray  # [K] index of the device row's plan
     device_ms: np.ndarray  # [K, 3] fwd, bwd, comm
-    plan_ms: np.ndarray  # [P]
+    plan_cost_ms: np.ndarray  # [P]
 
     @property
     def num_plans(self) -> int:
-        return len(self.plan_ms)
+        return len(self.plan_cost_ms)
 
     @classmethod
     def empty(cls) -> CostData:
         return cls(np.zeros((0, NUM_FEATURES)), np.zeros(0, np.int64), np.zeros(0, np.int64),
                    np.zeros((0, 3)), np.zeros(0))
 
-    def subset(self, plans: Sequence[int]) -> CostData:
-        plans = np.asarray(plans, dtype=np.int64)
+    def subset(self, which: Sequence[int] | np.ndarray) -> CostData:
+        plans = np.asarray(which, dtype=np.int64)
         plan_map = np.full(self.num_plans, -1)
         plan_map[plans] = np.arange(len(plans))
         devices = np.flatnonzero(plan_map[self.device_plan] >= 0)
@@ -111,7 +140,7 @@ class CostData:
         dev_map[devices] = np.arange(len(devices))
         shards = np.flatnonzero(dev_map[self.shard_device] >= 0)
         return CostData(self.shard_raw[shards], dev_map[self.shard_device[shards]],
-                        plan_map[self.device_plan[devices]], self.device_ms[devices], self.plan_ms[plans])
+                        plan_map[self.device_plan[devices]], self.device_ms[devices], self.plan_cost_ms[plans])
 
     def concat(self, other: CostData) -> CostData:
         return CostData(
@@ -119,13 +148,17 @@ class CostData:
             np.concatenate([self.shard_device, other.shard_device + len(self.device_plan)]),
             np.concatenate([self.device_plan, other.device_plan + self.num_plans]),
             np.concatenate([self.device_ms, other.device_ms]),
-            np.concatenate([self.plan_ms, other.plan_ms]),
+            np.concatenate([self.plan_cost_ms, other.plan_cost_ms]),
         )
 
 
 def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> CostData:
     """CostData of measured plans."""
-    raw, shard_dev, dev_plan, dev_ms, plan_ms = [], [], [], [], []
+    raw: list[np.ndarray] = []
+    shard_dev: list[int] = []
+    dev_plan: list[int] = []
+    dev_ms: list[tuple[float, float, float]] = []
+    plan_cost_ms: list[float] = []
     for p, (task, plan, cost) in enumerate(task_plans):
         tables = {t.name: t for t in task.tables}
         for d, dc in enumerate(cost.devices):
@@ -135,9 +168,9 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
                 shard_dev.append(k)
             dev_plan.append(p)
             dev_ms.append((dc.fwd_ms, dc.bwd_ms, dc.fwd_comm_ms + dc.bwd_comm_ms))
-        plan_ms.append(cost.cost_ms)
+        plan_cost_ms.append(cost.cost_ms)
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
-                    np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3), np.asarray(plan_ms))
+                    np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3), np.asarray(plan_cost_ms))
 
 
 def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
@@ -201,7 +234,7 @@ def fit_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData, steps: int
         batch = data.subset(plans)
         device_y, plan_y = predict(net, scaler, batch)
         device_true = torch.from_numpy(batch.device_ms).float()
-        plan_true = torch.from_numpy(batch.plan_ms).float()
+        plan_true = torch.from_numpy(batch.plan_cost_ms).float()
         return ((log_cost(device_y) - log_cost(device_true)) ** 2).mean(dim=0).sum() + \
             ((log_cost(plan_y) - log_cost(plan_true)) ** 2).mean()
 
@@ -217,7 +250,7 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float((da * db).sum() / (n * (n - 1))) if n > 1 else float("nan")
 
 
-def evaluate_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData) -> dict[str, float]:
+def evaluate_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData) -> dict[str, float | int | str]:
     """MAPE of device costs (compute; compute + comm) and of plan costs, Kendall tau of plan costs.
 
     Plan costs are given for both estimates: the plan head (plan_*) and the max over
@@ -235,10 +268,10 @@ def evaluate_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData) -> di
     return {
         "device_compute_mape": float(np.mean(np.abs(compute_pred[keep] - compute_true[keep]) / compute_true[keep])),
         "device_mape": float(np.mean(np.abs(dev_pred[keep] - dev_true[keep]) / dev_true[keep])),
-        "plan_mape": float(np.mean(np.abs(plan_pred - data.plan_ms) / data.plan_ms)),
-        "plan_kendall_tau": kendall_tau(plan_pred, data.plan_ms),
-        "plan_device_max_mape": float(np.mean(np.abs(device_max - data.plan_ms) / data.plan_ms)),
-        "plan_device_max_kendall_tau": kendall_tau(device_max, data.plan_ms),
+        "plan_mape": float(np.mean(np.abs(plan_pred - data.plan_cost_ms) / data.plan_cost_ms)),
+        "plan_kendall_tau": kendall_tau(plan_pred, data.plan_cost_ms),
+        "plan_device_max_mape": float(np.mean(np.abs(device_max - data.plan_cost_ms) / data.plan_cost_ms)),
+        "plan_device_max_kendall_tau": kendall_tau(device_max, data.plan_cost_ms),
         "plan_estimate_used": net.plan_estimate,
         "num_plans": data.num_plans,
         "num_devices": int(len(data.device_plan)),
@@ -252,21 +285,16 @@ def median_device_ms(data: CostData) -> float:
     return float(np.median(positive)) if positive.size else 1.0
 
 
-COST_NET_FORMAT = "dreamshard-cost-net/1"
+def save_cost_net(net: CostNet, scaler: FeatureScaler, path: str | Path) -> None:
+    """The network's config, weights and feature scaler in one checkpoint (dreamshard.learning.checkpoints)."""
+    from dreamshard.learning.checkpoints import save_checkpoint
+
+    save_checkpoint(path, "cost_net", {"cost_net": net}, scaler, {})
 
 
-def save_cost_net(net: CostNet, scaler: FeatureScaler, path) -> None:
-    """The network's constructor config, weights and feature scaler in one checkpoint."""
-    from dreamshard.checkpoints import save_checkpoint
-
-    save_checkpoint({"config": net.config, "state": net.state_dict(), "scaler": scaler.to_dict()}, COST_NET_FORMAT, path)
-
-
-def load_cost_net(path) -> tuple[CostNet, FeatureScaler]:
+def load_cost_net(path: str | Path) -> tuple[CostNet, FeatureScaler]:
     """What `save_cost_net` wrote; a clear error naming the file otherwise."""
-    from dreamshard.checkpoints import load_checkpoint
+    from dreamshard.learning.checkpoints import load_checkpoint
 
-    checkpoint = load_checkpoint(path, COST_NET_FORMAT)
-    net = CostNet(**checkpoint["config"])
-    net.load_state_dict(checkpoint["state"])
-    return net, FeatureScaler.from_dict(checkpoint["scaler"])
+    checkpoint = load_checkpoint(path, "cost_net")
+    return cast(CostNet, checkpoint.networks["cost_net"]), checkpoint.scaler

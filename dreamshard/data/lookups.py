@@ -17,9 +17,9 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from dreamshard.dlrm_data import TableProfile, generate_lookups, table_seed
+from dreamshard.data.dlrm import TableProfile, generate_lookups, table_seed
 from dreamshard.errors import DataFormatError
-from dreamshard.requests import TableRequests
+from dreamshard.data.requests import TableRequests
 from dreamshard.tables import Table, access_count_bins
 
 DEFAULT_ZIPF_ALPHA = 0.8

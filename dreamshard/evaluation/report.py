@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-BEGIN = "<!-- eval-summary:begin (python -m dreamshard.report) -->"
+BEGIN = "<!-- eval-summary:begin (python -m dreamshard.evaluation.report) -->"
 END = "<!-- eval-summary:end -->"
 
 
@@ -28,7 +28,7 @@ def eval_markdown(metrics: dict) -> str:
                 continue
             rel = v["mean_cost_ms"] / algos[best]["mean_cost_ms"] if best else float("nan")
             lines.append(f"| {family} | {algo}{' (best heuristic)' if algo == best else ''} | "
-                         f"{v['mean_cost_ms']:.2f} | {rel:.3f} | {v['mean_cost_over_lb']:.3f} | {v['plan_ms_p50']:.1f} |")
+                         f"{v['mean_cost_ms']:.2f} | {rel:.3f} | {v['mean_cost_over_lb']:.3f} | {v['planning_ms_p50']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

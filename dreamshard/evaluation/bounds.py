@@ -32,8 +32,8 @@ column cheaper (FBGEMM's vectorised rows) or dearer (cache pressure in the analy
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -45,6 +45,14 @@ from dreamshard.tasks import Task
 SUPER_ADDITIVE = "super_additive"
 SUB_ADDITIVE = "sub_additive"
 MIXED = "mixed"
+
+
+# what metrics/eval.json says of the bound each measured regime uses
+BOUND_USED = {
+    SUPER_ADDITIVE: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
+    SUB_ADDITIVE: "cost of all tables fused / N + all-to-all bound",
+    MIXED: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
+}
 
 
 def whole_shards(task: Task, indices: Sequence[int] | None = None) -> list[Shard]:

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
-import numpy as np
-
-from dreamshard.bounds import LowerBound, lower_bound
 from dreamshard.errors import InfeasibleTaskError
-from dreamshard.hardware.base import CostBackend, PlanCost
+from dreamshard.evaluation.bounds import LowerBound, lower_bound
+from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import Sharder
@@ -20,7 +18,7 @@ from dreamshard.tasks import Task
 class PlannedTask:
     algorithm: str
     plan: Plan
-    plan_ms: float
+    planning_ms: float
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,7 @@ class EvalResult:
     task: Task
     algorithm: str
     plan: Plan
-    plan_ms: float
+    planning_ms: float
     cost: PlanCost
     bound: LowerBound
 
@@ -71,7 +69,7 @@ def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder],
     planned = plan_with(sharders, task)
     costs = measure_interleaved(backend, task, [p.plan for p in planned], rounds)
     bound = lower_bound(backend, task, regime, batch_size, topology, column_splits)
-    return [EvalResult(task, p.algorithm, p.plan, p.plan_ms, c, bound) for p, c in zip(planned, costs)]
+    return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound) for p, c in zip(planned, costs)]
 
 
 # ---------------------------------------------------------------- exhaustive check
@@ -116,7 +114,7 @@ def exhaustive_optimum(backend: CostBackend, task: Task, batch_size: int, topolo
     """Measure every memory-feasible plan of a small task (each device subset measured once)."""
     if len({d.memory_bytes for d in task.devices}) != 1:
         raise ValueError("exhaustive search assumes identical devices")
-    subset_cost: dict[tuple[int, ...], object] = {}
+    subset_cost: dict[tuple[int, ...], ComputeCost] = {}
     best: tuple[PlanCost, Plan] | None = None
     costs: dict[tuple[int, ...], float] = {}
     for assignment in canonical_assignments(len(task.tables), task.num_devices):
@@ -138,8 +136,3 @@ def exhaustive_optimum(backend: CostBackend, task: Task, batch_size: int, topolo
     if best is None:
         raise InfeasibleTaskError(f"task {task.name!r}: no plan fits in memory")
     return ExhaustiveResult(task, best[0], best[1], costs, lower_bound(backend, task, regime, batch_size, topology))
-
-
-def summarize(values: Sequence[float]) -> dict[str, float]:
-    arr = np.asarray(values, dtype=np.float64)
-    return {"mean": float(arr.mean()), "median": float(np.median(arr))}

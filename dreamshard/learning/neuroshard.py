@@ -14,32 +14,52 @@ Both are fitted with cost_model.adam_fit, the same loop as DreamShard's cost net
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from dreamshard.cost_model import CostData, CostNet, adam_fit, fit_cost_net, log_cost, median_device_ms, mlp
-from dreamshard.checkpoints import load_checkpoint, save_checkpoint
-from dreamshard.features import FeatureScaler, shard_features
 from dreamshard.hardware.base import CostBackend
+from dreamshard.learning.checkpoints import load_checkpoint, save_checkpoint
+from dreamshard.learning.cost_model import (
+    CostData,
+    CostNet,
+    CostNetConfig,
+    adam_fit,
+    fit_cost_net,
+    log_cost,
+    median_device_ms,
+    mlp,
+)
+from dreamshard.learning.features import FeatureScaler, shard_features
 from dreamshard.plan import Shard
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
-CHECKPOINT_FORMAT = "neuroshard-model/1"
-COMM_INPUTS = 4
+COMM_INPUTS = 4  # per device: log1p dim sum, log1p others' dim sum, log device count, straggler offset
+
+
+@dataclass(frozen=True)
+class CommNetConfig:
+    """Everything that shapes a CommNet; a checkpoint stores it beside the weights."""
+
+    hidden: tuple[int, ...] = (128, 64, 32, 16)
+    scale_ms: float = 1.0  # outputs are softplus x scale_ms: the median positive communication cost
+
+    def build(self, generator: torch.Generator) -> CommNet:
+        return CommNet(self, generator)
 
 
 class CommNet(nn.Module):
-    def __init__(self, scale_ms: float = 1.0) -> None:
+    def __init__(self, config: CommNetConfig, generator: torch.Generator) -> None:
         super().__init__()
-        self.config = {"scale_ms": scale_ms}
-        self.scale_ms = scale_ms
-        self.net = mlp(COMM_INPUTS, 128, 64, 32, 16, 2)
+        self.config = config
+        self.scale_ms = config.scale_ms
+        self.net = mlp(COMM_INPUTS, *config.hidden, 2, generator=generator)
 
     @staticmethod
     def inputs(dim_sums: np.ndarray, offsets_ms: np.ndarray) -> torch.Tensor:
@@ -63,21 +83,12 @@ class NeuroShardModel:
     meta: dict
 
     def save(self, path: str | Path) -> None:
-        state = {"scaler": self.scaler.to_dict(), "meta": self.meta,
-                 "compute": {"config": self.compute.config, "state": self.compute.state_dict()},
-                 "comm": {"config": self.comm.config, "state": self.comm.state_dict()}}
-        save_checkpoint(state, CHECKPOINT_FORMAT, path)
+        save_checkpoint(path, "neuroshard", {"compute": self.compute, "comm": self.comm}, self.scaler, self.meta)
 
     @classmethod
     def load(cls, path: str | Path) -> NeuroShardModel:
-        state = load_checkpoint(path, CHECKPOINT_FORMAT)
-        compute = CostNet(**state["compute"]["config"])
-        compute.load_state_dict(state["compute"]["state"])
-        comm = CommNet(**state["comm"]["config"])
-        comm.load_state_dict(state["comm"]["state"])
-        compute.eval()
-        comm.eval()
-        return cls(compute, comm, FeatureScaler.from_dict(state["scaler"]), state["meta"])
+        c = load_checkpoint(path, "neuroshard")
+        return cls(cast(CostNet, c.networks["compute"]), cast(CommNet, c.networks["comm"]), c.scaler, c.meta)
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,9 @@ def compute_dataset(backend: CostBackend, tables: Sequence[Table],
     """Single-device CostData: random table sets at random dims, measured as one fused operator."""
     rng = np.random.default_rng(cfg.seed)
     cap = cfg.memory_cap_gb * 2**30
-    raw, shard_dev, dev_ms = [], [], []
+    raw: list[np.ndarray] = []
+    shard_dev: list[int] = []
+    dev_ms: list[tuple[float, float, float]] = []
     for k in range(cfg.compute_samples):
         count = int(rng.integers(1, cfg.max_tables + 1))
         chosen: list[Table] = []
@@ -139,11 +152,12 @@ def comm_dataset(backend: CostBackend, device_counts: Sequence[int], dims: Seque
 
 
 def fit_comm_net(cases, steps: int, lr: float, batch: int, seed: int) -> tuple[CommNet, list[float]]:
+    """A new CommNet (weights drawn from a generator seeded with `seed`) fitted to the cases."""
     x = torch.cat([CommNet.inputs(d, o) for d, o, _ in cases])
     y = torch.from_numpy(np.concatenate([t for _, _, t in cases])).float()
-    torch.manual_seed(seed)
     positive = y[y > 0]
-    net = CommNet(scale_ms=float(positive.median()) if len(positive) else 1.0)
+    config = CommNetConfig(scale_ms=float(positive.median()) if len(positive) else 1.0)
+    net = config.build(torch.Generator().manual_seed(seed))
 
     def batch_loss(idx: np.ndarray) -> torch.Tensor:
         i = torch.from_numpy(idx)
@@ -164,6 +178,6 @@ def comm_mape(net: CommNet, cases) -> float:
 
 def fit_compute_net(data: CostData, scaler: FeatureScaler, steps: int, lr: float, batch: int,
                     seed: int) -> tuple[CostNet, list[float]]:
-    torch.manual_seed(seed)
-    net = CostNet(scale_ms=median_device_ms(data))
+    """A new compute network (weights drawn from a generator seeded with `seed`) fitted to single devices."""
+    net = CostNetConfig(scale_ms=median_device_ms(data)).build(torch.Generator().manual_seed(seed))
     return net, fit_cost_net(net, scaler, data, steps, lr, batch, seed)

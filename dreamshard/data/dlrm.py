@@ -15,6 +15,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import IO, cast
+
 import numpy as np
 import torch
 
@@ -65,7 +67,7 @@ def load_dlrm_file(path: str | Path) -> EmbeddingBagBatch:
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rb") as fh:
-                obj = torch.load(fh, weights_only=True)
+                obj = torch.load(cast(IO[bytes], fh), weights_only=True)
         else:
             obj = torch.load(path, weights_only=True)
     except Exception as exc:  # corrupt gzip, pickle, truncated file, ...
@@ -122,7 +124,7 @@ def save_dlrm_file(batch: EmbeddingBagBatch, path: str | Path) -> None:
             # no name, mtime=0: the same batch gives the same bytes, so DVC sees no change on reruns;
             # level 1: level 9 takes a minute for 12M indices and saves little on random ids
             with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=1) as fh:
-                torch.save(obj, fh)
+                torch.save(obj, cast(IO[bytes], fh))
         else:
             torch.save(obj, tmp)
 

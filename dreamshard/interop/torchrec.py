@@ -42,8 +42,9 @@ import functools
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.io import atomic_path
@@ -127,7 +128,7 @@ def topology(task: Task):
     return TopologyFactory.create_topology(trainer, kernel_config=KernelConfig(compute_device=COMPUTE_DEVICE))
 
 
-def table_constraints(task: Task, sharding_types: dict[str, list[str] | None]) -> dict:
+def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None]) -> dict:
     """ParameterConstraints per table: its pooling factor, the fused kernel, the sharding types allowed."""
     from torchrec.distributed.planner.types import ParameterConstraints
 

@@ -3,30 +3,30 @@
 DreamShard alternates, for `iterations` rounds:
   1. sample `plans_per_iteration` plans from the current policy on training tasks and
      measure them with the real backend; add them to the cost data;
-  2. refit the cost network (`cost_steps` Adam steps);
+  2. refit the cost network (`cost_steps` Adam steps; `cost_steps` also for the first fit);
   3. `policy_updates` REINFORCE updates on the estimated MDP, each one batch of
      `episodes` episodes of one random training task, rewarded by the cost network.
 AutoShard makes the same policy updates with rewards from real measurements, until
 `measurement_budget` plans have been measured; its cost network (which gives the policy
-its device features) is refitted on what it measured.
-Everything is seeded: the same data, params and seed give the same model.
+its device features) is refitted on what it measured (`refit_steps` after each update).
+Everything is seeded through generators the trainer owns (no global RNG): the same data,
+params and seed give the same model.
 """
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from dreamshard.cost_model import CostData, CostNet, cost_data_from_plans, fit_cost_net, median_device_ms
-from dreamshard.features import FeatureScaler
 from dreamshard.hardware.base import CostBackend
-from dreamshard.mdp import TaskContext, reinforce_loss, rollout
+from dreamshard.learning.cost_model import CostData, CostNet, CostNetConfig, cost_data_from_plans, fit_cost_net, median_device_ms
+from dreamshard.learning.features import FeatureScaler
+from dreamshard.learning.mdp import Episodes, TaskContext, reinforce_loss, rollout
+from dreamshard.learning.policy import LearnedModel, PolicyNet, PolicyNetConfig
 from dreamshard.plan import Plan
-from dreamshard.policy import PolicyNet
-from dreamshard.sharders.learned import LearnedModel
 from dreamshard.tasks import Task
 
 
@@ -42,10 +42,11 @@ class TrainConfig:
     policy_lr: float = 1e-3
     entropy_weight: float = 1e-3
     measurement_budget: int = 100  # AutoShard only
+    refit_steps: int = 30  # AutoShard only: cost-network steps after each policy update
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "cost_steps", "cost_batch_plans", "policy_updates", "episodes"):
+        for name in ("iterations", "cost_steps", "cost_batch_plans", "policy_updates", "episodes", "refit_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.plans_per_iteration < 0 or self.measurement_budget < 0:
@@ -71,22 +72,23 @@ class Trainer:
     scaler: FeatureScaler
     config: TrainConfig
     data: CostData
-    cost_net: CostNet | None = None  # a fitted network to start from; None: fit a new one first
+    start_from: CostNet | None = None  # a fitted cost network to start from (copied); None: fit a new one first
+    cost_net: CostNet = field(init=False)
     policy: PolicyNet = field(init=False)
-    measurements: int = 0
+    measurements: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ValueError("no training tasks")
-        torch.manual_seed(self.config.seed)
-        self.rng = np.random.default_rng(self.config.seed)
-        self.gen = torch.Generator().manual_seed(self.config.seed)
-        self.fitted = self.cost_net is not None
-        if self.cost_net is None:
-            self.cost_net = CostNet(scale_ms=median_device_ms(self.data))
+        init = torch.Generator().manual_seed(self.config.seed)  # initial weights
+        self.rng = np.random.default_rng(self.config.seed)  # tasks and minibatch seeds
+        self.gen = torch.Generator().manual_seed(self.config.seed)  # rollouts
+        self.fitted = self.start_from is not None
+        if self.start_from is None:
+            self.cost_net = CostNetConfig(scale_ms=median_device_ms(self.data)).build(init)
         else:
-            self.cost_net = copy.deepcopy(self.cost_net)
-        self.policy = PolicyNet()
+            self.cost_net = copy.deepcopy(self.start_from)
+        self.policy = PolicyNetConfig().build(init)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.policy_lr)
         self.contexts: dict[str, TaskContext] = {}
 
@@ -112,15 +114,18 @@ class Trainer:
     def random_task(self) -> Task:
         return self.tasks[int(self.rng.integers(len(self.tasks)))]
 
-    def measure(self, task: Task, assignments: torch.Tensor) -> tuple[list[float], CostData]:
+    def measure(self, task: Task, assignments: torch.Tensor) -> list[float]:
+        """Measure the plans with the real backend, add them to the cost data; their costs in ms."""
         measured = []
         for a in assignments.tolist():
             plan = Plan.from_assignment(task, a)
             measured.append((task, plan, self.backend.plan_cost(task, plan)))
         self.measurements += len(measured)
-        return [c.cost_ms for _, _, c in measured], cost_data_from_plans(measured)
+        self.data = self.data.concat(cost_data_from_plans(measured))
+        return [c.cost_ms for _, _, c in measured]
 
-    def update(self, ctx: TaskContext, cost_ms: torch.Tensor, episodes) -> float:
+    def update(self, cost_ms: torch.Tensor, episodes: Episodes) -> float:
+        """One REINFORCE step of the policy on `episodes` rewarded by `cost_ms`."""
         loss = reinforce_loss(episodes, cost_ms, self.config.entropy_weight)
         self.optimizer.zero_grad()
         loss.backward()
@@ -145,8 +150,7 @@ def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Tra
                 ep = rollout(trainer.policy, trainer.cost_net, trainer.context(task), 1, trainer.gen)
             if ep.dead.any():
                 continue  # a dead end is no plan: nothing to measure
-            cost, data = trainer.measure(task, ep.assignment)
-            trainer.data = trainer.data.concat(data)
+            cost = trainer.measure(task, ep.assignment)
             predicted.append(float(ep.predicted_ms[0]))
             measured += cost
         cost_loss = trainer.refit(cfg.cost_steps)
@@ -154,7 +158,7 @@ def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Tra
         for _ in range(cfg.policy_updates):
             ctx = trainer.context(trainer.random_task())
             ep = rollout(trainer.policy, trainer.cost_net, ctx, cfg.episodes, trainer.gen)
-            policy_losses.append(trainer.update(ctx, ep.predicted_ms, ep))
+            policy_losses.append(trainer.update(ep.predicted_ms, ep))
         log = IterationLog(it, cost_loss, float(np.mean(policy_losses)),
                            float(np.mean(predicted)) if predicted else float("nan"),
                            float(np.mean(measured)) if measured else float("nan"), trainer.measurements)
@@ -180,11 +184,9 @@ def train_autoshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trai
         cost = torch.full((cfg.episodes,), float("nan"))
         alive = (~ep.dead).nonzero().flatten()
         if len(alive):
-            measured, data = trainer.measure(task, ep.assignment[alive])
-            cost[alive] = torch.tensor(measured, dtype=torch.float32)
-            trainer.data = trainer.data.concat(data)
-        policy_loss = trainer.update(ctx, cost, ep)
-        cost_loss = trainer.refit(max(1, cfg.cost_steps // 10))
+            cost[alive] = torch.tensor(trainer.measure(task, ep.assignment[alive]), dtype=torch.float32)
+        policy_loss = trainer.update(cost, ep)
+        cost_loss = trainer.refit(cfg.refit_steps)
         alive_mask = ~ep.dead
         log = IterationLog(it, cost_loss, policy_loss,
                            float(ep.predicted_ms[alive_mask].mean()) if len(alive) else float("nan"),

@@ -6,13 +6,14 @@ access-count bins. dim, rows, pooling factor and size are heavy-tailed, so they 
 as log1p and are standardised with the mean and std of the training tables. The bins
 are fractions in [0, 1] already and pass through unchanged: standardising them would
 blow rare bins (few training tables access rows 2^10+ times) up into huge z-scores for
-an unseen hot table, which the networks then extrapolate wildly. The scaler is fitted once and saved inside model checkpoints, so a table has
+an unseen hot table, which the networks then extrapolate wildly. The scaler is fitted once and saved inside model
+checkpoints, so a table has
 the same features in every task (never re-normalised per task).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dreamshard.cost_model import CostNet
-from dreamshard.features import FeatureScaler, table_features
-from dreamshard.policy import PolicyNet
+from dreamshard.learning.cost_model import CostNet
+from dreamshard.learning.features import FeatureScaler, table_features
+from dreamshard.learning.policy import PolicyNet
 from dreamshard.tasks import Task
 
 DEAD_END_PENALTY = 2.0

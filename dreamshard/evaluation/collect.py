@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,7 +23,7 @@ import pyarrow as pa
 from dreamshard.hardware.base import CostBackend
 from dreamshard.io import write_parquet
 from dreamshard.plan import Plan, device_memory_bytes
-from dreamshard.sharders import HEURISTICS, make_sharder
+from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
 from dreamshard.tasks import Task
 
 
@@ -70,7 +70,7 @@ def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: fl
     for k in range(num_plans):
         task = tasks[k % len(tasks)]
         name = HEURISTICS[(k // len(tasks)) % len(HEURISTICS)]
-        plan = make_sharder(name, seed=seed + k).shard(task)
+        plan = make_sharder(name, **({"seed": seed + k} if "seed" in SHARDERS[name].options else {})).shard(task)
         if rng.random() < perturb_fraction:
             plan = perturb(task, plan, rng, max(1, len(task.tables) // 4))
             name += "+perturbed"

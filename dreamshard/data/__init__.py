@@ -1,0 +1,1 @@
+"""Data: the DLRM file format and its synthetic generator, recorded and generated lookups, task sampling."""

@@ -1,0 +1,1 @@
+"""Evaluation: collecting real plan costs, measuring sharders' plans, lower bounds, exhaustive optima, reports."""

@@ -1,0 +1,1 @@
+"""Interop: TorchRec ShardingPlan export and TorchRec's performance estimate."""

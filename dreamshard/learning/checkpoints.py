@@ -1,0 +1,125 @@
+"""One checkpoint mechanism for every learned model.
+
+A checkpoint holds, for each of its networks, the network's config dataclass (as a dict,
+with the dataclass's name), its weights, and the feature scaler and metadata the model
+was trained with. Kinds and the networks each holds:
+
+    cost_net     cost_net                    (train_cost: DreamShard's cost network)
+    policy       cost_net, policy            (DreamShard and AutoShard: LearnedModel)
+    neuroshard   compute, comm               (NeuroShard's pre-trained cost models)
+
+Loading rebuilds every network from its stored config and loads the weights strictly: a
+config field the code no longer has, a field the code has but the checkpoint lacks (even
+one with a default: the checkpoint may have been trained with another value), or weights
+of another shape is an error naming the file, the network and the field, never a silently
+different model. Files are saved atomically and loaded with
+`weights_only=True`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dreamshard.errors import DataFormatError
+from dreamshard.io import atomic_path
+from dreamshard.learning.features import FeatureScaler
+
+FORMAT = "dreamshard-checkpoint/2"
+# kind -> its networks, role -> the config dataclass that builds it
+KINDS = {
+    "cost_net": {"cost_net": "CostNetConfig"},
+    "policy": {"cost_net": "CostNetConfig", "policy": "PolicyNetConfig"},
+    "neuroshard": {"compute": "CostNetConfig", "comm": "CommNetConfig"},
+}
+# config dataclass name -> module that defines it (imported when a checkpoint is loaded)
+CONFIGS = {
+    "CostNetConfig": "dreamshard.learning.cost_model",
+    "PolicyNetConfig": "dreamshard.learning.policy",
+    "CommNetConfig": "dreamshard.learning.neuroshard",
+}
+
+
+@dataclass
+class Checkpoint:
+    kind: str
+    networks: dict[str, nn.Module]
+    scaler: FeatureScaler
+    meta: dict
+
+
+def save_checkpoint(path: str | Path, kind: str, networks: dict[str, nn.Module], scaler: FeatureScaler,
+                    meta: dict) -> None:
+    if kind not in KINDS or set(networks) != set(KINDS[kind]):
+        raise ValueError(f"checkpoint kind {kind!r} holds networks {sorted(KINDS.get(kind, {}))}, got {sorted(networks)}")
+    stored = {}
+    for role, net in networks.items():
+        config: Any = getattr(net, "config", None)
+        if type(config).__name__ != KINDS[kind][role] or not dataclasses.is_dataclass(config) or isinstance(config, type):
+            raise ValueError(f"network {role!r}: expected .config to be a {KINDS[kind][role]}, got {type(config).__name__}")
+        stored[role] = {"config_type": type(config).__name__, "config": _plain(dataclasses.asdict(config)),
+                        "state": net.state_dict()}
+    state = {"format": FORMAT, "kind": kind, "networks": stored, "scaler": scaler.to_dict(), "meta": meta}
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: str | Path, kind: str) -> Checkpoint:
+    """The `kind` checkpoint at `path`, networks rebuilt in eval mode; clear errors otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such model checkpoint")
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a truncated file, a pickle of something else, ...
+        raise DataFormatError(f"{path}: not a model checkpoint: {exc}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise DataFormatError(f"{path}: expected a {FORMAT} checkpoint, found {found!r}")
+    if state.get("kind") != kind:
+        raise DataFormatError(f"{path}: expected a {kind!r} checkpoint, found a {state.get('kind')!r} one")
+    networks = {}
+    for role, expected in KINDS[kind].items():
+        entry = state["networks"].get(role)
+        if entry is None:
+            raise DataFormatError(f"{path}: network {role!r} missing")
+        networks[role] = _rebuild(path, role, expected, entry)
+    return Checkpoint(kind, networks, FeatureScaler.from_dict(state["scaler"]), state["meta"])
+
+
+def _rebuild(path: Path, role: str, expected: str, entry: dict[str, Any]) -> nn.Module:
+    name = entry.get("config_type")
+    if name != expected:
+        raise DataFormatError(f"{path}: network {role!r}: expected a {expected}, found {name!r}")
+    cls = getattr(importlib.import_module(CONFIGS[name]), name)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    stored = entry["config"]
+    unknown = sorted(set(stored) - set(fields))
+    if unknown:
+        raise DataFormatError(f"{path}: network {role!r}: {name} has no field(s) {', '.join(unknown)}")
+    missing = sorted(n for n in fields if n not in stored)
+    if missing:
+        raise DataFormatError(f"{path}: network {role!r}: the checkpoint lacks {name} field(s) {', '.join(missing)}")
+    try:
+        config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()})
+        # the initial weights are overwritten below: any generator will do
+        net = config.build(torch.Generator())
+        net.load_state_dict(entry["state"])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise DataFormatError(f"{path}: network {role!r}: cannot rebuild it from its {name}: {exc}") from None
+    net.eval()
+    return net
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists: torch.load(weights_only=True) reads lists, dicts and scalars."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

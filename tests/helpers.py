@@ -1,0 +1,76 @@
+"""Helpers shared by several test modules (imported as `helpers`: pytest puts tests/ on sys.path)."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dreamshard.sharders import SHARDERS
+
+
+def seeded(name: str, seed: int) -> dict[str, Any]:
+    """`seed=seed` for a sharder that takes a seed, nothing for one that does not (the greedy ones)."""
+    return {"seed": seed} if "seed" in SHARDERS[name].options else {}
+
+
+# ---------------------------------------------------------------- tiny pipeline configurations
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TINY_TABLES = 24
+FAMILIES = [
+    {"name": "tiny-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.01, "num_train": 3, "num_test": 2},
+    {"name": "tiny-8-4", "num_tables": 8, "num_devices": 4, "memory_gb": 0.01, "num_train": 2, "num_test": 2},
+]
+
+
+def tiny_params(paths_root: Path | None = None) -> dict:
+    """The project's params.yaml scaled down so that each stage takes seconds: 24 synthetic tables, two tiny
+    task families, the analytic backend, short training. `paths_root`: every path under that folder."""
+    p = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    if paths_root is not None:
+        p["paths"] = {key: str(paths_root / value) for key, value in p["paths"].items()}
+    p["data"]["source"] = "synthetic"
+    p["data"]["synthetic"].update(num_tables=TINY_TABLES, batch_size=256, max_rows=5000, seed=0)
+    p["process"]["sample_batch"] = 64
+    p["tasks"].update(seed=0, test_fraction=0.5, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
+    p["backend"].update(name="analytic", batch_size=512)
+    p["backend"]["analytic"] = {"regime": "super_additive"}
+    p["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)
+    p["train_cost"].update(steps=30, batch_plans=8)
+    p["train_policy"]["families"] = ["tiny-6-2"]
+    p["train_policy"]["common"].update(cost_steps=10, cost_batch_plans=8, episodes=2)
+    p["train_policy"]["dreamshard"].update(iterations=2, plans_per_iteration=2, policy_updates=2)
+    p["train_policy"]["autoshard"].update(measurement_budget=4, refit_steps=2)
+    p["train_neuroshard"].update(compute_samples=20, max_tables=4, comm_samples=40,
+                                 fit={"steps": 20, "lr": 0.001, "batch": 16, "comm_batch": 16})
+    p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
+    p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1,
+                         exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2})
+    return p
+
+
+# ---------------------------------------------------------------- commands (dvc, git, prefect)
+
+
+def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
+    """Run a command; with `ok`, fail the test (showing its output) unless it exits 0."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if ok:
+        assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def out(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+def ran(output: str) -> set[str]:
+    """The DVC stages a `dvc repro` / `dvc exp run` output says it ran."""
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def skipped(output: str) -> set[str]:
+    return set(re.findall(r"Stage '([^']+)' didn't change, skipping", output))

@@ -1,0 +1,124 @@
+"""The all-to-all model (dreamshard.hardware.comm) and how plan costs add it to compute."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.base import ComputeCost
+from dreamshard.hardware.comm import (
+    Topology,
+    assemble_plan_cost,
+    communication_ms,
+    transfer_ms,
+)
+from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+# ---------------------------------------------------------------- small hand-made tables
+
+# Large enough working sets (touched rows x dim x 4 B, several MiB each against the 8 MiB
+# cache) that the super-additive regime's cache pressure outweighs the launch cost fusion saves.
+BIG = [
+    Table("big0", 100_000, 64, 20.0),
+    Table("big1", 50_000, 128, 10.0),
+    Table("big2", 200_000, 32, 30.0),
+    Table("big3", 80_000, 64, 5.0),
+]
+# Tiny tables: the cache is no issue, the per-operator launch dominates.
+SMALL = [
+    Table("s0", 100, 4, 1.0),
+    Table("s1", 500, 8, 2.0),
+    Table("s2", 1_000, 16, 0.5),
+]
+
+
+def backend(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
+    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
+
+
+@pytest.fixture
+def big_task() -> Task:
+    return Task.uniform("big", BIG, 2, 1.0)
+
+
+@pytest.fixture
+def small_task() -> Task:
+    return Task.uniform("small", SMALL, 2, 1.0)
+
+
+# ---------------------------------------------------------------- communication model
+
+
+def test_transfer_two_devices_on_one_host():
+    # B = 1000 over 2 devices: blocks of 500 samples; 4 B per element; 100 GB/s; 10 us latency
+    topo = Topology(devices_per_host=8, intra_host_gbps=100.0, inter_host_gbps=1.0, latency_us=10.0, output_bytes=4)
+    # device 0 sends 500 x 64 x 4 = 128,000 B (1.28 us) and receives 500 x 32 x 4 = 64,000 B (0.64 us);
+    # device 1 the reverse: both take latency + 1.28 us = 11.28 us
+    np.testing.assert_allclose(transfer_ms([64, 32], 1000, topo), [0.01128, 0.01128], rtol=1e-12)
+
+
+def test_transfer_four_devices_on_two_hosts():
+    # hosts {0, 1} and {2, 3}; intra 100 GB/s, inter 10 GB/s; 5 us latency; 2 B per element
+    topo = Topology(devices_per_host=2, intra_host_gbps=100.0, inter_host_gbps=10.0, latency_us=5.0, output_bytes=2)
+    # B = 800 over 4 devices: a block is 200 samples x dim x 2 B = 400 x dim B -> 6400, 12800, 19200, 25600
+    # d0: send 6400/100e9 + 2 x 6400/10e9 = 1.344 us; recv 12800/100e9 + (19200 + 25600)/10e9 = 4.608 us
+    # d1: send 12800/100e9 + 2 x 12800/10e9 = 2.688 us; recv 6400/100e9 + (19200 + 25600)/10e9 = 4.544 us
+    # d2: send 19200/100e9 + 2 x 19200/10e9 = 4.032 us; recv 25600/100e9 + (6400 + 12800)/10e9 = 2.176 us
+    # d3: send 25600/100e9 + 2 x 25600/10e9 = 5.376 us; recv 19200/100e9 + (6400 + 12800)/10e9 = 2.112 us
+    expected = np.array([5 + 4.608, 5 + 4.544, 5 + 4.032, 5 + 5.376]) / 1000
+    transfer = transfer_ms([16, 32, 48, 64], 800, topo)
+    np.testing.assert_allclose(transfer, expected, rtol=1e-12)
+
+    fwd = [1.0, 2.5, 0.5, 2.0]  # device 1 is the slowest: the others wait for it
+    fwd_comm, bwd_comm = communication_ms(fwd, [16, 32, 48, 64], 800, topo)
+    np.testing.assert_allclose(fwd_comm, np.array([1.5, 0.0, 2.0, 0.5]) + expected, rtol=1e-12)
+    np.testing.assert_allclose(bwd_comm, expected, rtol=1e-12)
+
+
+def test_one_device_has_no_communication():
+    topo = Topology()
+    np.testing.assert_array_equal(transfer_ms([128], 4096, topo), [0.0])
+    fwd_comm, bwd_comm = communication_ms([3.0], [128], 4096, topo)
+    np.testing.assert_array_equal(fwd_comm, [0.0])
+    np.testing.assert_array_equal(bwd_comm, [0.0])
+
+
+def test_communication_grows_with_dims_and_batch():
+    topo = Topology()
+    base = transfer_ms([32, 32], 1024, topo)
+    assert (transfer_ms([64, 64], 1024, topo) > base).all()
+    assert (transfer_ms([32, 32], 2048, topo) > base).all()
+    # a device alone on its host pays the slow link
+    assert transfer_ms([32, 32], 1024, Topology(devices_per_host=1))[0] > base[0]
+
+
+@pytest.mark.parametrize("kwargs", [dict(devices_per_host=0), dict(intra_host_gbps=0.0), dict(inter_host_gbps=-1.0),
+                                    dict(latency_us=-1.0), dict(output_bytes=0)])
+def test_topology_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError, match="topology"):
+        Topology(**kwargs)
+
+
+def test_assemble_plan_cost_adds_the_all_to_all():
+    topo = Topology(devices_per_host=8, intra_host_gbps=100.0, latency_us=10.0, output_bytes=4)
+    tables = [Table("a", 1000, 16, 1.0), Table("b", 1000, 32, 1.0), Table("c", 1000, 8, 1.0)]
+    task = Task.uniform("asm", tables, 2, 1.0)
+    # table b split by columns: [0, 16) on device 0, [16, 32) on device 1 -> dim sums 16 + 16 = 32 and 16 + 8 = 24
+    plan = Plan(2, (Shard("a", 0, 0, 16), Shard("b", 0, 0, 16), Shard("b", 1, 16, 32), Shard("c", 1, 0, 8)))
+    validate_plan(task, plan)
+    compute = [ComputeCost(2.0, 3.0), ComputeCost(1.0, 1.5)]
+    cost = assemble_plan_cost(backend(), plan, compute, 1000, topo)
+    # blocks 500 x 32 x 4 = 64,000 B and 500 x 24 x 4 = 48,000 B; each device: 10 us + 0.64 us
+    transfer = 0.01064
+    assert cost.devices[0].fwd_ms == 2.0 and cost.devices[0].bwd_ms == 3.0
+    assert cost.devices[1].fwd_ms == 1.0 and cost.devices[1].bwd_ms == 1.5
+    assert cost.devices[0].fwd_comm_ms == pytest.approx(transfer, rel=1e-12)
+    assert cost.devices[1].fwd_comm_ms == pytest.approx(1.0 + transfer, rel=1e-12)  # waits 1 ms for device 0
+    assert cost.devices[0].bwd_comm_ms == pytest.approx(transfer, rel=1e-12)
+    assert cost.devices[1].bwd_comm_ms == pytest.approx(transfer, rel=1e-12)
+    assert cost.cost_ms == pytest.approx(5.0 + 2 * transfer, rel=1e-12)
+    assert (cost.backend, cost.measured, cost.comm) == ("analytic", False, "model")
+    assert cost.device_name == backend().device_name()
+

@@ -1,0 +1,200 @@
+"""The `dreamshard measure` command on the analytic backend: output, and one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dreamshard.cli import main
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.comm import (
+    Topology,
+)
+from dreamshard.plan import Plan
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+# ---------------------------------------------------------------- small hand-made tables
+
+# Large enough working sets (touched rows x dim x 4 B, several MiB each against the 8 MiB
+# cache) that the super-additive regime's cache pressure outweighs the launch cost fusion saves.
+BIG = [
+    Table("big0", 100_000, 64, 20.0),
+    Table("big1", 50_000, 128, 10.0),
+    Table("big2", 200_000, 32, 30.0),
+    Table("big3", 80_000, 64, 5.0),
+]
+# Tiny tables: the cache is no issue, the per-operator launch dominates.
+SMALL = [
+    Table("s0", 100, 4, 1.0),
+    Table("s1", 500, 8, 2.0),
+    Table("s2", 1_000, 16, 0.5),
+]
+
+
+def backend(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
+    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
+
+
+@pytest.fixture
+def big_task() -> Task:
+    return Task.uniform("big", BIG, 2, 1.0)
+
+
+@pytest.fixture
+def small_task() -> Task:
+    return Task.uniform("small", SMALL, 2, 1.0)
+
+
+# ---------------------------------------------------------------- `dreamshard measure`
+
+CLI_TABLES = pd.DataFrame({
+    "name": [f"emb_{i}" for i in range(8)],
+    "rows": [20_000, 100, 5_000, 70_000, 1_000, 30_000, 250, 9_999],
+    "dim": [32, 4, 16, 32, 64, 8, 12, 48],
+    "pooling_factor": [1.0, 0.2, 15.5, 3.0, 40.0, 7.25, 100.0, 2.5],
+})
+
+
+@pytest.fixture
+def planned(tmp_path, capsys) -> tuple[Path, Path]:
+    tables = tmp_path / "tables.csv"
+    CLI_TABLES.to_csv(tables, index=False)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(tables), "--devices", "3", "--memory-gb", "0.05",
+                 "--algo", "lookup_greedy", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    return tables, plan
+
+
+def measure(tables: Path, plan: Path, *extra: str) -> list[str]:
+    return ["measure", "--tables", str(tables), "--plan", str(plan), "--backend", "analytic",
+            "--regime", "super_additive", *extra]
+
+
+def one_line_error(argv, capsys) -> str:
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "Traceback" not in captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("dreamshard: error: ")
+    assert captured.out == ""
+    return lines[0]
+
+
+def test_measure_json_with_the_analytic_backend(planned, capsys):
+    tables, plan = planned
+    assert main(measure(tables, plan, "--json", "--batch-size", "1024")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"cost_ms", "backend", "device", "devices"} <= set(out)
+    assert out["backend"] == "analytic"
+    assert "analytic" in out["device"]
+    assert out["measured"] is False
+    assert out["batch_size"] == 1024
+    assert len(out["devices"]) == 3
+    for d in out["devices"]:
+        assert set(d) == {"fwd_ms", "bwd_ms", "fwd_comm_ms", "bwd_comm_ms"}
+        assert all(v >= 0 for v in d.values())
+    assert out["cost_ms"] == pytest.approx(max(sum(d.values()) for d in out["devices"]))
+    # the same number as the library gives for this task and plan
+    task = Task.uniform("tables", [Table(r.name, r.rows, r.dim, r.pooling_factor) for r in CLI_TABLES.itertuples()],
+                        3, 0.05)
+    expected = backend("super_additive", 1024).plan_cost(task, Plan.load_json(plan))
+    assert out["cost_ms"] == pytest.approx(expected.cost_ms)
+
+
+def test_measure_analytic_needs_a_regime(planned, capsys):
+    tables, plan = planned
+    argv = measure(tables, plan)
+    del argv[argv.index("--regime"): argv.index("--regime") + 2]
+    assert "--regime super_additive or sub_additive" in one_line_error(argv, capsys)
+
+
+def test_measure_table_output(planned, capsys):
+    tables, plan = planned
+    assert main(measure(tables, plan)) == 0
+    out = capsys.readouterr().out
+    assert "analytic" in out and "modelled, not measured" in out
+    assert "cost (slowest device)" in out
+    assert len([ln for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]) == 3
+
+
+def test_measure_missing_plan_file(planned, capsys):
+    tables, plan = planned
+    line = one_line_error(measure(tables, plan.parent / "absent.json"), capsys)
+    assert "absent.json" in line and "no such file" in line
+
+
+def test_measure_plan_not_json(planned, capsys):
+    tables, plan = planned
+    plan.write_text("{ this is not json")
+    line = one_line_error(measure(tables, plan), capsys)
+    assert "plan.json" in line and "not valid JSON" in line
+
+
+@pytest.mark.parametrize("content, words", [
+    ("[1, 2, 3]", ["expected a JSON object"]),
+    ('{"num_devices": 0, "shards": []}', ["num_devices"]),
+    ('{"num_devices": 2, "shards": [{"table": "emb_0", "device": "zero", "col_start": 0, "col_end": 32}]}',
+     ["shards[0].device"]),
+])
+def test_measure_malformed_plan_objects(planned, capsys, content, words):
+    tables, plan = planned
+    plan.write_text(content)
+    line = one_line_error(measure(tables, plan), capsys)
+    for w in words:
+        assert w in line
+
+
+def test_measure_plan_with_an_unknown_table(planned, capsys):
+    tables, plan = planned
+    obj = json.loads(plan.read_text())
+    obj["shards"][0]["table"] = "no_such_table"
+    plan.write_text(json.dumps(obj))
+    line = one_line_error(measure(tables, plan), capsys)
+    assert "unknown table" in line and "no_such_table" in line
+
+
+def test_measure_plan_missing_a_table(planned, capsys):
+    tables, plan = planned
+    obj = json.loads(plan.read_text())
+    dropped = obj["shards"].pop(2)["table"]
+    plan.write_text(json.dumps(obj))
+    line = one_line_error(measure(tables, plan), capsys)
+    assert dropped in line and "not placed" in line
+
+
+def test_measure_plan_without_memory(planned, capsys):
+    tables, plan = planned
+    obj = json.loads(plan.read_text())
+    del obj["memory_gb"]
+    plan.write_text(json.dumps(obj))
+    assert "--memory-gb" in one_line_error(measure(tables, plan), capsys)
+    assert main(measure(tables, plan, "--memory-gb", "0.05")) == 0
+
+
+def test_measure_plan_over_memory(planned, capsys):
+    tables, plan = planned
+    line = one_line_error(measure(tables, plan, "--memory-gb", "0.001"), capsys)
+    assert "capacity" in line
+
+
+@pytest.mark.parametrize("write, words", [
+    (lambda p: CLI_TABLES.drop(columns=["rows"]).to_csv(p, index=False), ["missing column", "rows"]),
+    (lambda p: p.write_text("name,rows,dim,pooling_factor\n"), ["no tables"]),
+    (lambda p: CLI_TABLES.assign(dim=[6] + [4] * 7).to_csv(p, index=False), ["emb_0", "multiple of 4"]),
+    (lambda p: None, ["no such file"]),
+])
+def test_measure_bad_tables_file(planned, capsys, tmp_path, write, words):
+    _, plan = planned
+    bad = tmp_path / "bad_tables.csv"
+    write(bad)
+    line = one_line_error(measure(bad, plan), capsys)
+    assert "bad_tables.csv" in line
+    for w in words:
+        assert w in line
+
