@@ -1,6 +1,6 @@
 """CPU kernel benchmark: is a fused FBGEMM operator's cost the sum of its tables' costs?
 
-    python -m benchmarks.cpu_kernels [--tables N] [--repeats R] [--batch-size B] [--iterations I]
+    python -m benchmarks.cpu_kernels [--tables N] [--repeats R] [--batch-size B] [--iterations I] [--large]
 
 Builds N tables (default 20) with log-uniform rows in [300, 300k], dims in {8..128},
 Poisson pooling and Zipf lookups (dreamshard.data.lookups.GeneratedLookups, seed 0), then,
@@ -45,6 +45,14 @@ def reference_tables(n: int, seed: int = 0) -> list[Table]:
     return [Table(f"t{i}", int(r), int(d), float(p)) for i, (r, d, p) in enumerate(zip(rows, dims, pooling))]
 
 
+LARGE_ROWS = (300_000, 200_000, 150_000, 100_000, 80_000, 60_000, 50_000, 40_000, 30_000, 20_000)
+LARGE_DIMS = (64, 128, 32, 64, 128, 64, 32, 128, 64, 32)
+
+
+def large_tables() -> list[Table]:
+    return [Table(f"big{i}", r, d, 10.0) for i, (r, d) in enumerate(zip(LARGE_ROWS, LARGE_DIMS))]
+
+
 def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else float("nan")
 
@@ -57,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=FbgemmConfig().iterations)
     ap.add_argument("--warmup", type=int, default=FbgemmConfig().warmup)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--large", action="store_true", help="the 10 large tables instead of --tables N reference tables")
     args = ap.parse_args(argv)
     if args.tables < 1 or args.repeats < 1:
         ap.error("--tables and --repeats must be >= 1")
 
-    tables = reference_tables(args.tables, args.seed)
+    tables = large_tables() if args.large else reference_tables(args.tables, args.seed)
     task = Task.uniform("cpu-kernels", tables, 1, 64.0)
     config = FbgemmConfig(batch_size=args.batch_size, warmup=args.warmup, iterations=args.iterations, threads=1,
                           device="cpu", memory_budget_gb=16.0)

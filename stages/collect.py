@@ -74,7 +74,8 @@ def prepare(params: dict[str, Any]) -> CollectJob:
     # plans measured with other backend settings must not be reused
     fingerprint = json.dumps({"backend": section(params, "backend"), "versions": backend.versions(),
                               "device": backend.device_name()}, sort_keys=True)
-    items = plans_to_measure(tasks, cfg["num_plans"], float(cfg.get("perturb_fraction", 0.5)), cfg["seed"], fingerprint)
+    perturb = float(section(params, "collect.perturb_fraction"))
+    items = plans_to_measure(tasks, cfg["num_plans"], perturb, cfg["seed"], fingerprint)
     out = Path(section(params, "paths.costs"))
     journal = CostJournal(out / "journal")
     chunks = pending_chunks(items, journal.done_ids(), cfg["chunk_size"])

@@ -26,10 +26,11 @@ def run(params: dict[str, Any]) -> None:
     dims = cfg.get("dims")
     if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
         raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
-    seed = int(cfg.get("seed", 0))
+    seed = int(section(params, "tasks.seed"))
 
     stats = pd.read_parquet(section(params, "paths.tables"))
-    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), cfg.get("test_fraction", 0.5), seed)))
+    test_fraction = section(params, "tasks.test_fraction")
+    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), test_fraction, seed)))
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
     out = Path(section(params, "paths.tasks"))
     for split, pool in pools.items():

@@ -22,8 +22,8 @@ from stages.cost_data import load_scaler_and_data
 
 def run(params: dict[str, Any]) -> None:
     cfg = section(params, "train_cost")
-    seed = int(cfg.get("seed", 0))
-    holdout = float(cfg.get("holdout_fraction", 0.2))
+    seed = int(section(params, "train_cost.seed"))
+    holdout = float(section(params, "train_cost.holdout_fraction"))
     if not 0 < holdout < 1:
         raise ParamsError(f"params.yaml: train_cost.holdout_fraction: expected in (0, 1), got {holdout}")
     scaler, data, _ = load_scaler_and_data(params)
@@ -32,7 +32,7 @@ def run(params: dict[str, Any]) -> None:
     held, fit_on = data.subset(order[:n_hold]), data.subset(order[n_hold:])
 
     def fit(d):
-        config = CostNetConfig(scale_ms=median_device_ms(d), plan_estimate=cfg["plan_estimate"])
+        config = CostNetConfig(scale_ms=median_device_ms(d), plan_estimate=section(params, "train_cost.plan_estimate"))
         net = config.build(torch.Generator().manual_seed(seed))
         losses = fit_cost_net(net, scaler, d, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed)
         return net, losses

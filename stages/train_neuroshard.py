@@ -32,7 +32,8 @@ from stages.common import ParamsError, build, section
 def run(params: dict[str, Any]) -> None:
     cfg = dict(section(params, "train_neuroshard"))
     fit = cfg.pop("fit")
-    holdout = float(cfg.pop("holdout_fraction", 0.2))
+    holdout = float(section(params, "train_neuroshard.holdout_fraction"))
+    cfg.pop("holdout_fraction")
     if not 0 < holdout < 1:
         raise ParamsError(f"params.yaml: train_neuroshard.holdout_fraction: expected in (0, 1), got {holdout}")
     augment = build(AugmentConfig, {**cfg, "dims": tuple(section(params, "tasks.dims"))}, "train_neuroshard")

@@ -75,3 +75,19 @@ def prefect_env(tmp_path_factory: pytest.TempPathFactory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture
+def big_task():
+    from dreamshard.tasks import Task
+    from helpers import BIG
+
+    return Task.uniform("big", BIG, 2, 1.0)
+
+
+@pytest.fixture
+def small_task():
+    from dreamshard.tasks import Task
+    from helpers import SMALL
+
+    return Task.uniform("small", SMALL, 2, 1.0)

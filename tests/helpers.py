@@ -8,7 +8,10 @@ from typing import Any
 
 import yaml
 
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.comm import Topology
 from dreamshard.sharders import SHARDERS
+from dreamshard.tables import Table
 
 
 def seeded(name: str, seed: int) -> dict[str, Any]:
@@ -74,3 +77,26 @@ def ran(output: str) -> set[str]:
 
 def skipped(output: str) -> set[str]:
     return set(re.findall(r"Stage '([^']+)' didn't change, skipping", output))
+
+
+# ---------------------------------------------------------------- small hand-made tables, analytic backend
+
+# Large enough working sets (touched rows x dim x 4 B, several MiB each against the 8 MiB
+# cache) that the super-additive regime's cache pressure outweighs the launch cost fusion saves.
+BIG = [
+    Table("big0", 100_000, 64, 20.0),
+    Table("big1", 50_000, 128, 10.0),
+    Table("big2", 200_000, 32, 30.0),
+    Table("big3", 80_000, 64, 5.0),
+]
+# Tiny tables: the cache is no issue, the per-operator launch dominates.
+SMALL = [
+    Table("s0", 100, 4, 1.0),
+    Table("s1", 500, 8, 2.0),
+    Table("s2", 1_000, 16, 0.5),
+]
+
+
+def analytic(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
+    """The deterministic analytic backend (a model, never a measurement)."""
+    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))

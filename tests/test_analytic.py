@@ -20,38 +20,8 @@ from dreamshard.plan import Plan
 from dreamshard.sharders import make_sharder
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
-
-# ---------------------------------------------------------------- small hand-made tables
-
-# Large enough working sets (touched rows x dim x 4 B, several MiB each against the 8 MiB
-# cache) that the super-additive regime's cache pressure outweighs the launch cost fusion saves.
-BIG = [
-    Table("big0", 100_000, 64, 20.0),
-    Table("big1", 50_000, 128, 10.0),
-    Table("big2", 200_000, 32, 30.0),
-    Table("big3", 80_000, 64, 5.0),
-]
-# Tiny tables: the cache is no issue, the per-operator launch dominates.
-SMALL = [
-    Table("s0", 100, 4, 1.0),
-    Table("s1", 500, 8, 2.0),
-    Table("s2", 1_000, 16, 0.5),
-]
-
-
-def backend(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
-
-
-@pytest.fixture
-def big_task() -> Task:
-    return Task.uniform("big", BIG, 2, 1.0)
-
-
-@pytest.fixture
-def small_task() -> Task:
-    return Task.uniform("small", SMALL, 2, 1.0)
-
+from helpers import BIG, SMALL
+from helpers import analytic as backend
 
 # ---------------------------------------------------------------- analytic backend
 

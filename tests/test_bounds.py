@@ -41,7 +41,7 @@ from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table
 from dreamshard.tasks import Task
-from helpers import seeded
+from helpers import analytic, seeded
 
 BATCH = 2048
 TOPOLOGY = Topology(devices_per_host=2)  # 8-device tasks span 4 hosts
@@ -234,11 +234,6 @@ def test_column_split_bound_below_plans_with_slices_sub_additive():
 # ---------------------------------------------------------------- bounds on sampled tasks, per backend setting
 
 
-def analytic_backend(regime: str = "super_additive", batch_size: int = 2048,
-                     topology: Topology | None = None) -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
-
-
 
 DIMS = [4, 8, 16, 32, 64]
 
@@ -277,7 +272,7 @@ BOUND_BACKENDS = {
 
 @pytest.mark.parametrize("name", sorted(BOUND_BACKENDS))
 def test_lower_bound_is_below_every_sharders_plan(generated_tasks, name):
-    b = analytic_backend(**BOUND_BACKENDS[name])
+    b = analytic(**BOUND_BACKENDS[name])
     regime = regime_of([additivity_ratio(b, t) for t in generated_tasks])
     if b.config.regime == "sub_additive":
         assert regime == SUB_ADDITIVE
@@ -304,7 +299,7 @@ def test_lower_bound_is_below_the_exhaustive_optimum(regime_name, num_tables):
     rng = np.random.default_rng(num_tables)
     fam = TaskFamily("ex", num_tables, 2, 0.01, 0, 0)
     task = sample_tasks(stats, stats["table_id"].tolist(), fam, 1, "test", DIMS, MemoryModel(), rng)[0]
-    b = analytic_backend(regime_name, batch_size=2048)
+    b = analytic(regime_name, batch_size=2048)
     regime = regime_of([additivity_ratio(b, task)])
     result = exhaustive_optimum(b, task, b.config.batch_size, b.config.topology, regime)
     # the optimum is a real plan, costed exactly as the backend costs it
@@ -333,7 +328,7 @@ def test_single_device_bound_has_no_transfer():
     big = [Table("big0", 100_000, 64, 20.0), Table("big1", 50_000, 128, 10.0), Table("big2", 200_000, 32, 30.0),
            Table("big3", 80_000, 64, 5.0)]
     task = Task.uniform("one", big, 1, 1.0)
-    b = analytic_backend("sub_additive")
+    b = analytic("sub_additive")
     bound = lower_bound(b, task, SUB_ADDITIVE, 2048, Topology())
     fused = b.compute_cost(task, whole_shards(task)).total_ms
     assert bound.transfer_mean_ms == 0.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.hardware.base import ComputeCost
 from dreamshard.hardware.comm import (
     Topology,
@@ -15,38 +14,7 @@ from dreamshard.hardware.comm import (
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
-
-# ---------------------------------------------------------------- small hand-made tables
-
-# Large enough working sets (touched rows x dim x 4 B, several MiB each against the 8 MiB
-# cache) that the super-additive regime's cache pressure outweighs the launch cost fusion saves.
-BIG = [
-    Table("big0", 100_000, 64, 20.0),
-    Table("big1", 50_000, 128, 10.0),
-    Table("big2", 200_000, 32, 30.0),
-    Table("big3", 80_000, 64, 5.0),
-]
-# Tiny tables: the cache is no issue, the per-operator launch dominates.
-SMALL = [
-    Table("s0", 100, 4, 1.0),
-    Table("s1", 500, 8, 2.0),
-    Table("s2", 1_000, 16, 0.5),
-]
-
-
-def backend(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
-
-
-@pytest.fixture
-def big_task() -> Task:
-    return Task.uniform("big", BIG, 2, 1.0)
-
-
-@pytest.fixture
-def small_task() -> Task:
-    return Task.uniform("small", SMALL, 2, 1.0)
-
+from helpers import analytic as backend
 
 # ---------------------------------------------------------------- communication model
 
