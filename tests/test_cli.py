@@ -230,3 +230,12 @@ def test_installed_console_script(tmp_path, tables_csv):
     assert failed.returncode == 1
     assert "Traceback" not in failed.stderr
     assert failed.stderr.strip().splitlines() == [f"dreamshard: error: {tmp_path / 'absent.csv'}: no such file"]
+
+
+def test_an_option_the_sharder_does_not_take_is_an_error(tmp_path, tables_csv, capsys):
+    out = tmp_path / "plan.json"
+    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.1, "--seed", "3")) == 1
+    assert "--seed: sharder 'size_greedy' takes no seed" in capsys.readouterr().err
+    assert main(plan_args(tables_csv, out, "random", 4, 0.1, "--model", str(tmp_path / "m.pt"))) == 1
+    assert "--model: sharder 'random' takes no model" in capsys.readouterr().err
+    assert not out.exists()

@@ -229,3 +229,16 @@ def test_place_tables_step_limit():
         place_tables(task, [3, 4, 0, 1, 2], by_least_load)
     with pytest.raises(ValueError, match="order must list every table"):
         place_tables(task, [0, 1, 2, 3], by_least_load)
+
+
+def test_options_are_typed_and_checked():
+    with pytest.raises(ValueError, match=r"sharder 'dim_greedy': unknown option\(s\) seed; it takes no options"):
+        make_sharder("dim_greedy", seed=1)
+    with pytest.raises(ValueError, match=r"sharder 'random': unknown option\(s\) sample; it takes seed"):
+        make_sharder("random", sample=4)  # a typo is an error, not ignored
+    with pytest.raises(ValueError, match="sharder 'dreamshard' needs a trained model"):
+        make_sharder("dreamshard")
+    with pytest.raises(TypeError, match=r"model must be a LearnedModel \(load_model\('dreamshard', path\)\), got str"):
+        make_sharder("dreamshard", model="models/dreamshard.pt")
+    assert {n for n, s in SHARDERS.items() if s.splits_tables} == {"neuroshard", "torchrec_full"}
+    assert {n for n, s in SHARDERS.items() if s.needs_model} == {"dreamshard", "autoshard", "neuroshard"}
