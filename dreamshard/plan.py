@@ -1,10 +1,18 @@
-"""Plans: which device holds each table (or column slice of a table), validation, JSON I/O."""
+"""Plans: which device holds each table, or each piece of a table, validation, JSON I/O.
+
+A shard is the block rows [row_start, row_end) x columns [col_start, col_end) of a table
+on one device. Whole tables, column slices (table-wise, column-wise sharding), row ranges
+(row-wise) and row ranges of column slices are all shards; a valid plan covers every cell
+of every table exactly once, within each device's memory. In plan JSON `row_start` and
+`row_end` are written only for a row range: a shard without them holds all rows, so plans
+written before row ranges existed load unchanged.
+"""
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +23,51 @@ from dreamshard.tasks import Task
 
 @dataclass(frozen=True)
 class Shard:
-    """Columns [col_start, col_end) of `table` live on `device`."""
+    """Columns [col_start, col_end) of rows [row_start, row_end) of `table` live on `device`;
+    row_end None: every row from row_start (0) on, i.e. all rows of the table."""
 
     table: str
     device: int
     col_start: int
     col_end: int
+    row_start: int = 0
+    row_end: int | None = None
+
+    @property
+    def width(self) -> int:
+        return self.col_end - self.col_start
+
+    @property
+    def is_row_range(self) -> bool:
+        return self.row_end is not None or self.row_start != 0
+
+    def rows(self, table_rows: int) -> tuple[int, int]:
+        """[start, end) of the rows this shard holds, for a table of `table_rows` rows."""
+        return self.row_start, table_rows if self.row_end is None else self.row_end
+
+    def num_rows(self, table_rows: int) -> int:
+        start, end = self.rows(table_rows)
+        return end - start
+
+    def kind(self, table_rows: int, table_dim: int) -> str:
+        """table | column | row | row+column: how this shard cuts its table."""
+        start, end = self.rows(table_rows)
+        rows_cut = (start, end) != (0, table_rows)
+        cols_cut = (self.col_start, self.col_end) != (0, table_dim)
+        return {(False, False): "table", (False, True): "column", (True, False): "row"}.get((rows_cut, cols_cut),
+                                                                                           "row+column")
+
+    def label(self) -> str:
+        rows = f"{self.row_start}:{'' if self.row_end is None else self.row_end}, " if self.is_row_range else ""
+        return f"{self.table}[{rows}{self.col_start}:{self.col_end}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"table": self.table, "device": self.device, "col_start": self.col_start,
+                               "col_end": self.col_end}
+        if self.is_row_range:
+            out["row_start"] = self.row_start
+            out["row_end"] = self.row_end
+        return out
 
 
 @dataclass(frozen=True)
@@ -40,7 +87,7 @@ class Plan:
         return [s for s in self.shards if s.device == device]
 
     def to_dict(self, **extra: Any) -> dict:
-        return {"num_devices": self.num_devices, "shards": [asdict(s) for s in self.shards], **extra}
+        return {"num_devices": self.num_devices, "shards": [s.to_dict() for s in self.shards], **extra}
 
     def save_json(self, path: str | Path, **extra: Any) -> None:
         write_text(json.dumps(self.to_dict(**extra), indent=2) + "\n", path)
@@ -66,7 +113,14 @@ class Plan:
             for key, typ in (("table", str), ("device", int), ("col_start", int), ("col_end", int)):
                 if not isinstance(s.get(key), typ) or isinstance(s.get(key), bool):
                     raise DataFormatError(f"{origin}: shards[{i}].{key}: expected {typ.__name__}, got {s.get(key)!r}")
-            shards.append(Shard(s["table"], s["device"], s["col_start"], s["col_end"]))
+            if ("row_start" in s) != ("row_end" in s):
+                raise DataFormatError(f"{origin}: shards[{i}]: row_start and row_end go together (a row range), "
+                                      "or neither (all rows)")
+            for key in ("row_start", "row_end"):
+                if key in s and (not isinstance(s[key], int) or isinstance(s[key], bool)):
+                    raise DataFormatError(f"{origin}: shards[{i}].{key}: expected int, got {s[key]!r}")
+            shards.append(Shard(s["table"], s["device"], s["col_start"], s["col_end"],
+                                s.get("row_start", 0), s.get("row_end")))
         return cls(n, tuple(shards))
 
 
@@ -82,44 +136,64 @@ def read_plan_json(path: str | Path) -> Any:
 
 
 def device_memory_bytes(task: Task, plan: Plan) -> list[int]:
+    """Bytes each device holds: each shard's rows x width, plus optimizer state of those rows."""
     rows = {t.name: t.rows for t in task.tables}
     used = [0] * plan.num_devices
     for s in plan.shards:
-        used[s.device] += task.memory.shard_bytes(rows[s.table], s.col_end - s.col_start)
+        used[s.device] += task.memory.shard_bytes(s.num_rows(rows[s.table]), s.width)
     return used
 
 
 def validate_plan(task: Task, plan: Plan) -> None:
-    """Raise InvalidPlanError unless every table's columns are placed exactly once within memory."""
+    """Raise InvalidPlanError unless every cell of every table is placed exactly once, within memory.
+
+    Columns are cut on multiples of 4 (FBGEMM's row alignment), rows anywhere.
+    """
     if plan.num_devices != task.num_devices:
         raise InvalidPlanError(f"plan is for {plan.num_devices} devices, task {task.name!r} has {task.num_devices}")
-    dims = {t.name: t.dim for t in task.tables}
-    slices: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    tables = {t.name: t for t in task.tables}
+    blocks: dict[str, list[Shard]] = defaultdict(list)
     for s in plan.shards:
-        if s.table not in dims:
+        t = tables.get(s.table)
+        if t is None:
             raise InvalidPlanError(f"shard of unknown table {s.table!r}")
         if not 0 <= s.device < plan.num_devices:
             raise InvalidPlanError(f"table {s.table!r} on device {s.device}, expected 0..{plan.num_devices - 1}")
-        width = s.col_end - s.col_start
-        if s.col_start < 0 or s.col_end > dims[s.table]:
-            raise InvalidPlanError(
-                f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) outside its dim {dims[s.table]}"
-            )
-        if width <= 0 or width % 4 or s.col_start % 4:
+        if s.col_start < 0 or s.col_end > t.dim:
+            raise InvalidPlanError(f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) outside its dim {t.dim}")
+        if s.width <= 0 or s.width % 4 or s.col_start % 4:
             raise InvalidPlanError(
                 f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range on multiples of 4"
             )
-        slices[s.table].append((s.col_start, s.col_end))
-    for name, dim in dims.items():
-        covered = 0
-        for start, end in sorted(slices.get(name, [])):
-            if start != covered:
-                what = "placed more than once" if start < covered else "not placed"
-                raise InvalidPlanError(f"table {name!r}: columns from {min(start, covered)} {what}")
-            covered = end
-        if covered != dim:
-            what = "not placed" if covered < dim else "beyond its dim"
-            raise InvalidPlanError(f"table {name!r}: columns {min(covered, dim)}..{max(covered, dim)} {what} (dim {dim})")
+        start, end = s.rows(t.rows)
+        if start < 0 or end > t.rows or end <= start:
+            raise InvalidPlanError(f"table {s.table!r}: rows [{start}, {end}) must be a non-empty range within its "
+                                   f"{t.rows} rows")
+        blocks[s.table].append(s)
+    for name, t in tables.items():
+        placed = blocks.get(name, [])
+        for i, a in enumerate(placed):
+            for b in placed[i + 1:]:
+                (ra0, ra1), (rb0, rb1) = a.rows(t.rows), b.rows(t.rows)
+                if ra0 < rb1 and rb0 < ra1 and a.col_start < b.col_end and b.col_start < a.col_end:
+                    raise InvalidPlanError(f"table {name!r}: {a.label()} and {b.label()} overlap: cells placed more "
+                                           "than once")
+        covered = sum(s.num_rows(t.rows) * s.width for s in placed)  # no overlaps: the area placed
+        if covered != t.rows * t.dim:
+            r0, r1, c0, c1 = _first_gap(t.rows, t.dim, [(*s.rows(t.rows), s.col_start, s.col_end) for s in placed])
+            raise InvalidPlanError(f"table {name!r}: rows [{r0}, {r1}) x columns [{c0}, {c1}) not placed "
+                                   f"({t.rows} rows x dim {t.dim})")
     for d, (used, dev) in enumerate(zip(device_memory_bytes(task, plan), task.devices)):
         if used > dev.memory_bytes:
             raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {dev.memory_bytes}")
+
+
+def _first_gap(rows: int, dim: int, blocks: list[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:
+    """The first cell of the grid the blocks' edges make that no block covers (blocks do not cover all)."""
+    row_edges = sorted({0, rows, *(b[0] for b in blocks), *(b[1] for b in blocks)})
+    col_edges = sorted({0, dim, *(b[2] for b in blocks), *(b[3] for b in blocks)})
+    for r0, r1 in zip(row_edges, row_edges[1:]):
+        for c0, c1 in zip(col_edges, col_edges[1:]):
+            if not any(b[0] <= r0 and r1 <= b[1] and b[2] <= c0 and c1 <= b[3] for b in blocks):
+                return r0, r1, c0, c1
+    raise AssertionError("no gap found in an incomplete cover")

@@ -130,3 +130,18 @@ def test_analytic_plan_cost_is_compute_plus_modelled_comm(big_task):
         assert cost.devices[d].fwd_comm_ms == pytest.approx(fwd_comm[d])
         assert cost.devices[d].bwd_comm_ms == pytest.approx(bwd_comm[d])
 
+
+
+def test_row_shards_share_their_tables_work_by_rows():
+    from dreamshard.plan import Shard
+
+    t = Table("t", 100_000, 64, 20.0)
+    task = Task.uniform("rows", [t], 2, 1.0)
+    b = backend("sub_additive", batch_size=1024)
+    whole = b.compute_cost(task, [Shard("t", 0, 0, 64)])
+    first = b.compute_cost(task, [Shard("t", 0, 0, 64, 0, 25_000)])
+    rest = b.compute_cost(task, [Shard("t", 0, 0, 64, 25_000, 100_000)])
+    # lookups and touched rows by the rows' share (1/4, 3/4); each piece writes partial sums for the whole batch
+    assert first.total_ms < rest.total_ms < whole.total_ms
+    output_ms = 1024 * 64 * 0.5 / 1e6  # B x width x output_ns, per piece
+    assert first.fwd_ms > 50 / 1000 + output_ms

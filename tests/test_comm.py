@@ -90,3 +90,25 @@ def test_assemble_plan_cost_adds_the_all_to_all():
     assert (cost.backend, cost.measured, cost.comm) == ("analytic", False, "model")
     assert cost.device_name == backend().device_name()
 
+
+
+def test_row_shards_move_their_partial_sums_hand_computed():
+    """Table t (dim 16) split by rows over devices 0 and 1, table u (dim 8) whole on device 1; 2 devices, one host.
+
+    Forward: each device's partial sums of t (B x 16) go, batch share B/2, to the other device;
+    device 1 also sends u's outputs: send_0 = B/2 x 16 x 4 B, send_1 = B/2 x (16 + 8) x 4 B,
+    and each receives what the other sends: transfer_d = latency + max(send_d, recv_d) / bandwidth.
+    """
+    from dreamshard.plan import Plan, Shard
+    from dreamshard.tasks import Task
+
+    topo = Topology(devices_per_host=2, intra_host_gbps=100.0, latency_us=10.0, output_bytes=4)
+    task = Task.uniform("rows", [Table("t", 1000, 16, 3.0), Table("u", 50, 8, 1.0)], 2, 1.0)
+    plan = Plan(2, (Shard("t", 0, 0, 16, 0, 400), Shard("t", 1, 0, 16, 400, 1000), Shard("u", 1, 0, 8)))
+    b = backend("sub_additive", batch_size=1000, topology=topo)
+    cost = b.plan_cost(task, plan)
+    send = [500 * 16 * 4, 500 * 24 * 4]  # bytes
+    by_hand = [(10e-6 + max(send[0], send[1]) / 100e9) * 1e3] * 2  # each receives the other's send
+    assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx(by_hand)
+    fwd = [d.fwd_ms for d in cost.devices]
+    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([max(fwd) - f + t for f, t in zip(fwd, by_hand)])

@@ -329,3 +329,26 @@ def test_medians_agree_between_two_runs_within_a_generous_factor():
     for a, b in ((first.fwd_ms, second.fwd_ms), (first.bwd_ms, second.bwd_ms)):
         assert positive_finite(a) and positive_finite(b)
         assert 0.25 < a / b < 4.0, (first, second)
+
+
+def test_a_row_shard_is_its_own_table_fed_the_lookups_in_its_range(backend):
+    """Rows [r0, r1) of table c: an operator table of r1 - r0 rows, given c's lookups in the range, rebased."""
+    task = tiny_task()
+    whole = backend.build_operator(task, [Shard("c", 0, 0, 32)])
+    low = backend.build_operator(task, [Shard("c", 0, 0, 32, 0, 700)])
+    high = backend.build_operator(task, [Shard("c", 0, 8, 32, 700, 2000)])
+    assert [w.shape for w in low.op.split_embedding_weights()] == [(700, 32)]
+    assert [w.shape for w in high.op.split_embedding_weights()] == [(1300, 24)]
+    b = FAST.batch_size
+    idx, off = whole.indices.numpy(), whole.offsets.numpy()
+    for sample in (0, 7, b - 1):
+        rows = idx[off[sample]: off[sample + 1]]
+        lo = low.indices.numpy()[low.offsets.numpy()[sample]: low.offsets.numpy()[sample + 1]]
+        hi = high.indices.numpy()[high.offsets.numpy()[sample]: high.offsets.numpy()[sample + 1]]
+        assert sorted(lo.tolist()) == sorted(rows[rows < 700].tolist())
+        assert sorted((hi + 700).tolist()) == sorted(rows[rows >= 700].tolist())
+    assert low.indices.numel() + high.indices.numel() == whole.indices.numel()
+    cost = backend.compute_cost(task, [Shard("c", 0, 0, 32, 0, 700), Shard("a", 0, 0, 16)])
+    assert positive_finite(cost.fwd_ms) and positive_finite(cost.bwd_ms)
+    with pytest.raises(InvalidPlanError, match=r"rows \[700, 2001\) must be a non-empty range within its 2000 rows"):
+        backend.compute_cost(task, [Shard("c", 0, 0, 32, 700, 2001)])

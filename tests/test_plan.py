@@ -52,8 +52,10 @@ def test_plan_exactly_at_capacity_passes(task):
 @pytest.mark.parametrize(
     "shards, n, pattern",
     [
-        pytest.param(VALID[:2], 2, r"table 'c': columns 0\.\.32 not placed \(dim 32\)", id="missing"),
-        pytest.param(VALID + [("b", 0, 0, 8)], 2, r"table 'b': columns from 0 placed more than once", id="twice"),
+        pytest.param(VALID[:2], 2, r"table 'c': rows \[0, 100\) x columns \[0, 32\) not placed \(100 rows x dim 32\)",
+                     id="missing"),
+        pytest.param(VALID + [("b", 0, 0, 8)], 2, r"table 'b': b\[0:8\] and b\[0:8\] overlap: cells placed more than once",
+                     id="twice"),
         pytest.param(VALID + [("zz", 0, 0, 8)], 2, r"unknown table 'zz'", id="unknown-table"),
         pytest.param([("a", 0, 0, 16), ("b", 2, 0, 8), ("c", 1, 0, 32)], 2,
                      r"table 'b' on device 2, expected 0\.\.1", id="device-too-high"),
@@ -63,11 +65,11 @@ def test_plan_exactly_at_capacity_passes(task):
                      r"device 0: 92800 bytes placed, capacity 80000", id="memory-exceeded"),
         pytest.param(VALID, 3, r"plan is for 3 devices, task 't' has 2", id="num-devices"),
         pytest.param(VALID[:2] + [("c", 0, 0, 20), ("c", 1, 16, 32)], 2,
-                     r"table 'c': columns from 16 placed more than once", id="slices-overlap"),
+                     r"table 'c': c\[0:20\] and c\[16:32\] overlap", id="slices-overlap"),
         pytest.param(VALID[:2] + [("c", 0, 0, 8), ("c", 1, 16, 32)], 2,
-                     r"table 'c': columns from 8 not placed", id="slices-gap"),
+                     r"table 'c': rows \[0, 100\) x columns \[8, 16\) not placed", id="slices-gap"),
         pytest.param(VALID[:2] + [("c", 0, 0, 8), ("c", 1, 8, 28)], 2,
-                     r"table 'c': columns 28\.\.32 not placed", id="slices-short"),
+                     r"table 'c': rows \[0, 100\) x columns \[28, 32\) not placed", id="slices-short"),
         pytest.param(VALID[:2] + [("c", 1, 0, 36)], 2, r"table 'c': columns \[0, 36\) outside its dim 32", id="beyond-dim"),
         pytest.param(VALID[:2] + [("c", 0, 0, 6), ("c", 1, 6, 32)], 2,
                      r"table 'c': columns \[0, 6\) must be .*multiples of 4", id="slice-not-multiple-of-4"),
@@ -171,3 +173,69 @@ def test_load_json_errors_name_the_file(tmp_path):
     shape.write_text('{"num_devices": 2, "shards": 3}')
     with pytest.raises(DataFormatError, match=r"shape\.json: shards: expected a list, got int"):
         Plan.load_json(shape)
+
+
+# ---------------------------------------------------------------- row ranges (row-wise shards)
+
+# a: 1000 rows x 16 cols. Row ranges of whole rows, and row ranges of column slices.
+ROWWISE = [("a", 0, 0, 16, 0, 600), ("a", 1, 0, 16, 600, 1000), ("b", 1, 0, 8), ("c", 0, 0, 32)]
+
+
+def test_row_ranges_that_tile_the_table_pass_and_count_their_rows(task):
+    p = plan(*ROWWISE)
+    validate_plan(task, p)
+    # a's rows 0..600 x 16 x 4 B on device 0 beside c; rows 600..1000 on device 1 beside b
+    assert device_memory_bytes(task, p) == [600 * 16 * 4 + 12800, 400 * 16 * 4 + 16000]
+    grid = plan(("a", 0, 0, 8, 0, 500), ("a", 1, 8, 16, 0, 500), ("a", 1, 0, 8, 500, 1000), ("a", 0, 8, 16, 500, 1000),
+                ("b", 1, 0, 8), ("c", 0, 0, 32))
+    validate_plan(task, grid)
+    kinds = [s.kind(1000, 16) for s in grid.shards[:4]] + [s.kind(500, 8) for s in grid.shards[4:5]]
+    assert kinds == ["row+column"] * 4 + ["table"]
+    assert [s.kind(1000, 16) for s in plan(*ROWWISE).shards[:2]] == ["row", "row"]
+    assert Shard("c", 0, 8, 16).kind(100, 32) == "column"
+
+
+@pytest.mark.parametrize("shards, pattern", [
+    pytest.param([("a", 0, 0, 16, 0, 600), ("a", 1, 0, 16, 500, 1000)],
+                 r"table 'a': a\[0:600, 0:16\] and a\[500:1000, 0:16\] overlap", id="rows-overlap"),
+    pytest.param([("a", 0, 0, 16, 0, 600), ("a", 1, 0, 16, 700, 1000)],
+                 r"table 'a': rows \[600, 700\) x columns \[0, 16\) not placed", id="rows-gap"),
+    pytest.param([("a", 0, 0, 16, 0, 600), ("a", 1, 0, 16, 600, 1001)],
+                 r"table 'a': rows \[600, 1001\) must be a non-empty range within its 1000 rows", id="rows-beyond"),
+    pytest.param([("a", 0, 0, 16, -1, 600), ("a", 1, 0, 16, 600, 1000)],
+                 r"table 'a': rows \[-1, 600\)", id="rows-negative"),
+    pytest.param([("a", 0, 0, 16, 0, 0), ("a", 1, 0, 16, 0, 1000)], r"table 'a': rows \[0, 0\) must be a non-empty",
+                 id="rows-empty"),
+    pytest.param([("a", 0, 0, 8, 0, 500), ("a", 1, 8, 16, 0, 500), ("a", 1, 0, 16, 500, 1000), ("a", 0, 0, 8, 400, 450)],
+                 r"a\[0:500, 0:8\] and a\[400:450, 0:8\] overlap", id="block-inside-block"),
+])
+def test_bad_row_ranges_are_refused_naming_the_cells(task, shards, pattern):
+    with pytest.raises(InvalidPlanError, match=pattern):
+        validate_plan(task, plan(*shards, ("b", 1, 0, 8), ("c", 0, 0, 32)))
+
+
+@pytest.mark.parametrize("optimizer, per_row, per_weight", [
+    ("exact_sgd", 0, 4), ("exact_row_wise_adagrad", 4, 4), ("exact_adagrad", 0, 8), ("adam", 0, 12)])
+def test_memory_of_row_shards_for_every_optimizer(optimizer, per_row, per_weight):
+    """A row shard holds its rows' weights and their optimizer state (row-wise state is per row of the shard)."""
+    t = Table("t", 1000, 16, 1.0)
+    task = Task("m", (t,), (Device(10**9), Device(10**9)), MemoryModel("fp32", optimizer))
+    p = Plan(2, (Shard("t", 0, 0, 16, 0, 250), Shard("t", 1, 0, 16, 250, 1000)))
+    validate_plan(task, p)
+    assert device_memory_bytes(task, p) == [250 * (16 * per_weight + per_row), 750 * (16 * per_weight + per_row)]
+    assert sum(device_memory_bytes(task, p)) == task.memory.shard_bytes(1000, 16)
+
+
+def test_row_ranges_round_trip_through_json_and_old_plans_load(tmp_path, task):
+    p = plan(*ROWWISE)
+    p.save_json(tmp_path / "p.json")
+    obj = json.loads((tmp_path / "p.json").read_text())
+    assert obj["shards"][0] == {"table": "a", "device": 0, "col_start": 0, "col_end": 16, "row_start": 0, "row_end": 600}
+    assert set(obj["shards"][2]) == {"table", "device", "col_start", "col_end"}  # all rows: written as before
+    assert Plan.load_json(tmp_path / "p.json") == p
+    old = {"num_devices": 2, "shards": [{"table": "a", "device": 0, "col_start": 0, "col_end": 16}]}
+    assert Plan.from_dict(old).shards[0].rows(1000) == (0, 1000)
+    with pytest.raises(DataFormatError, match=r"shards\[0\]: row_start and row_end go together"):
+        Plan.from_dict({"num_devices": 2, "shards": [{**old["shards"][0], "row_start": 5}]})
+    with pytest.raises(DataFormatError, match=r"shards\[0\]\.row_end: expected int, got '9'"):
+        Plan.from_dict({"num_devices": 2, "shards": [{**old["shards"][0], "row_start": 0, "row_end": "9"}]})

@@ -273,6 +273,14 @@ def test_export_refuses_an_invalid_plan(tmp_path):
     assert not (tmp_path / "bad.pt").exists()
 
 
+def test_export_refuses_row_ranges_rather_than_misreading_them(tmp_path):
+    rowwise = Plan(3, tuple(s for s in SPLIT_PLAN.shards if s.table != "d") + (Shard("d", 0, 0, 8, 0, 5000),
+                                                                              Shard("d", 1, 0, 8, 5000, 20_000)))
+    with pytest.raises(DreamShardError, match=r"table 'd': shard d\[0:5000, 0:8\] is a row range"):
+        save_torchrec_plan(SMALL, rowwise, tmp_path / "rows.pt")
+    assert not (tmp_path / "rows.pt").exists()
+
+
 # ---------------------------------------------------------------- TorchRec's perf model
 
 def test_torchrec_perf_estimate():

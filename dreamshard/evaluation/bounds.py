@@ -29,6 +29,8 @@ when others join it (true in both regimes). When sharders may split tables by co
 work in the compute sum is the smaller of its whole work and dim/4 times the work of its
 4-column slice: its slices do at least that much, whether wider rows make work per
 column cheaper (FBGEMM's vectorised rows) or dearer (cache pressure in the analytic model).
+Row ranges (row-wise shards) are not covered: no sharder makes them yet, and the bound is not
+proven for plans that hold them.
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 Its numbers are a model, never measurements (`measured = False`, backend "analytic").
 
-Per fused operator (one per device), in microseconds:
+Per fused operator (one per device), in microseconds (a row shard counts its own rows, and
+the share of its table's lookups its rows get: rows / table rows, since the synthetic data
+scatters hot rows over the table):
   fwd = launch_us + sum over shards of  B x (pooling x width x lookup_ns x miss_factor + width x output_ns) / 1000
   bwd = bwd_factor x (fwd - launch_us) + launch_us + optimizer update over the shard's touched rows
 where miss_factor = 1 + miss_penalty x pressure, pressure = min(1, working set / cache_bytes),
@@ -89,9 +91,12 @@ class AnalyticBackend:
         c = self.config
         tables = {t.name: t for t in task.tables}
         bytes_per = BYTES_PER_WEIGHT[task.memory.weights_precision]
-        lookups = [c.batch_size * tables[s.table].pooling_factor for s in shards]
-        touched = [min(tables[s.table].rows, n * cold_fraction(tables[s.table])) for s, n in zip(shards, lookups)]
-        widths = [s.col_end - s.col_start for s in shards]
+        # a row shard gets its rows' share of the table's lookups: hot rows are scattered over the table
+        share = [s.num_rows(tables[s.table].rows) / tables[s.table].rows for s in shards]
+        lookups = [c.batch_size * tables[s.table].pooling_factor * f for s, f in zip(shards, share)]
+        touched = [min(s.num_rows(tables[s.table].rows), n * cold_fraction(tables[s.table]))
+                   for s, n in zip(shards, lookups)]
+        widths = [s.width for s in shards]
         working_set = [r * w * bytes_per for r, w in zip(touched, widths)]
         work_us = update_us = 0.0
         for n, rows, width, own in zip(lookups, touched, widths, working_set):

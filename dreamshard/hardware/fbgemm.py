@@ -43,6 +43,7 @@ from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, Shard
+from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:  # LookupSource is a Protocol; only needed for annotations
@@ -203,7 +204,7 @@ class FbgemmBackend:
         if not shards:
             raise DreamShardError("fbgemm backend: no shards to build an operator from")
         self._check_supported(task)
-        specs = self._shard_specs(task, shards)  # [(table, width)], validated
+        specs = self._shard_specs(task, shards)  # [(table, width, row_start, row_end)], validated
         self._check_budget(task, shards, specs)
         indices, offsets = self._inputs(shards, specs)
         return self._build(task, specs, indices, offsets)
@@ -222,7 +223,8 @@ class FbgemmBackend:
                 "(fp32 or fp16), or measure on CUDA"
             )
 
-    def _shard_specs(self, task: Task, shards: Sequence[Shard]):
+    def _shard_specs(self, task: Task, shards: Sequence[Shard]) -> list[tuple[Table, int, int, int]]:
+        """(table, width, row_start, row_end) of each shard, validated."""
         tables = {t.name: t for t in task.tables}
         specs = []
         for s in shards:
@@ -235,15 +237,19 @@ class FbgemmBackend:
                     f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range of a "
                     f"multiple of 4 columns within its dim {table.dim}"
                 )
-            specs.append((table, width))
+            start, end = s.rows(table.rows)
+            if start < 0 or end > table.rows or end <= start:
+                raise InvalidPlanError(f"table {s.table!r}: rows [{start}, {end}) must be a non-empty range within "
+                                       f"its {table.rows} rows")
+            specs.append((table, width, start, end))
         return specs
 
     def _check_budget(self, task: Task, shards: Sequence[Shard], specs) -> None:
-        needed = sum(task.memory.shard_bytes(t.rows, w) for t, w in specs)
+        needed = sum(task.memory.shard_bytes(end - start, w) for _, w, start, end in specs)
         budget = self.config.memory_budget_gb * GB
         if needed > budget:
             devices = sorted({s.device for s in shards})
-            names = ", ".join(f"{s.table}[{s.col_start}:{s.col_end}]" for s in shards)
+            names = ", ".join(s.label() for s in shards)
             raise DreamShardError(
                 f"fbgemm backend: device {', '.join(map(str, devices))} holds {len(shards)} shard(s) ({names}) needing "
                 f"{needed} bytes ({needed / GB:.2f} GB) of {task.memory.weights_precision} weights and "
@@ -252,11 +258,15 @@ class FbgemmBackend:
             )
 
     def _inputs(self, shards: Sequence[Shard], specs):
-        """Table-major int64 indices and offsets (T*B+1) over the shards, as in the DLRM format."""
+        """Table-major int64 indices and offsets (T*B+1) over the shards, as in the DLRM format.
+
+        A row shard [start, end) is its own table of end - start rows: it gets the lookups of
+        its table that fall in its range, rebased to start at 0, so hot rows land where they are.
+        """
         batch = self.config.batch_size
-        cache = {}  # column slices of one table share its lookups
+        cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column slices of one table share its lookups
         all_indices, all_lengths = [], []
-        for table, _ in specs:
+        for table, _, start, end in specs:
             if table.name not in cache:
                 req = self.lookups.lookups(table, batch)
                 idx = np.asarray(req.indices, dtype=np.int64)
@@ -277,6 +287,10 @@ class FbgemmBackend:
                     )
                 cache[table.name] = (idx, lengths)
             idx, lengths = cache[table.name]
+            if (start, end) != (0, table.rows):
+                sample = np.repeat(np.arange(batch), lengths)
+                inside = (idx >= start) & (idx < end)
+                idx, lengths = idx[inside] - start, np.bincount(sample[inside], minlength=batch).astype(np.int64)
             all_indices.append(idx)
             all_lengths.append(lengths)
         indices = np.concatenate(all_indices)
@@ -306,7 +320,7 @@ class FbgemmBackend:
             location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
         try:
             op = SplitTableBatchedEmbeddingBagsCodegen(
-                embedding_specs=[(t.rows, w, location, compute) for t, w in specs],
+                embedding_specs=[(end - start, w, location, compute) for _, w, start, end in specs],
                 optimizer=EmbOptimType[OPTIMIZERS[task.memory.optimizer]],
                 weights_precision=SparseType[PRECISIONS[task.memory.weights_precision]],
                 pooling_mode=PoolingMode.SUM,
@@ -321,7 +335,7 @@ class FbgemmBackend:
                 w.uniform_(-INIT_RANGE, INIT_RANGE, generator=gen)
         indices = torch.from_numpy(indices_np).to(device)
         offsets = torch.from_numpy(offsets_np).to(device)
-        width = sum(w for _, w in specs)
+        width = sum(w for _, w, _, _ in specs)
         grad = torch.randn((self.config.batch_size, width), generator=gen, device=device) * 0.01
         return FusedOperator(op, indices, offsets, grad, device)
 

@@ -174,8 +174,12 @@ def enumerator(task: Task, topo, constraints: dict, batch_size: int):
 
 def _table_slices(task: Task, plan: Plan) -> dict[str, list[Shard]]:
     validate_plan(task, plan)  # every table covered exactly once: the export never drops or doubles columns
+    rows = {t.name: t.rows for t in task.tables}
     slices: dict[str, list[Shard]] = defaultdict(list)
     for s in plan.shards:
+        if s.rows(rows[s.table]) != (0, rows[s.table]):
+            raise DreamShardError(f"table {s.table!r}: shard {s.label()} is a row range; exporting row-wise shards "
+                                  "to TorchRec is not supported yet (whole tables and column slices are)")
         slices[s.table].append(s)
     return {name: sorted(shards, key=lambda s: s.col_start) for name, shards in slices.items()}
 
