@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from dreamshard.errors import DreamShardError
@@ -92,11 +93,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
                        memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer)
     used = device_memory_bytes(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {args.devices} devices of {args.memory_gb:g} GB -> {args.output}")
-    print(f"{'device':>6} {'tables':>6} {'dim_sum':>8} {'memory_gb':>10}")
+    by_name = {t.name: t for t in tables}
+    print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'memory_gb':>10}  kinds")
     for d in range(args.devices):
         shards = plan.device_shards(d)
-        dim_sum = sum(s.col_end - s.col_start for s in shards)
-        print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {used[d] / GB:>10.4f}")
+        dim_sum = sum(s.width for s in shards)
+        kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
+        print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {used[d] / GB:>10.4f}  "
+              + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
 
 
 def cmd_measure(args: argparse.Namespace) -> None:

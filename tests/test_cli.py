@@ -64,10 +64,10 @@ def test_plan_csv_with_every_heuristic(tmp_path, tables_csv, capsys, algo):
 
 
 def test_plan_uses_memory_options(tmp_path, tables_csv, capsys):
-    # with adam (12 B per fp32 weight) everything takes 3x: 0.095 GB -> 0.29 GB for the biggest table
+    # with adam (12 B per fp32 weight) everything takes 3x: 0.115 GB of tables -> 0.346 GB, over 4 x 0.05 GB
     out = tmp_path / "plan.json"
-    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.1, "--optimizer", "adam")) == 1
-    assert "emb_0" in capsys.readouterr().err
+    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.05, "--optimizer", "adam")) == 1
+    assert "tables need 0.346 GB in total, the 4 devices hold 0.200 GB" in capsys.readouterr().err
     assert not out.exists()
     assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.3, "--optimizer", "adam")) == 0
     check_plan_file(out, tables_csv, 4, 0.3, MemoryModel("fp32", "adam"))
@@ -182,8 +182,8 @@ def test_bins_outside_0_1(tmp_path, capsys):
 
 def test_infeasible_memory(tmp_path, tables_csv, capsys):
     out = tmp_path / "plan.json"
-    line = run_failing(plan_args(tables_csv, out, "dim_greedy", 4, 0.05), capsys, out)
-    assert "emb_0" in line and "fits on no device" in line and "0.050 GB" in line
+    line = run_failing(plan_args(tables_csv, out, "dim_greedy", 4, 0.02), capsys, out)
+    assert "tables need 0.115 GB in total, the 4 devices hold 0.080 GB" in line  # even in row pieces
     line = run_failing(plan_args(tables_csv, out, "random", 1, 0.1), capsys, out)
     assert "tables need 0.115 GB in total" in line  # each fits 0.1 GB, all together do not
 
@@ -239,3 +239,18 @@ def test_an_option_the_sharder_does_not_take_is_an_error(tmp_path, tables_csv, c
     assert main(plan_args(tables_csv, out, "random", 4, 0.1, "--model", str(tmp_path / "m.pt"))) == 1
     assert "--model: sharder 'random' takes no model" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_table_larger_than_a_device_is_planned_in_row_pieces_and_shown_by_kind(tmp_path, capsys):
+    # emb_0 (200k x 128 fp32 = 0.095 GB) on devices of 0.06 GB: two row pieces
+    path = tmp_path / "tables.csv"
+    TABLES.to_csv(path, index=False)
+    out = tmp_path / "plan.json"
+    assert main(plan_args(path, out, "size_greedy", 4, 0.06)) == 0
+    obj = json.loads(out.read_text())
+    rows = sorted((s["row_start"], s["row_end"]) for s in obj["shards"] if s["table"] == "emb_0")
+    assert rows == [(0, 100_000), (100_000, 200_000)]
+    task = Task.uniform("check", read_tables_file(path), 4, 0.06)
+    validate_plan(task, Plan.from_dict(obj))
+    stdout = capsys.readouterr().out
+    assert "kinds" in stdout and "1 row" in stdout

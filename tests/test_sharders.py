@@ -168,15 +168,41 @@ def test_random_spreads_tables_over_devices():
 
 
 @pytest.mark.parametrize("name", sorted(HEURISTICS))
-def test_table_bigger_than_any_device(name):
-    # "huge": 1M rows x 128 dims x 4 B = 0.477 GB > 0.25 GB per device
+def test_a_table_bigger_than_any_device_is_planned_in_row_pieces(name):
+    # "huge": 1M rows x 128 dims x 4 B = 0.477 GB > 0.25 GB per device: two row pieces of 500k rows (0.238 GB)
     tables = [Table("small", 100, 8, 1.0), Table("huge", 1_000_000, 128, 1.0)]
     task = Task.uniform("big", tables, 2, 0.25)
-    with pytest.raises(InfeasibleTaskError) as info:
-        make_sharder(name).shard(task)
-    msg = str(info.value)
-    assert "'huge'" in msg and "0.477 GB" in msg and "fits on no device" in msg
-    assert "0.250 GB" in msg  # the capacity
+    plan = make_sharder(name, **seeded(name, 0)).shard(task)
+    validate_plan(task, plan)
+    huge = sorted((s.rows(1_000_000), s.device) for s in plan.shards if s.table == "huge")
+    assert [r for r, _ in huge] == [(0, 500_000), (500_000, 1_000_000)] and {d for _, d in huge} == {0, 1}
+    assert [s.kind(1_000_000, 128) for s in plan.shards if s.table == "huge"] == ["row", "row"]
+
+
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
+def test_a_row_wider_than_any_device_has_no_plan(name):
+    # one row of 100,000 dims x 4 B = 400,000 B > 300,000 B per device
+    task = Task("wide", (Table("wide", 10, 100_000, 1.0),), (Device(300_000), Device(300_000)))
+    with pytest.raises(InfeasibleTaskError, match=r"table 'wide': a single row .* 400000 bytes, more than any device"):
+        make_sharder(name, **seeded(name, 0)).shard(task)
+
+
+def test_the_piece_rule_fewest_equal_row_pieces_that_fit():
+    from dreamshard.memory import MemoryModel
+    from dreamshard.sharders.pieces import cut_oversized, piece_count, row_ranges
+
+    t = Table("t", 1001, 16, 10.0)  # 64,064 B at fp32
+    task = Task("p", (t,), (Device(30_000), Device(30_000), Device(30_000)))
+    assert piece_count(t, task, 30_000) == 3  # ceil(64064 / 30000) = 3 pieces of at most 334 rows (21,376 B)
+    assert piece_count(t, task, 64_064) == 1
+    assert row_ranges(1001, 3) == [(0, 334), (334, 668), (668, 1001)]
+    # with row-wise adagrad each row also carries 4 B of state: 68 B per row -> 3 pieces still fit, 2 would not
+    ada = Task("p", (t,), task.devices, MemoryModel("fp32", "exact_row_wise_adagrad"))
+    assert piece_count(t, ada, 34_000) == 3
+    cut, pieces = cut_oversized(task)
+    assert [x.rows for x in cut.tables] == [334, 334, 333]
+    assert sum(x.pooling_factor for x in cut.tables) == pytest.approx(10.0)  # lookups shared by rows
+    assert sorted(pieces.values()) == [("t", 0, 334), ("t", 334, 668), ("t", 668, 1001)]
 
 
 @pytest.mark.parametrize("name", sorted(HEURISTICS))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dreamshard.plan import Plan
+from dreamshard.sharders.pieces import with_pieces
 from dreamshard.sharders.placement import PlacementState, by_least_load, place_tables
 from dreamshard.tasks import Task
 
@@ -44,6 +45,9 @@ class GreedySharder:
     key: TableKey
 
     def shard(self, task: Task) -> Plan:
+        return with_pieces(task, self._shard)
+
+    def _shard(self, task: Task) -> Plan:
         keys = [self.key(task, i) for i in range(len(task.tables))]
         order = sorted(range(len(keys)), key=lambda i: (-keys[i], i))
         return Plan.from_assignment(task, place_tables(task, order, by_least_load, weights=keys))
@@ -57,6 +61,9 @@ class RandomSharder:
     name: str = "random"
 
     def shard(self, task: Task) -> Plan:
+        return with_pieces(task, self._shard)
+
+    def _shard(self, task: Task) -> Plan:
         rng = np.random.default_rng([self.seed, zlib.crc32(task.name.encode())])
         order = rng.permutation(len(task.tables)).tolist()
 

@@ -18,6 +18,7 @@ import torch
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.plan import Plan
+from dreamshard.sharders.pieces import with_pieces
 from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
 
@@ -29,8 +30,11 @@ class PolicySharder:
     samples: int = 0
     seed: int = 0
 
-    @torch.no_grad()
     def shard(self, task: Task) -> Plan:
+        return with_pieces(task, self._shard)
+
+    @torch.no_grad()
+    def _shard(self, task: Task) -> Plan:
         m = self.model
         ctx = TaskContext.build(task, m.cost_net, m.scaler)
         policy_enc = m.policy.encode(ctx.x)

@@ -25,6 +25,7 @@ import torch
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
 from dreamshard.plan import Plan, Shard
+from dreamshard.sharders.pieces import with_pieces
 from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -165,6 +166,9 @@ class NeuroShardSharder:
     name: str = "neuroshard"
 
     def shard(self, task: Task) -> Plan:
+        return with_pieces(task, self._shard)
+
+    def _shard(self, task: Task) -> Plan:
         ev = _Evaluator(self.model, task)
         root: ShardSet = tuple((i, 0, t.dim) for i, t in enumerate(task.tables))
         found = greedy_grid(ev, root, self.config)

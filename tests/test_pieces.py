@@ -1,0 +1,55 @@
+"""A production-scale model with tables larger than a device (issue 11's example): every sharder of ours plans it,
+cutting the 40M-row tables into row pieces, each plan valid and within memory."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dreamshard.learning.cost_model import CostNetConfig
+from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
+from dreamshard.learning.neuroshard import CommNetConfig, NeuroShardModel
+from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+from dreamshard.memory import GB
+from dreamshard.plan import device_memory_bytes, validate_plan
+from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
+from dreamshard.sharders.search import SearchConfig
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+from helpers import seeded
+
+BIG_ROWS = 40_000_000  # 40M x 128 x 4 B = 19.07 GB: larger than a 16 GB device
+
+
+def production_tables(bins: bool) -> list[Table]:
+    """26 tables of dim 128: 4 of 40M rows, the rest 3 to 3M rows; pooling factors 1..100."""
+    rng = np.random.default_rng(0)
+    rows = [BIG_ROWS] * 4 + [int(x) for x in np.geomspace(3, 3_000_000, 22)]
+    pooling = np.linspace(1.0, 100.0, 26)
+    hist = tuple(float(x) for x in rng.dirichlet(np.ones(17))) if bins else None
+    return [Table(f"cat_{i}", r, 128, float(p), hist) for i, (r, p) in enumerate(zip(rows, pooling))]
+
+
+def untrained_models() -> dict[str, object]:
+    gen = torch.Generator().manual_seed(0)
+    scaler = FeatureScaler.fit(np.abs(np.random.default_rng(0).normal(size=(64, NUM_FEATURES))) * 100)
+    cost = CostNetConfig().build(gen)
+    return {"dreamshard": LearnedModel(cost, PolicyNetConfig().build(gen), scaler, {}),
+            "autoshard": LearnedModel(cost, PolicyNetConfig().build(gen), scaler, {}),
+            "neuroshard": NeuroShardModel(cost, CommNetConfig().build(gen), scaler, {})}
+
+
+@pytest.mark.parametrize("name", HEURISTICS + LEARNED)
+def test_the_production_model_plans_on_eight_16_gb_devices(name):
+    task = Task.uniform("production", production_tables(bins=name in LEARNED), 8, 16.0)
+    options = {}
+    if name in LEARNED:
+        options["model"] = untrained_models()[name]
+    if name == "neuroshard":
+        options["search"] = SearchConfig(beams=2, depth=3, candidates=3, scale_steps=3)
+    plan = make_sharder(name, **options, **seeded(name, 0)).shard(task)
+    validate_plan(task, plan)
+    assert max(device_memory_bytes(task, plan)) <= 16 * GB
+    for i in range(4):  # each 19 GB table in two row pieces of 20M rows on two devices
+        pieces = sorted(s.rows(BIG_ROWS) for s in plan.shards if s.table == f"cat_{i}")
+        assert pieces == [(0, 20_000_000), (20_000_000, BIG_ROWS)], pieces
