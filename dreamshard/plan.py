@@ -18,6 +18,7 @@ from typing import Any
 
 from dreamshard.errors import DataFormatError, InvalidPlanError
 from dreamshard.io import write_text
+from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 
@@ -144,6 +145,21 @@ def device_memory_bytes(task: Task, plan: Plan) -> list[int]:
     return used
 
 
+def check_shard_block(s: Shard, t: Table) -> None:
+    """Raise InvalidPlanError unless the shard's rows and columns are a non-empty block of table `t`:
+    columns on multiples of 4 (FBGEMM's row alignment) within its dim, rows within its rows."""
+    if s.col_start < 0 or s.col_end > t.dim:
+        raise InvalidPlanError(f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) outside its dim {t.dim}")
+    if s.width <= 0 or s.width % 4 or s.col_start % 4:
+        raise InvalidPlanError(
+            f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range on multiples of 4"
+        )
+    start, end = s.rows(t.rows)
+    if start < 0 or end > t.rows or end <= start:
+        raise InvalidPlanError(f"table {s.table!r}: rows [{start}, {end}) must be a non-empty range within its "
+                               f"{t.rows} rows")
+
+
 def validate_plan(task: Task, plan: Plan) -> None:
     """Raise InvalidPlanError unless every cell of every table is placed exactly once, within memory.
 
@@ -159,16 +175,7 @@ def validate_plan(task: Task, plan: Plan) -> None:
             raise InvalidPlanError(f"shard of unknown table {s.table!r}")
         if not 0 <= s.device < plan.num_devices:
             raise InvalidPlanError(f"table {s.table!r} on device {s.device}, expected 0..{plan.num_devices - 1}")
-        if s.col_start < 0 or s.col_end > t.dim:
-            raise InvalidPlanError(f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) outside its dim {t.dim}")
-        if s.width <= 0 or s.width % 4 or s.col_start % 4:
-            raise InvalidPlanError(
-                f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range on multiples of 4"
-            )
-        start, end = s.rows(t.rows)
-        if start < 0 or end > t.rows or end <= start:
-            raise InvalidPlanError(f"table {s.table!r}: rows [{start}, {end}) must be a non-empty range within its "
-                                   f"{t.rows} rows")
+        check_shard_block(s, t)
         blocks[s.table].append(s)
     for name, t in tables.items():
         placed = blocks.get(name, [])

@@ -41,7 +41,7 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
     for name in names:
         try:
             s = spec(name)
-            options = {k: v for k, v in settings.items() if k in s.options}
+            options = s.taken_from(settings)
             if s.needs_model:
                 options["model"] = load_model(name, model_paths[name])
             sharders.append(make_sharder(name, **options))
@@ -69,9 +69,10 @@ def run(params: dict[str, Any]) -> None:
 
     rows = []
     splits = [("test", t) for t in tasks] + [("train", t) for t in train_tasks]
+    column_splits = any(spec(s.name).splits_tables for s in sharders)
     for split, task in tqdm(splits, desc="evaluate", unit="task"):
         for r in evaluate_task(backend, task, sharders, regime, batch_size, topology, int(cfg["rounds"]),
-                               column_splits=any(spec(s.name).splits_tables for s in sharders)):
+                               column_splits=column_splits):
             rows.append({"split": split, **result_row(r)})
     results = pd.DataFrame(rows)
     out = Path(section(params, "paths.eval"))

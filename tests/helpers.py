@@ -16,7 +16,7 @@ from dreamshard.tables import Table
 
 def seeded(name: str, seed: int) -> dict[str, Any]:
     """`seed=seed` for a sharder that takes a seed, nothing for one that does not (the greedy ones)."""
-    return {"seed": seed} if "seed" in SHARDERS[name].options else {}
+    return SHARDERS[name].taken_from({"seed": seed})
 
 
 # ---------------------------------------------------------------- tiny pipeline configurations

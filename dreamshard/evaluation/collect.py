@@ -70,7 +70,7 @@ def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: fl
     for k in range(num_plans):
         task = tasks[k % len(tasks)]
         name = HEURISTICS[(k // len(tasks)) % len(HEURISTICS)]
-        plan = make_sharder(name, **({"seed": seed + k} if "seed" in SHARDERS[name].options else {})).shard(task)
+        plan = make_sharder(name, **SHARDERS[name].taken_from({"seed": seed + k})).shard(task)
         if rng.random() < perturb_fraction:
             plan = perturb(task, plan, rng, max(1, len(task.tables) // 4))
             name += "+perturbed"

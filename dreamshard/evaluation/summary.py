@@ -70,6 +70,7 @@ def family_summary(results: pd.DataFrame) -> dict[str, dict[str, Any]]:
 
 def generalisation(sharders: Sequence[Sharder], tasks: Sequence[Task]) -> dict[str, Any]:
     """For each policy sharder, what each test family is new in: tables, table count, device count."""
+    fams = {t.family: t for t in tasks}
     out = {}
     for sh in sharders:
         if SHARDERS[sh.name].kind != "policy":
@@ -77,7 +78,6 @@ def generalisation(sharders: Sequence[Sharder], tasks: Sequence[Task]) -> dict[s
         model = sh.model  # type: ignore[attr-defined]
         seen_tables = set(model.meta.get("table_counts", []))
         seen_devices = set(model.meta.get("device_counts", []))
-        fams = {t.family: t for t in tasks}
         out[sh.name] = {"trained_on": model.meta.get("families", []), "test_families": {
             f: {"unseen_tables": True,  # test tasks draw from the test pool, disjoint from training tables
                 "unseen_table_count": len(t.tables) not in seen_tables,

@@ -42,7 +42,7 @@ from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import GB
-from dreamshard.plan import Plan, Shard
+from dreamshard.plan import Plan, Shard, check_shard_block
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -231,17 +231,8 @@ class FbgemmBackend:
             table = tables.get(s.table)
             if table is None:
                 raise InvalidPlanError(f"shard of unknown table {s.table!r} (task {task.name!r})")
-            width = s.col_end - s.col_start
-            if s.col_start < 0 or s.col_end > table.dim or width <= 0 or width % 4:
-                raise InvalidPlanError(
-                    f"table {s.table!r}: columns [{s.col_start}, {s.col_end}) must be a non-empty range of a "
-                    f"multiple of 4 columns within its dim {table.dim}"
-                )
-            start, end = s.rows(table.rows)
-            if start < 0 or end > table.rows or end <= start:
-                raise InvalidPlanError(f"table {s.table!r}: rows [{start}, {end}) must be a non-empty range within "
-                                       f"its {table.rows} rows")
-            specs.append((table, width, start, end))
+            check_shard_block(s, table)
+            specs.append((table, s.width, *s.rows(table.rows)))
         return specs
 
     def _check_budget(self, task: Task, shards: Sequence[Shard], specs) -> None:

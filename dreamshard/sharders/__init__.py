@@ -50,6 +50,11 @@ class SharderSpec:
         if self.needs_model and "model" not in self.options:
             raise ValueError(f"sharder {self.name!r} needs a model but takes no 'model' option")
 
+    def taken_from(self, offered: dict[str, Any]) -> dict[str, Any]:
+        """The options of `offered` this sharder takes: for callers that offer every sharder the same
+        settings (a seed, a batch size) on purpose. make_sharder itself refuses what it does not take."""
+        return {k: v for k, v in offered.items() if k in self.options}
+
 
 def _greedy(name: str, key: Callable[[Task, int], float]) -> Callable[[], Sharder]:
     def factory() -> Sharder:
