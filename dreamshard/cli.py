@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from dreamshard.errors import DreamShardError
@@ -11,7 +12,7 @@ from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, Memor
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
-from dreamshard.tasks import MAX_MEMORY_GB, Task
+from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Task
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard, neuroshard)")
     p.add_argument("--samples", type=int,
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
+    p.add_argument("--sharding", default=",".join(SHARDING_KINDS), type=sharding_kinds,
+                   help="the ways tables may be cut, comma-separated: table (whole tables, always), column "
+                        "(column slices), row (TorchRec's row-wise blocks); default: all")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES))
     p.add_argument("--format", default="json", choices=["json", "torchrec"],
@@ -60,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def sharding_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in SHARDING_KINDS]
+    if bad or "table" not in kinds or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(f"expected distinct kinds among {', '.join(SHARDING_KINDS)} including "
+                                         f"'table', got {text!r}")
+    return kinds
+
+
 def sharder_options(args: argparse.Namespace) -> dict:
     """The options of `--algo` from the command line; one it does not take is an error."""
     s = spec(args.algo)
@@ -80,8 +93,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise DreamShardError(f"--devices: expected a positive integer, got {args.devices}")
     if not 0 < args.memory_gb <= MAX_MEMORY_GB:
         raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
-    task = Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
-                        MemoryModel(args.weights_precision, args.optimizer))
+    task = replace(Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
+                                MemoryModel(args.weights_precision, args.optimizer)), sharding=args.sharding)
     plan = make_sharder(args.algo, **sharder_options(args)).shard(task)
     validate_plan(task, plan)
     if args.format == "torchrec":
@@ -90,7 +103,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
         save_torchrec_plan(task, plan, args.output)
     else:
         plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables),
-                       memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer)
+                       memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer,
+                       sharding=list(args.sharding))
     used = device_memory_bytes(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {args.devices} devices of {args.memory_gb:g} GB -> {args.output}")
     by_name = {t.name: t for t in tables}

@@ -161,7 +161,8 @@ def check_shard_block(s: Shard, t: Table) -> None:
 
 
 def validate_plan(task: Task, plan: Plan) -> None:
-    """Raise InvalidPlanError unless every cell of every table is placed exactly once, within memory.
+    """Raise InvalidPlanError unless every cell of every table is placed exactly once, within memory,
+    and every table the task pins to a device is there.
 
     Columns are cut on multiples of 4 (FBGEMM's row alignment), rows anywhere.
     """
@@ -190,6 +191,11 @@ def validate_plan(task: Task, plan: Plan) -> None:
             r0, r1, c0, c1 = _first_gap(t.rows, t.dim, [(*s.rows(t.rows), s.col_start, s.col_end) for s in placed])
             raise InvalidPlanError(f"table {name!r}: rows [{r0}, {r1}) x columns [{c0}, {c1}) not placed "
                                    f"({t.rows} rows x dim {t.dim})")
+    for name, device in task.pins:
+        off = [s for s in blocks[name] if s.device != device]
+        if off:
+            raise InvalidPlanError(f"table {name!r} is pinned to device {device}, but {off[0].label()} is on "
+                                   f"device {off[0].device}")
     for d, (used, dev) in enumerate(zip(device_memory_bytes(task, plan), task.devices)):
         if used > dev.memory_bytes:
             raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {dev.memory_bytes}")

@@ -15,6 +15,8 @@ from dreamshard.tables import BIN_COLUMNS, Table
 
 MAX_MEMORY_GB = 1e6  # keeps byte counts far inside int64
 
+SHARDING_KINDS = ("table", "column", "row")  # whole tables, column slices, row ranges (TorchRec's layouts)
+
 
 @dataclass(frozen=True)
 class Device:
@@ -28,6 +30,10 @@ class Task:
     devices: tuple[Device, ...]
     memory: MemoryModel = field(default_factory=MemoryModel)
     family: str = ""
+    # the ways sharders may cut tables: "table" (whole tables) always; "column" slices; "row" ranges
+    sharding: tuple[str, ...] = SHARDING_KINDS
+    # (table name, device): tables that must be placed on that device (e.g. TorchRec's row-wise blocks)
+    pins: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -37,6 +43,23 @@ class Task:
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ValueError(f"task {self.name!r}: table names must be unique")
+        unknown = [k for k in self.sharding if k not in SHARDING_KINDS]
+        if unknown or "table" not in self.sharding:
+            raise ValueError(f"task {self.name!r}: sharding kinds must include 'table' and be among "
+                             f"{', '.join(SHARDING_KINDS)}; got {', '.join(self.sharding) or 'none'}")
+        for table, device in self.pins:
+            if table not in names:
+                raise ValueError(f"task {self.name!r}: pin of unknown table {table!r}")
+            if not 0 <= device < len(self.devices):
+                raise ValueError(f"task {self.name!r}: table {table!r} pinned to device {device}, "
+                                 f"expected 0..{len(self.devices) - 1}")
+        pinned = [t for t, _ in self.pins]
+        if len(set(pinned)) != len(pinned):
+            raise ValueError(f"task {self.name!r}: a table is pinned twice")
+
+    def pinned_device(self) -> dict[str, int]:
+        """table name -> the device it must be on."""
+        return dict(self.pins)
 
     @property
     def num_devices(self) -> int:

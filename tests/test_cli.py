@@ -241,16 +241,29 @@ def test_an_option_the_sharder_does_not_take_is_an_error(tmp_path, tables_csv, c
     assert not out.exists()
 
 
-def test_a_table_larger_than_a_device_is_planned_in_row_pieces_and_shown_by_kind(tmp_path, capsys):
-    # emb_0 (200k x 128 fp32 = 0.095 GB) on devices of 0.06 GB: two row pieces
+def test_a_table_larger_than_a_device_is_planned_in_pieces_and_shown_by_kind(tmp_path, capsys):
+    # emb_0 (200k x 128 fp32 = 0.095 GB) on devices of 0.06 GB: two column slices of 64 (0.048 GB)
     path = tmp_path / "tables.csv"
     TABLES.to_csv(path, index=False)
     out = tmp_path / "plan.json"
     assert main(plan_args(path, out, "size_greedy", 4, 0.06)) == 0
     obj = json.loads(out.read_text())
-    rows = sorted((s["row_start"], s["row_end"]) for s in obj["shards"] if s["table"] == "emb_0")
-    assert rows == [(0, 100_000), (100_000, 200_000)]
+    assert sorted((s["col_start"], s["col_end"]) for s in obj["shards"] if s["table"] == "emb_0") == [(0, 64), (64, 128)]
+    assert obj["sharding"] == ["table", "column", "row"]
     task = Task.uniform("check", read_tables_file(path), 4, 0.06)
     validate_plan(task, Plan.from_dict(obj))
     stdout = capsys.readouterr().out
-    assert "kinds" in stdout and "1 row" in stdout
+    assert "kinds" in stdout and "1 column" in stdout
+    # --sharding table,row: TorchRec's row-wise layout, 50k rows on each of the 4 devices
+    assert main(plan_args(path, out, "size_greedy", 4, 0.06, "--sharding", "table,row")) == 0
+    obj = json.loads(out.read_text())
+    rows = sorted((s["row_start"], s["row_end"], s["device"]) for s in obj["shards"] if s["table"] == "emb_0")
+    assert rows == [(i * 50_000, (i + 1) * 50_000, i) for i in range(4)]
+    assert "1 row" in capsys.readouterr().out
+    # table only: no plan, and the error says why
+    assert main(plan_args(path, out, "size_greedy", 4, 0.06, "--sharding", "table")) == 1
+    assert "table 'emb_0'" in capsys.readouterr().err
+    for bad in ("column,row", "table,disk", "table,table"):
+        with pytest.raises(SystemExit):
+            main(plan_args(path, out, "size_greedy", 4, 0.06, "--sharding", bad))
+        assert "--sharding" in capsys.readouterr().err

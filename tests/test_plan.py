@@ -239,3 +239,17 @@ def test_row_ranges_round_trip_through_json_and_old_plans_load(tmp_path, task):
         Plan.from_dict({"num_devices": 2, "shards": [{**old["shards"][0], "row_start": 5}]})
     with pytest.raises(DataFormatError, match=r"shards\[0\]\.row_end: expected int, got '9'"):
         Plan.from_dict({"num_devices": 2, "shards": [{**old["shards"][0], "row_start": 0, "row_end": "9"}]})
+
+
+def test_a_pinned_table_off_its_device_is_refused():
+    from dataclasses import replace as _replace
+
+    task = Task.uniform("pins", [Table("a", 10, 8, 1.0), Table("b", 10, 8, 1.0)], 2, 1.0)
+    pinned = _replace(task, pins=(("a", 1),))
+    validate_plan(pinned, Plan(2, (Shard("a", 1, 0, 8), Shard("b", 1, 0, 8))))
+    with pytest.raises(InvalidPlanError, match=r"table 'a' is pinned to device 1, but a\[0:8\] is on device 0"):
+        validate_plan(pinned, Plan(2, (Shard("a", 0, 0, 8), Shard("b", 1, 0, 8))))
+    with pytest.raises(ValueError, match="pin of unknown table 'c'"):
+        _replace(task, pins=(("c", 0),))
+    with pytest.raises(ValueError, match="pinned to device 2"):
+        _replace(task, pins=(("a", 2),))

@@ -1,6 +1,8 @@
 """The heuristic sharders on hand-made tasks whose answers are known, and infeasible tasks."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dreamshard.errors import InfeasibleTaskError
@@ -168,41 +170,81 @@ def test_random_spreads_tables_over_devices():
 
 
 @pytest.mark.parametrize("name", sorted(HEURISTICS))
-def test_a_table_bigger_than_any_device_is_planned_in_row_pieces(name):
-    # "huge": 1M rows x 128 dims x 4 B = 0.477 GB > 0.25 GB per device: two row pieces of 500k rows (0.238 GB)
+def test_a_table_bigger_than_any_device_is_planned_in_column_slices(name):
+    # "huge": 1M rows x 128 dims x 4 B = 0.477 GB > 0.25 GB per device: two column slices of 64 (0.238 GB)
     tables = [Table("small", 100, 8, 1.0), Table("huge", 1_000_000, 128, 1.0)]
     task = Task.uniform("big", tables, 2, 0.25)
     plan = make_sharder(name, **seeded(name, 0)).shard(task)
     validate_plan(task, plan)
-    huge = sorted((s.rows(1_000_000), s.device) for s in plan.shards if s.table == "huge")
-    assert [r for r, _ in huge] == [(0, 500_000), (500_000, 1_000_000)] and {d for _, d in huge} == {0, 1}
-    assert [s.kind(1_000_000, 128) for s in plan.shards if s.table == "huge"] == ["row", "row"]
+    huge = sorted((s.col_start, s.col_end, s.device) for s in plan.shards if s.table == "huge")
+    assert [(a, b) for a, b, _ in huge] == [(0, 64), (64, 128)] and {d for *_, d in huge} == {0, 1}
+    assert [s.kind(1_000_000, 128) for s in plan.shards if s.table == "huge"] == ["column", "column"]
+
+
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
+def test_a_table_too_big_even_in_column_slices_goes_row_wise_as_torchrec_runs_it(name):
+    # "thin": 6M rows x 4 dims x 4 B = 0.089 GB on 3 devices of 0.04 GB: no column cut of 4 columns exists, so
+    # TorchRec's row-wise layout: blocks of ceil(6M / 3) = 2M rows, block i on device i
+    tables = [Table("small", 100, 8, 1.0), Table("thin", 6_000_000, 4, 2.0), Table("other", 1000, 16, 5.0)]
+    task = Task.uniform("thin", tables, 3, 0.04)
+    plan = make_sharder(name, **seeded(name, 0)).shard(task)
+    validate_plan(task, plan)
+    thin = sorted((s.rows(6_000_000), s.device) for s in plan.shards if s.table == "thin")
+    assert thin == [((0, 2_000_000), 0), ((2_000_000, 4_000_000), 1), ((4_000_000, 6_000_000), 2)]
+    # the same task allowed whole tables and columns only has no plan, and says why
+    only = replace(task, sharding=("table", "column"))
+    with pytest.raises(InfeasibleTaskError, match=r"table 'thin' .* fits on no device .* narrowest column slices"):
+        make_sharder(name, **seeded(name, 0)).shard(only)
+
+
+@pytest.mark.parametrize("name", sorted(HEURISTICS))
+def test_tables_that_fit_one_by_one_but_not_together_are_cut_finer(name):
+    # three tables of 0.3 GB on two devices of 0.46 GB: 0.9 GB fit in 0.92 GB, but no two whole tables share a
+    # device; cutting one of them into column slices makes room
+    rows = int(0.3 * GB) // (64 * 4)
+    tables = [Table(f"t{i}", rows, 64, 1.0 + i) for i in range(3)]
+    task = Task.uniform("finer", tables, 2, 0.46)
+    plan = make_sharder(name, **seeded(name, 0)).shard(task)
+    validate_plan(task, plan)
+    assert any(s.kind(rows, 64) != "table" for s in plan.shards)
 
 
 @pytest.mark.parametrize("name", sorted(HEURISTICS))
 def test_a_row_wider_than_any_device_has_no_plan(name):
-    # one row of 100,000 dims x 4 B = 400,000 B > 300,000 B per device
-    task = Task("wide", (Table("wide", 10, 100_000, 1.0),), (Device(300_000), Device(300_000)))
-    with pytest.raises(InfeasibleTaskError, match=r"table 'wide': a single row .* 400000 bytes, more than any device"):
+    # one row of 100,000 dims x 4 B = 400,000 B > 300,000 B per device, and columns may not be cut
+    task = Task("wide", (Table("wide", 1, 100_000, 1.0),), (Device(300_000), Device(300_000)),
+                sharding=("table", "row"))
+    with pytest.raises(InfeasibleTaskError, match=r"table 'wide' .*: a single row .* 400000 bytes, more than any device"):
         make_sharder(name, **seeded(name, 0)).shard(task)
 
 
-def test_the_piece_rule_fewest_equal_row_pieces_that_fit():
+def test_the_piece_rule_fewest_column_slices_then_row_wise():
     from dreamshard.memory import MemoryModel
-    from dreamshard.sharders.pieces import cut_oversized, piece_count, row_ranges
+    from dreamshard.sharders.pieces import Cut, column_widths, cut_oversized, first_cut, row_blocks
 
-    t = Table("t", 1001, 16, 10.0)  # 64,064 B at fp32
-    task = Task("p", (t,), (Device(30_000), Device(30_000), Device(30_000)))
-    assert piece_count(t, task, 30_000) == 3  # ceil(64064 / 30000) = 3 pieces of at most 334 rows (21,376 B)
-    assert piece_count(t, task, 64_064) == 1
-    assert row_ranges(1001, 3) == [(0, 334), (334, 668), (668, 1001)]
-    # with row-wise adagrad each row also carries 4 B of state: 68 B per row -> 3 pieces still fit, 2 would not
+    t = Table("t", 1001, 16, 10.0)  # 64,064 B at fp32; 8 columns 32,032 B, 4 columns 16,016 B
+    task = Task("p", (t,), (Device(34_000), Device(34_000), Device(34_000)))
+    assert first_cut(t, task) == Cut(columns=2)  # two slices of 8 columns fit 34,000 B
+    assert column_widths(16, 3) == [8, 4, 4]
+    assert first_cut(t, Task("p", (t,), (Device(64_064),))) == Cut()  # fits: no cut
+    # 3 slices are no better than 2 (the widest still has 8 columns): 30,000 B needs 4 of 4 columns
+    assert first_cut(t, replace(task, devices=(Device(30_000),) * 3)) == Cut(columns=4)
+    # with row-wise adagrad each slice also keeps 4 B per row: 8 columns take 36,036 B, so 4 slices of 4
     ada = Task("p", (t,), task.devices, MemoryModel("fp32", "exact_row_wise_adagrad"))
-    assert piece_count(t, ada, 34_000) == 3
+    assert first_cut(t, ada) == Cut(columns=4)
     cut, pieces = cut_oversized(task)
+    assert [x.dim for x in cut.tables] == [8, 8] and all(x.rows == 1001 for x in cut.tables)
+    assert all(x.pooling_factor == 10.0 for x in cut.tables)  # every slice does all lookups
+    assert sorted(pieces.values()) == [("t", 0, None, 0, 8), ("t", 0, None, 8, 16)]
+    # rows only: TorchRec's row-wise layout, ceil(1001 / 3) = 334 rows per block, block i pinned to device i
+    rows_only = replace(task, sharding=("table", "row"))
+    assert first_cut(t, rows_only) == Cut(row_wise=True)
+    assert row_blocks(1001, 3) == [(0, 334), (334, 668), (668, 1001)]
+    assert row_blocks(5, 4) == [(0, 2), (2, 4), (4, 5)]  # TorchRec's [2, 2, 1, 0]: the empty block left out
+    cut, pieces = cut_oversized(rows_only)
     assert [x.rows for x in cut.tables] == [334, 334, 333]
     assert sum(x.pooling_factor for x in cut.tables) == pytest.approx(10.0)  # lookups shared by rows
-    assert sorted(pieces.values()) == [("t", 0, 334), ("t", 334, 668), ("t", 668, 1001)]
+    assert cut.pins == (("t[rows 0:334]", 0), ("t[rows 334:668]", 1), ("t[rows 668:1001]", 2))
 
 
 @pytest.mark.parametrize("name", sorted(HEURISTICS))
@@ -219,11 +261,16 @@ def test_total_size_above_total_capacity(name):
 def test_bin_packing_infeasible(name):
     # three tables of 0.6 of a device on two devices: 1.8 <= 2 in total, but no two share a device
     tables = [Table(f"t{i}", 600, 4, 1.0) for i in range(3)]  # 9,600 B each
-    task = Task("pack", tuple(tables), (Device(16_000), Device(16_000)))
+    task = Task("pack", tuple(tables), (Device(16_000), Device(16_000)), sharding=("table",))
     with pytest.raises(InfeasibleTaskError, match=r"'pack': no placement of all 3 tables fits in memory; table 't\d'"):
         make_sharder(name).shard(task)
     with pytest.raises(InfeasibleTaskError):
         find_feasible_assignment(task)
+    # allowed to cut rows, one table goes row-wise (300 rows on each device) and the rest fit
+    rows = replace(task, sharding=("table", "row"))
+    plan = make_sharder(name).shard(rows)
+    validate_plan(rows, plan)
+    assert sorted(s.kind(600, 4) for s in plan.shards) == ["row", "row", "table", "table"]
 
 
 def test_placement_backs_up_where_the_first_choice_gets_stuck():

@@ -1,24 +1,44 @@
-"""Tables larger than any device: cut into row pieces that the sharders place as tables.
+"""Tables larger than any device: cut into pieces that the sharders place as tables.
 
-The rule: a table whose bytes exceed the largest device's capacity is cut by rows into the
-fewest pieces k whose largest piece fits that device, rows shared as evenly as possible
-(the first rows % k pieces get one row more). Rows, not columns: a row piece carries
-exactly its own rows' weights and optimizer state (row-wise state is per row), so the
-pieces' bytes add up to the table's, whatever the optimizer, while column slices would each
-carry the per-row state again. A piece is a table of its rows with the share of the
-table's lookups its rows get (pooling x piece rows / rows: hot rows are scattered over a
-table) and the table's access-count bins. If a single row is larger than every device, no
-plan exists, and the error says so.
+The rule (`Cut`, `first_cut`), for a table whose bytes exceed the largest device's
+capacity, tried in this order and each only where the task's sharding kinds
+(`Task.sharding`) allow it:
 
-`with_pieces(task, shard_whole)` is the one place this happens: every sharder of ours plans
-through it, so each places pieces by its own rule, as it places tables, and the plan maps
-them back to row ranges of the user's tables.
+1. Column slices: the fewest k (2 <= k <= dim/4) slices, widths multiples of 4 as
+   even as possible (the first ones 4 columns wider), whose widest fits the largest
+   device. Each slice is a piece the sharder places where it likes: TorchRec's
+   column-wise sharding puts each slice on any rank. Columns come first because a
+   slice's output is concatenated while a row piece's is a full-width partial sum
+   that must be added up across devices (more communication, see
+   dreamshard.hardware.comm), and because row-wise pieces cannot go anywhere (2.).
+   A slice does all of its table's lookups over fewer columns; with row-wise
+   optimizer state each slice keeps its own (dreamshard.memory).
+2. Row-wise, as TorchRec trains it: the rows are split into one block per device of
+   ceil(rows/N) rows (the last blocks smaller, or empty and left out), block i on
+   device i. TorchRec's row-wise sharding routes each id to the rank of its block
+   (rank = id // block), so that placement is the only one it can run: block i is
+   a piece pinned to device i (`Task.pins`), placed first, and the sharder places
+   every other table around the blocks. A block gets its rows' share of the
+   table's lookups (pooling x block rows / rows: hot rows are scattered over a
+   table) and the table's access-count bins.
+
+If neither fits (a single row wider than every device, row-wise blocks larger than
+their devices, or the kinds allow no cut), no plan exists and the error says why.
+
+Finer cuts (`with_pieces`): when the sharder then finds no placement, the table with
+the largest piece is cut finer (twice the column slices, up to dim/4, then row-wise)
+and the sharder tries again, until a plan is found or nothing can be cut further: an
+error then comes only when the pieces cannot be placed at all, and says why.
+
+`with_pieces(task, shard_whole)` is the one place this happens: every sharder of ours
+plans through it, so each places pieces by its own rule, as it places tables, and the
+plan maps them back to column slices and row ranges of the user's tables.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
@@ -27,19 +47,32 @@ from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 
-def piece_count(table: Table, task: Task, capacity: int) -> int:
-    """The fewest equal row pieces of `table` whose largest fits in `capacity` bytes (1: no cut)."""
-    if task.memory.shard_bytes(table.rows, table.dim) <= capacity:
-        return 1
-    row = task.memory.shard_bytes(1, table.dim)
-    if row > capacity:
-        raise InfeasibleTaskError(
-            f"task {task.name!r}: table {table.name!r}: a single row ({table.dim} dims) takes {row} bytes, more than "
-            f"any device holds ({capacity} bytes, {capacity / GB:.3f} GB): no plan exists")
-    k = math.ceil(task.memory.shard_bytes(table.rows, table.dim) / capacity)
-    while task.memory.shard_bytes(math.ceil(table.rows / k), table.dim) > capacity:
-        k += 1
-    return k
+@dataclass(frozen=True)
+class Cut:
+    """How one table is cut: `columns` slices (1: all columns), or row-wise over every device."""
+
+    columns: int = 1
+    row_wise: bool = False
+
+    @property
+    def whole(self) -> bool:
+        return self.columns == 1 and not self.row_wise
+
+
+WHOLE = Cut()
+
+
+def column_widths(dim: int, k: int) -> list[int]:
+    """k widths, multiples of 4 summing to dim, as even as possible (the first ones wider)."""
+    units = dim // 4
+    base, extra = divmod(units, k)
+    return [4 * (base + (1 if i < extra else 0)) for i in range(k)]
+
+
+def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
+    """TorchRec's row-wise layout: block i = rows [i b, (i+1) b) with b = ceil(rows / N), empty blocks left out."""
+    block = math.ceil(rows / num_devices)
+    return [(start, min(start + block, rows)) for start in range(0, rows, block)]
 
 
 def row_ranges(rows: int, k: int) -> list[tuple[int, int]]:
@@ -53,40 +86,157 @@ def row_ranges(rows: int, k: int) -> list[tuple[int, int]]:
     return out
 
 
-def cut_oversized(task: Task) -> tuple[Task, dict[str, tuple[str, int, int]]]:
-    """The task with every table too large for any device replaced by its row pieces, and
-    piece name -> (table, row_start, row_end). The task itself when nothing needs cutting."""
-    capacity = max(d.memory_bytes for d in task.devices)
+def _fits_row_wise(table: Table, task: Task) -> bool:
+    if "row" not in task.sharding or task.num_devices < 2:
+        return False
+    return all(task.memory.shard_bytes(end - start, table.dim) <= task.devices[i].memory_bytes
+               for i, (start, end) in enumerate(row_blocks(table.rows, task.num_devices)))
+
+
+def _capacity(task: Task) -> int:
+    return max(d.memory_bytes for d in task.devices)
+
+
+def first_cut(table: Table, task: Task) -> Cut:
+    """The rule of the module docstring: no cut when the table fits the largest device."""
+    capacity = _capacity(task)
+    if task.memory.shard_bytes(table.rows, table.dim) <= capacity:
+        return WHOLE
+    if table.name in task.pinned_device():
+        raise InfeasibleTaskError(f"task {task.name!r}: table {table.name!r} is pinned to a device but fits on no "
+                                  "device; a pinned table is never cut")
+    units = table.dim // 4
+    if "column" in task.sharding:
+        for k in range(2, units + 1):
+            if task.memory.shard_bytes(table.rows, max(column_widths(table.dim, k))) <= capacity:
+                return Cut(columns=k)
+    if _fits_row_wise(table, task):
+        return Cut(row_wise=True)
+    narrowest = 4 if "column" in task.sharding else table.dim
+    row = task.memory.shard_bytes(1, narrowest)
+    where = f"task {task.name!r}: table {table.name!r} ({table.rows} rows x {table.dim} dims, " \
+            f"{task.memory.shard_bytes(table.rows, table.dim) / GB:.3f} GB)"
+    if row > capacity:
+        raise InfeasibleTaskError(f"{where}: a single row of {narrowest} columns takes {row} bytes, more than any "
+                                  f"device holds ({capacity} bytes, {capacity / GB:.3f} GB): no plan exists")
+    tried = []
+    if "column" in task.sharding:
+        tried.append(f"its narrowest column slices (4 columns) need "
+                     f"{task.memory.shard_bytes(table.rows, 4) / GB:.3f} GB")
+    if "row" in task.sharding and task.num_devices > 1:
+        block = row_blocks(table.rows, task.num_devices)[0]
+        tried.append(f"its row-wise blocks ({block[1]} rows on each device) need "
+                     f"{task.memory.shard_bytes(block[1], table.dim) / GB:.3f} GB")
+    reason = "; ".join(tried) if tried else f"the sharding kinds ({', '.join(task.sharding)}) allow no cut"
+    raise InfeasibleTaskError(f"{where} fits on no device (largest {capacity / GB:.3f} GB): {reason}; "
+                              "no plan exists")
+
+
+def finer(table: Table, task: Task, cut: Cut) -> Cut | None:
+    """The next finer cut of `table` after `cut` (module docstring), None when there is none."""
+    if cut.row_wise:
+        return None
+    units = table.dim // 4
+    if "column" in task.sharding and cut.columns < units:
+        k = min(units, 2 * cut.columns)
+        return Cut(columns=k)
+    if _fits_row_wise(table, task):
+        return Cut(row_wise=True)
+    return None
+
+
+# a piece's place in its table: (table name, row_start, row_end or None for all rows, col_start, col_end)
+PieceOf = tuple[str, int, "int | None", int, int]
+
+
+def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]]:
+    """The task with each table cut as `cuts` says (absent: whole), and piece name -> its place in its table."""
     tables: list[Table] = []
-    pieces: dict[str, tuple[str, int, int]] = {}
+    pieces: dict[str, PieceOf] = {}
+    pins = list(task.pins)
     for t in task.tables:
-        k = piece_count(t, task, capacity)
-        if k == 1:
+        cut = cuts.get(t.name, WHOLE)
+        if cut.whole:
             tables.append(t)
-            continue
-        for start, end in row_ranges(t.rows, k):
-            name = f"{t.name}[rows {start}:{end}]"
-            pieces[name] = (t.name, start, end)
-            tables.append(replace(t, name=name, rows=end - start, pooling_factor=t.pooling_factor * (end - start) / t.rows))
+        elif cut.row_wise:
+            for device, (start, end) in enumerate(row_blocks(t.rows, task.num_devices)):
+                name = f"{t.name}[rows {start}:{end}]"
+                pieces[name] = (t.name, start, end, 0, t.dim)
+                pins.append((name, device))
+                tables.append(replace(t, name=name, rows=end - start,
+                                      pooling_factor=t.pooling_factor * (end - start) / t.rows))
+        else:
+            start = 0
+            for width in column_widths(t.dim, cut.columns):
+                name = f"{t.name}[cols {start}:{start + width}]"
+                pieces[name] = (t.name, 0, None, start, start + width)
+                tables.append(replace(t, name=name, dim=width))
+                start += width
     if not pieces:
         return task, {}
-    return Task(task.name, tuple(tables), task.devices, task.memory, task.family), pieces
+    return replace(task, tables=tuple(tables), pins=tuple(pins)), pieces
 
 
-def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
-    """`shard_whole`'s plan for `task`, its oversized tables cut into row pieces first (see the module)."""
-    cut, pieces = cut_oversized(task)
-    if not pieces:
-        return shard_whole(task)
-    plan = shard_whole(cut)
+def cut_oversized(task: Task) -> tuple[Task, dict[str, PieceOf]]:
+    """The task with every table too large for any device cut by the first rule; the task itself when none is."""
+    return cut_task(task, {t.name: first_cut(t, task) for t in task.tables})
+
+
+def _merge(task: Task, plan: Plan, pieces: dict[str, PieceOf]) -> Plan:
+    """The plan of the cut task as a plan of the user's tables: pieces back to blocks of their tables."""
+    piece_rows = {t.name: t.rows for t in task.tables}
     shards = []
     for s in plan.shards:
         if s.table not in pieces:
             shards.append(s)
             continue
-        table, start, end = pieces[s.table]
-        p0, p1 = s.rows(end - start)
-        shards.append(Shard(table, s.device, s.col_start, s.col_end, start + p0, start + p1))
-    out = Plan(plan.num_devices, tuple(shards))
-    validate_plan(task, out)
-    return out
+        table, r0, r1, c0, _ = pieces[s.table]
+        if r1 is None and not s.is_row_range:  # a column slice, all rows
+            shards.append(Shard(table, s.device, c0 + s.col_start, c0 + s.col_end))
+        else:
+            p0, p1 = s.rows(piece_rows[s.table])
+            shards.append(Shard(table, s.device, c0 + s.col_start, c0 + s.col_end, r0 + p0, r0 + p1))
+    return Plan(plan.num_devices, tuple(shards))
+
+
+def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
+    """`shard_whole`'s plan for `task`, its oversized tables cut into pieces first, cut finer while
+    the pieces cannot be placed (see the module)."""
+    cuts = {t.name: first_cut(t, task) for t in task.tables}
+    need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(d.memory_bytes for d in task.devices)
+    if need > have:  # no cut makes tables smaller
+        raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
+                                  f"the {task.num_devices} devices hold {have / GB:.3f} GB")
+    while True:
+        cut, pieces = cut_task(task, cuts)
+        try:
+            plan = shard_whole(cut)
+        except InfeasibleTaskError:
+            widest = _largest_refinable(task, cuts)
+            if widest is None:
+                raise
+            cuts[widest[0]] = widest[1]
+            continue
+        if pieces:
+            validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
+            plan = _merge(cut, plan, pieces)
+            validate_plan(task, plan)
+        return plan
+
+
+def _largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:
+    """(table, its finer cut) for the table whose largest piece is largest among those that can be cut finer."""
+    best: tuple[int, str, Cut] | None = None
+    pinned = task.pinned_device()
+    for t in task.tables:
+        if t.name in pinned:
+            continue
+        cut = cuts[t.name]
+        nxt = finer(t, task, cut)
+        if nxt is None:
+            continue
+        widest = t.dim if cut.columns == 1 else max(column_widths(t.dim, cut.columns))
+        size = task.memory.shard_bytes(t.rows, widest)
+        if best is None or size > best[0]:
+            best = (size, t.name, nxt)
+    return None if best is None else (best[1], best[2])

@@ -6,6 +6,8 @@ room. If a table fits nowhere, the search backs up and tries the next device in
 an earlier table's ranking (depth-first), so a valid plan is found whenever one
 exists within `max_steps` placements. When the first choice never gets stuck the
 result is exactly the plain greedy plan; backing up only happens near memory limits.
+Tables the task pins to a device (`Task.pins`) are placed first, each on its device,
+so every sharder's ranking sees their load when it places the others.
 """
 from __future__ import annotations
 
@@ -45,6 +47,10 @@ def place_tables(
     n = len(task.tables)
     if sorted(order) != list(range(n)):
         raise ValueError("order must list every table of the task exactly once")
+    pinned = task.pinned_device()
+    pins = {i: pinned[t.name] for i, t in enumerate(task.tables) if t.name in pinned}
+    if pins:
+        order = [t for t in order if t in pins] + [t for t in order if t not in pins]
     sizes = np.array([task.table_bytes(i) for i in range(n)], dtype=np.int64)
     capacity = np.array([d.memory_bytes for d in task.devices], dtype=np.int64)
     _check_each_table_fits(task, sizes, capacity)
@@ -69,7 +75,7 @@ def place_tables(
         t = order[k]
         if len(rankings) == k:  # reaching this table from the one before: rank its devices now
             deepest = max(deepest, k)
-            rankings.append(rank_devices(t, state))
+            rankings.append([pins[t]] if t in pins else rank_devices(t, state))
             tried.append(0)
         elif assignment[t] != -1:  # back from a dead end below: take this table off its device
             d = assignment[t]
