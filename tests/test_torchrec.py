@@ -9,6 +9,7 @@ import itertools
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -178,21 +179,33 @@ def test_full_search_restricted_to_representable_types_gives_a_valid_plan():
     validate_plan(task, plan)
 
 
-def test_full_search_refuses_shardings_a_plan_cannot_hold():
-    # one table bigger than any device: only row-wise kinds of sharding can place it
-    task = Task.uniform("rows", [Table("big", 3_000_000, 64, 5.0)], 4, 0.5)
-    with pytest.raises(DreamShardError, match=r"'big' \((table_)?row_wise\)"):
-        make_sharder("torchrec_full").shard(task)
+def test_full_search_places_a_table_larger_than_a_device_row_wise():
+    # one table bigger than any device: only row-wise kinds of sharding (or grid) can place it
+    task = Task.uniform("rows", [Table("big", 3_000_000, 64, 5.0), Table("small", 1000, 16, 1.0)], 4, 0.5)
+    plan = make_sharder("torchrec_full").shard(task)
+    validate_plan(task, plan)
+    assert {s.kind(3_000_000, 64) for s in plan.shards if s.table == "big"} & {"row", "row+column"}
+    # restricted to whole tables and columns, TorchRec finds no plan for a 0.72 GB table of 64 columns on 0.5 GB
+    restricted = replace(task, sharding=("table", "column"))
+    assert make_sharder("torchrec_full").types_for(restricted) == ["table_wise", "column_wise", "table_column_wise"]
+    with pytest.raises(DreamShardError):
+        make_sharder("torchrec_full").shard(replace(task, sharding=("table",)))
 
 
-@pytest.mark.parametrize("generator, kind", [(row_wise(), "row_wise"), (data_parallel(), "data_parallel")])
-def test_conversion_names_the_table_and_the_sharding_it_cannot_represent(generator, kind):
-    task = Task.uniform("two", [Table("keep", 100, 8, 1.0), Table("odd", 1000, 16, 2.0)], 2, 1.0)
+def test_conversion_of_row_wise_shards_and_refusal_of_replicas():
+    task = Task.uniform("two", [Table("keep", 100, 8, 1.0), Table("rows", 1001, 16, 2.0)], 3, 1.0)
     module_plan = construct_module_sharding_plan(
-        meta_ebc(task), {"keep": table_wise(rank=1, compute_kernel="fused"), "odd": generator},
-        local_size=2, world_size=2, device_type="cuda")
-    with pytest.raises(DreamShardError, match=rf"'odd' \({kind}\)"):
-        from_torchrec_plan(task, ShardingPlan({"": module_plan}))
+        meta_ebc(task), {"keep": table_wise(rank=1, compute_kernel="fused"), "rows": row_wise(compute_kernel="fused")},
+        local_size=3, world_size=3, device_type="cuda")
+    plan = from_torchrec_plan(task, ShardingPlan({"": module_plan}))
+    validate_plan(task, plan)  # TorchRec's layout: ceil(1001 / 3) = 334 rows per rank
+    assert sorted((s.device, s.rows(1001)) for s in plan.shards if s.table == "rows") == [
+        (0, (0, 334)), (1, (334, 668)), (2, (668, 1001))]
+    replicated = construct_module_sharding_plan(
+        meta_ebc(task), {"keep": table_wise(rank=1, compute_kernel="fused"), "rows": data_parallel()},
+        local_size=3, world_size=3, device_type="cuda")
+    with pytest.raises(DreamShardError, match=r"table 'rows': TorchRec chose 'data_parallel'"):
+        from_torchrec_plan(task, ShardingPlan({"": replicated}))
 
 
 def test_conversion_of_column_wise_shards():
@@ -273,12 +286,33 @@ def test_export_refuses_an_invalid_plan(tmp_path):
     assert not (tmp_path / "bad.pt").exists()
 
 
-def test_export_refuses_row_ranges_rather_than_misreading_them(tmp_path):
-    rowwise = Plan(3, tuple(s for s in SPLIT_PLAN.shards if s.table != "d") + (Shard("d", 0, 0, 8, 0, 5000),
-                                                                              Shard("d", 1, 0, 8, 5000, 20_000)))
-    with pytest.raises(DreamShardError, match=r"table 'd': shard d\[0:5000, 0:8\] is a row range"):
-        save_torchrec_plan(SMALL, rowwise, tmp_path / "rows.pt")
-    assert not (tmp_path / "rows.pt").exists()
+ROW_PLAN = Plan(3, tuple(s for s in SPLIT_PLAN.shards if s.table != "d")
+                + (Shard("d", 0, 0, 8, 0, 6667), Shard("d", 1, 0, 8, 6667, 13_334), Shard("d", 2, 0, 8, 13_334, 20_000)))
+
+
+def test_export_round_trip_row_wise(tmp_path):
+    # d: 20,000 rows in TorchRec's layout over 3 ranks: blocks of ceil(20000 / 3) = 6,667 rows, block i on rank i
+    path = tmp_path / "rows.pt"
+    save_torchrec_plan(SMALL, ROW_PLAN, path)
+    loaded = torch.load(path, weights_only=False)
+    ps = loaded.plan[DEFAULT_FQN]["d"]
+    assert ps.sharding_type == "row_wise" and ps.ranks == [0, 1, 2]
+    assert [list(m.shard_offsets) for m in ps.sharding_spec.shards] == [[0, 0], [6667, 0], [13334, 0]]
+    back = from_torchrec_plan(SMALL, loaded, DEFAULT_FQN)
+    assert sorted(back.shards, key=str) == sorted(ROW_PLAN.shards, key=str)
+
+
+def test_export_refuses_row_ranges_torchrec_cannot_train(tmp_path):
+    # valid plan, but TorchRec routes id i to rank i // 6667: blocks elsewhere would be misread in training
+    swapped = Plan(3, tuple(s for s in SPLIT_PLAN.shards if s.table != "d")
+                   + (Shard("d", 1, 0, 8, 0, 6667), Shard("d", 0, 0, 8, 6667, 13_334), Shard("d", 2, 0, 8, 13_334, 20_000)))
+    uneven = Plan(3, tuple(s for s in SPLIT_PLAN.shards if s.table != "d")
+                  + (Shard("d", 0, 0, 8, 0, 5000), Shard("d", 1, 0, 8, 5000, 20_000)))
+    for plan in (swapped, uneven):
+        validate_plan(SMALL, plan)
+        with pytest.raises(DreamShardError, match=r"table 'd': its row ranges .* not TorchRec's row-wise layout"):
+            save_torchrec_plan(SMALL, plan, tmp_path / "rows.pt")
+        assert not (tmp_path / "rows.pt").exists()
 
 
 # ---------------------------------------------------------------- TorchRec's perf model
@@ -297,6 +331,8 @@ def test_torchrec_perf_estimate():
     assert torchrec_perf_estimate(task_one_device_fits, one).cost_ms > est.cost_ms
     split = torchrec_perf_estimate(SMALL, SPLIT_PLAN)
     assert split.cost_ms > 0 and all(r > 0 for r in split.rank_ms)
+    rows = torchrec_perf_estimate(SMALL, ROW_PLAN)
+    assert rows.cost_ms > 0 and all(r > 0 for r in rows.rank_ms)
 
 
 def test_perf_estimate_equals_the_planners_own_rating():

@@ -29,7 +29,16 @@ TorchRec's `column_wise(ranks=...)` only makes equal slices in rank-list order (
 equal slices use `column_wise(ranks=...)` and unequal ones an equivalent generator
 that writes each slice's size, offset and rank itself; TorchRec's column-wise
 sharding keeps per-shard widths (`local_cols`), so uneven slices are supported.
-Every exported sharding is checked against the plan before it is returned.
+A table in row ranges becomes `row_wise()`: TorchRec trains row-wise tables only in
+its own layout (blocks of ceil(rows / ranks) rows, block i on rank i: ids are routed
+to rank id // block), which is the layout dreamshard's sharders make
+(dreamshard.sharders.pieces); row ranges laid out otherwise are refused, naming the
+table and the layout TorchRec needs. Every exported sharding is checked against the
+plan before it is returned.
+
+Back from TorchRec (`torchrec_table_shards`): any sharding type made of blocks of a
+table on one rank each converts to shards (table-wise, column-wise,
+table-column-wise, row-wise, table-row-wise, grid); data-parallel (replicas) does not.
 
 The `fused` kernel keeps the optimizer inside FBGEMM's TBE: the training script
 must give the EBC an in-backward optimizer (`apply_optimizer_in_backward`) or the
@@ -49,6 +58,7 @@ from typing import Any
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.io import atomic_path
 from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.sharders.pieces import row_blocks
 from dreamshard.tasks import Task
 
 DEFAULT_FQN = "ebc"
@@ -57,6 +67,9 @@ COMPUTE_DEVICE = "cuda"  # plans are for GPU training; planning itself runs anyw
 COMPUTE_KERNEL = "fused"  # FBGEMM TBE with the weights in device memory (HBM)
 TABLE_WISE = "table_wise"
 COLUMN_WISE = "column_wise"
+ROW_WISE = "row_wise"
+# TorchRec sharding types made of blocks of a table, each on one rank: what converts to a DreamShard plan
+SHARD_TYPES = (TABLE_WISE, COLUMN_WISE, "table_column_wise", ROW_WISE, "table_row_wise", "grid_shard")
 
 INSTALL_HINT = ("TorchRec is not installed; install it with `pip install torchrec==1.8.0 --no-deps` and "
                 "`pip install tensordict 'torchmetrics==1.0.3' tqdm pyre-extensions` "
@@ -172,16 +185,28 @@ def enumerator(task: Task, topo, constraints: dict, batch_size: int):
 
 # ------------------------------------------------------------------ export
 
-def _table_slices(task: Task, plan: Plan) -> dict[str, list[Shard]]:
-    validate_plan(task, plan)  # every table covered exactly once: the export never drops or doubles columns
-    rows = {t.name: t.rows for t in task.tables}
-    slices: dict[str, list[Shard]] = defaultdict(list)
+def _table_shards(task: Task, plan: Plan) -> dict[str, list[Shard]]:
+    validate_plan(task, plan)  # every cell covered exactly once: the export never drops or doubles a block
+    shards: dict[str, list[Shard]] = defaultdict(list)
     for s in plan.shards:
-        if s.rows(rows[s.table]) != (0, rows[s.table]):
-            raise DreamShardError(f"table {s.table!r}: shard {s.label()} is a row range; exporting row-wise shards "
-                                  "to TorchRec is not supported yet (whole tables and column slices are)")
-        slices[s.table].append(s)
-    return {name: sorted(shards, key=lambda s: s.col_start) for name, shards in slices.items()}
+        shards[s.table].append(s)
+    return {name: sorted(blocks, key=lambda s: (s.row_start, s.col_start)) for name, blocks in shards.items()}
+
+
+def table_layout(task: Task, table_index: int, shards: list[Shard]) -> str:
+    """The TorchRec sharding type that holds exactly these shards of the table (module docstring), or an error."""
+    t = task.tables[table_index]
+    if all(not s.is_row_range for s in shards):
+        return TABLE_WISE if len(shards) == 1 else COLUMN_WISE
+    blocks = [(s.rows(t.rows), s.device) for s in shards]
+    expected = [(block, rank) for rank, block in enumerate(row_blocks(t.rows, task.num_devices))]
+    if all(s.width == t.dim for s in shards) and blocks == expected:
+        return ROW_WISE
+    raise DreamShardError(
+        f"table {t.name!r}: its row ranges {', '.join(s.label() + f' on {s.device}' for s in shards[:4])}"
+        f"{', ...' if len(shards) > 4 else ''} are not TorchRec's row-wise layout: TorchRec trains a row-wise table "
+        f"split into blocks of ceil(rows / ranks) = {expected[0][0][1]} rows, block i on rank i "
+        "(plans from dreamshard's sharders always are; see dreamshard.sharders.pieces)")
 
 
 def _column_slices_generator(slices: list[Shard]):
@@ -205,41 +230,61 @@ def _column_slices_generator(slices: list[Shard]):
     return generate
 
 
+def table_generators(task: Task, plan: Plan) -> dict[str, Any]:
+    """Table name -> TorchRec's ParameterShardingGenerator placing it as `plan` does."""
+    require_torchrec()
+    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+
+    shards = _table_shards(task, plan)
+    per_table = {}
+    for i, t in enumerate(task.tables):
+        blocks = shards[t.name]
+        layout = table_layout(task, i, blocks)
+        if layout == TABLE_WISE:
+            per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=COMPUTE_KERNEL)
+        elif layout == ROW_WISE:
+            per_table[t.name] = row_wise(compute_kernel=COMPUTE_KERNEL)
+        elif len({s.width for s in blocks}) == 1:
+            per_table[t.name] = column_wise(ranks=[s.device for s in blocks], compute_kernel=COMPUTE_KERNEL)
+        else:
+            per_table[t.name] = _column_slices_generator(blocks)
+    return per_table
+
+
+def check_module_plan(task: Task, plan: Plan, module_plan) -> None:
+    """Raise InvalidPlanError unless TorchRec's sharding of every table holds exactly the plan's blocks."""
+    shards = _table_shards(task, plan)
+    for t in task.tables:
+        got = torchrec_table_shards(t.name, module_plan[t.name], t.rows, t.dim)
+        want = sorted((s.device, *s.rows(t.rows), s.col_start, s.col_end) for s in shards[t.name])
+        if sorted(got) != want:
+            raise InvalidPlanError(f"table {t.name!r}: TorchRec's sharding {sorted(got)} differs from the plan's {want}")
+
+
 def to_torchrec_module_plan(task: Task, plan: Plan, local_size: int | None = None,
-                            device_type: str = COMPUTE_DEVICE):
+                            device_type: str = COMPUTE_DEVICE, module=None):
     """The EBC's `EmbeddingModuleShardingPlan` (table name -> ParameterSharding) for `plan`.
 
     `local_size`: GPUs per host (default: all devices on one host); rank r is placed on
     `cuda:{r % local_size}` of its host. `device_type="cpu"` makes a plan for CPU ranks
-    (gloo), e.g. to try a training script without GPUs.
+    (gloo), e.g. to try a training script without GPUs. `module`: the user's
+    EmbeddingBagCollection holding the task's tables (default: one built on the meta device).
     """
     require_torchrec()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 
-    slices = _table_slices(task, plan)
-    per_table = {}
-    for t in task.tables:
-        shards = slices[t.name]
-        if len(shards) == 1:
-            per_table[t.name] = table_wise(rank=shards[0].device, compute_kernel=COMPUTE_KERNEL)
-        elif len({s.col_end - s.col_start for s in shards}) == 1:
-            per_table[t.name] = column_wise(ranks=[s.device for s in shards], compute_kernel=COMPUTE_KERNEL)
-        else:
-            per_table[t.name] = _column_slices_generator(shards)
+    per_table = table_generators(task, plan)
     n = task.num_devices
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
     local = n if local_size is None else int(local_size)
     if not 1 <= local <= n:
         raise ValueError(f"local_size: expected 1..{n} GPUs per host, got {local_size}")
-    module_plan = construct_module_sharding_plan(meta_ebc(task), per_table, sharder=EmbeddingBagCollectionSharder(),
+    module_plan = construct_module_sharding_plan(meta_ebc(task) if module is None else module, per_table,
+                                                 sharder=EmbeddingBagCollectionSharder(),
                                                  local_size=local, world_size=n, device_type=device_type)
-    for t in task.tables:  # TorchRec builds the slices itself for column_wise(ranks=...): check them
-        got = torchrec_table_shards(t.name, module_plan[t.name], t.rows)
-        want = [(s.device, s.col_start, s.col_end) for s in slices[t.name]]
-        if got != want:
-            raise InvalidPlanError(f"table {t.name!r}: TorchRec's sharding {got} differs from the plan's {want}")
+    check_module_plan(task, plan, module_plan)  # TorchRec builds column-wise and row-wise shards itself
     return module_plan
 
 
@@ -261,17 +306,19 @@ def save_torchrec_plan(task: Task, plan: Plan, path: str | os.PathLike, fqn: str
         torch.save(sharding_plan, tmp)
 
 
-def torchrec_table_shards(name: str, sharding, rows: int) -> list[tuple[int, int, int]]:
-    """(rank, col_start, col_end) per shard of a table-wise or column-wise ParameterSharding.
+def torchrec_table_shards(name: str, sharding, rows: int, dim: int) -> list[tuple[int, int, int, int, int]]:
+    """(rank, row_start, row_end, col_start, col_end) per non-empty shard of a table's ParameterSharding.
 
-    Raises DreamShardError for shardings a DreamShard plan cannot represent (row-wise,
-    table-row-wise, grid, data-parallel, ...) or shards that are not whole-row column slices.
+    Any sharding type whose shards are blocks of the table on one rank each (table-wise,
+    column-wise, table-column-wise, row-wise, table-row-wise, grid) converts; data-parallel
+    (every rank holds the whole table: replicas, not shards) raises DreamShardError, as do
+    shards outside the table or on another rank than listed.
     """
     kind = sharding.sharding_type
-    if kind not in (TABLE_WISE, COLUMN_WISE):
+    if kind not in SHARD_TYPES:
         raise DreamShardError(
             f"table {name!r}: TorchRec chose {kind!r} sharding, which a DreamShard plan cannot represent "
-            f"(it holds whole tables and column slices: {TABLE_WISE!r}, {COLUMN_WISE!r})"
+            f"(it holds blocks of a table on one device each: {', '.join(SHARD_TYPES)})"
         )
     spec = sharding.sharding_spec
     metas = list(spec.shards) if spec is not None else []
@@ -282,13 +329,15 @@ def torchrec_table_shards(name: str, sharding, rows: int) -> list[tuple[int, int
     for meta, rank in zip(metas, ranks):
         (row_off, col_off), (nrows, ncols) = meta.shard_offsets, meta.shard_sizes
         placed = meta.placement.rank() if meta.placement is not None else rank
-        if row_off != 0 or nrows != rows or placed != rank:
+        if nrows == 0:
+            continue  # TorchRec's row-wise layout leaves the last ranks empty when rows < ranks
+        if row_off < 0 or row_off + nrows > rows or col_off < 0 or col_off + ncols > dim or placed != rank:
             raise DreamShardError(
                 f"table {name!r}: {kind} shard at offset {list(meta.shard_offsets)} of size {list(meta.shard_sizes)} "
-                f"on rank {placed} (ranks {ranks}) is not a whole-row column slice of {rows} rows"
+                f"on rank {placed} (ranks {ranks}) is not a block of its {rows} x {dim} table on that rank"
             )
-        out.append((int(rank), int(col_off), int(col_off + ncols)))
-    return sorted(out, key=lambda r: r[1])
+        out.append((int(rank), int(row_off), int(row_off + nrows), int(col_off), int(col_off + ncols)))
+    return sorted(out, key=lambda r: (r[1], r[3]))
 
 
 # ------------------------------------------------------------------ TorchRec's perf model
@@ -325,16 +374,16 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.types import Shard as TRShard
 
-    slices = _table_slices(task, plan)
+    slices = _table_shards(task, plan)
     topo = topology(task)
-    kinds = {t.name: [TABLE_WISE if len(slices[t.name]) == 1 else COLUMN_WISE] for t in task.tables}
+    kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
     constraints = table_constraints(task, kinds)
     enum = enumerator(task, topo, constraints, batch_size)
     options = enum.enumerate(meta_ebc(task), [EmbeddingBagCollectionSharder()])
     by_name = {o.name: o for o in options}
     for t in task.tables:
         option = by_name[t.name]
-        option.shards = [TRShard(size=[t.rows, s.col_end - s.col_start], offset=[0, s.col_start])
+        option.shards = [TRShard(size=[s.num_rows(t.rows), s.width], offset=[s.row_start, s.col_start])
                          for s in slices[t.name]]
     enum.populate_estimates(options)  # per-shard perf for the plan's own slices
     for t in task.tables:

@@ -6,18 +6,19 @@ the meta device, see dreamshard.interop.torchrec) for one rank per device:
 - topology: world size = number of devices, compute device "cuda", HBM = each device's memory;
 - per table: `ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
   pooling_factors=[pooling factor])`; with `full_search=True` every sharding type the
-  EBC sharder offers on CUDA with the fused kernel (table_wise, column_wise,
-  table_column_wise, row_wise, table_row_wise; data_parallel needs the dense kernel and
-  so is never proposed), or only the types given as `sharding_types`;
+  EBC sharder offers on CUDA with the fused kernel that the task's sharding kinds
+  (`Task.sharding`, `--sharding`) allow: table -> table_wise, column -> column_wise and
+  table_column_wise, row -> row_wise and table_row_wise, both -> grid_shard too
+  (data_parallel needs the dense kernel and is never proposed); narrowed further to
+  `sharding_types` when given;
 - perf: TorchRec's own per-shard estimator and objective (slowest rank, summed shards);
 - storage: DreamShard's memory model (dreamshard.memory) with no extra reservation, so
   TorchRec plans under exactly the rule every other sharder and `validate_plan` use.
   (TorchRec's defaults would add input/output buffers and reserve 15% of HBM.)
 
-Its result becomes a Plan: a table-wise table is one whole-table shard on its rank,
-a column-wise table one shard per column slice. Any other sharding TorchRec chooses
-(row-wise, table-row-wise, data-parallel, ...) raises DreamShardError naming the table
-and the type: it is never dropped. When TorchRec finds no plan (memory), the error is
+Its result becomes a Plan: every shard TorchRec makes (a whole table, a column slice,
+a row block, a grid block) is a shard of the plan on its rank, with its row range
+when it holds part of the rows. When TorchRec finds no plan (memory), the error is
 InfeasibleTaskError with TorchRec's message. TorchRec's partitioner is greedy: unlike
 the sharders built on `place_tables`, it may give up on a task that a search would
 fit near the memory limit.
@@ -34,7 +35,10 @@ from dreamshard.interop.torchrec import COLUMN_WISE, DEFAULT_BATCH_SIZE, TABLE_W
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
-REPRESENTABLE = (TABLE_WISE, COLUMN_WISE)
+# TorchRec's sharding types (with the fused kernel) for each of our sharding kinds (Task.sharding)
+TYPES_OF_KIND = {"table": (TABLE_WISE,), "column": (COLUMN_WISE, "table_column_wise"),
+                 "row": ("row_wise", "table_row_wise")}
+GRID = "grid_shard"  # rows and columns: offered when both kinds are allowed
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,21 @@ class TorchRecSharder:
     def shard(self, task: Task) -> Plan:
         return from_torchrec_plan(task, self.torchrec_plan(task))
 
+    def types_for(self, task: Task) -> list[str]:
+        """TorchRec's sharding types this sharder offers TorchRec for the task: table-wise only, or every type
+        the task's sharding kinds allow (Task.sharding), narrowed to `sharding_types` when given."""
+        if not self.full_search:
+            return [TABLE_WISE]
+        allowed = [x for kind in task.sharding for x in TYPES_OF_KIND[kind]]
+        if "column" in task.sharding and "row" in task.sharding:
+            allowed.append(GRID)
+        if self.sharding_types is not None:
+            allowed = [x for x in allowed if x in self.sharding_types]
+        if not allowed:
+            raise DreamShardError(f"sharder {self.name!r}: none of sharding_types {list(self.sharding_types or [])} "
+                                  f"is allowed by the task's sharding kinds {', '.join(task.sharding)}")
+        return allowed
+
     def torchrec_plan(self, task: Task):
         """TorchRec's ShardingPlan for the task's EBC (module path "" : the EBC itself)."""
         from dreamshard.interop import torchrec as tx
@@ -63,8 +82,7 @@ class TorchRecSharder:
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
         from torchrec.distributed.planner.types import PlannerError
 
-        types = (list(self.sharding_types) if self.sharding_types is not None else None) if self.full_search \
-            else [TABLE_WISE]
+        types = self.types_for(task)
         with tx.quiet_torchrec():
             topo = tx.topology(task)
             constraints = tx.table_constraints(task, {t.name: types for t in task.tables})
@@ -96,19 +114,11 @@ def from_torchrec_plan(task: Task, sharding_plan, module_path: str = "") -> Plan
     missing = [t.name for t in task.tables if t.name not in module_plan]
     if missing:
         raise DreamShardError(f"task {task.name!r}: TorchRec's plan does not place table(s) {', '.join(missing)}")
-    odd = [f"{t.name!r} ({module_plan[t.name].sharding_type})" for t in task.tables
-           if module_plan[t.name].sharding_type not in REPRESENTABLE]
-    if odd:
-        raise DreamShardError(
-            f"task {task.name!r}: TorchRec chose shardings a DreamShard plan cannot represent for "
-            f"{len(odd)} table(s): {', '.join(odd[:8])}{', ...' if len(odd) > 8 else ''}; "
-            "a plan holds whole tables and column slices only "
-            f"(restrict the search with sharding_types={REPRESENTABLE!r})"
-        )
     shards = []
     for t in task.tables:
-        for rank, start, end in torchrec_table_shards(t.name, module_plan[t.name], t.rows):
-            shards.append(Shard(t.name, rank, start, end))
+        for rank, r0, r1, c0, c1 in torchrec_table_shards(t.name, module_plan[t.name], t.rows, t.dim):
+            rows = (0, None) if (r0, r1) == (0, t.rows) else (r0, r1)
+            shards.append(Shard(t.name, rank, c0, c1, *rows))
     return Plan(task.num_devices, tuple(shards))
 
 

@@ -1,0 +1,198 @@
+"""DreamShardPlanner: a drop-in TorchRec ShardingPlanner, on its own and inside DistributedModelParallel.
+
+Needs torchrec (docs/torchrec.md); skipped without it. The DMP test runs two CPU ranks (gloo).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torchrec = pytest.importorskip("torchrec", reason="torchrec is not installed (see docs/torchrec.md)")
+
+import torch  # noqa: E402
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
+from torchrec.distributed.planner import ParameterConstraints, Topology  # noqa: E402
+from torchrec.distributed.types import ShardingPlan  # noqa: E402
+
+from dreamshard.errors import DreamShardError  # noqa: E402
+from dreamshard.interop.planner import DreamShardPlanner  # noqa: E402
+from dreamshard.plan import device_memory_bytes  # noqa: E402
+
+MB = 1024**2
+
+
+class TwoCollections(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sparse = torch.nn.Module()
+        self.sparse.ebc = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name="big", embedding_dim=64, num_embeddings=50_000, feature_names=["f_big"]),
+            EmbeddingBagConfig(name="small", embedding_dim=16, num_embeddings=1000, feature_names=["f_small", "g"]),
+        ], device=torch.device("meta"))
+        self.other = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name="thin", embedding_dim=4, num_embeddings=300_000, feature_names=["f_thin"]),
+        ], device=torch.device("meta"))
+
+
+def topology(world: int, mb: float, device: str = "cuda") -> Topology:
+    if device == "cuda":
+        return Topology(world_size=world, compute_device="cuda", hbm_cap=int(mb * MB))
+    return Topology(world_size=world, compute_device="cpu", ddr_cap=int(mb * MB))
+
+
+def test_plans_every_collection_with_pooling_from_constraints_and_memory_from_the_topology():
+    # big: 50k x 64 x 4 B = 12.2 MB, more than one rank's 10 MB: cut into column slices; thin: 4.6 MB
+    constraints = {"big": ParameterConstraints(pooling_factors=[20.0]),
+                   "small": ParameterConstraints(pooling_factors=[2.0, 3.0])}
+    planner = DreamShardPlanner(topology(2, 10.0), batch_size=512, constraints=constraints, algo="lookup_greedy")
+    plan = planner.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
+    assert isinstance(plan, ShardingPlan)
+    assert set(plan.plan) == {"sparse.ebc", "other"}
+    assert set(plan.plan["sparse.ebc"]) == {"big", "small"} and set(plan.plan["other"]) == {"thin"}
+    assert plan.plan["sparse.ebc"]["big"].sharding_type == "column_wise"
+    task = planner.last_task
+    assert {t.name: t.pooling_factor for t in task.tables} == {"big": 20.0, "small": 5.0, "thin": 1.0}
+    assert [d.memory_bytes for d in task.devices] == [10 * MB] * 2
+    assert max(device_memory_bytes(task, planner.last_plan)) <= 10 * MB
+    # rows only: the big table goes row-wise, TorchRec's layout (25k rows on each rank)
+    rows = DreamShardPlanner(topology(2, 10.0), algo="lookup_greedy", sharding=("table", "row"))
+    ps = rows.plan(TwoCollections(), [EmbeddingBagCollectionSharder()]).plan["sparse.ebc"]["big"]
+    assert ps.sharding_type == "row_wise" and ps.ranks == [0, 1]
+    assert [list(m.shard_sizes) for m in ps.sharding_spec.shards] == [[25_000, 64], [25_000, 64]]
+
+
+def test_constraints_it_cannot_honour_are_errors():
+    bad_kernel = {"big": ParameterConstraints(compute_kernels=["dense"])}
+    with pytest.raises(DreamShardError, match=r"table 'big': constraint compute_kernels \['dense'\] exclude 'fused'"):
+        DreamShardPlanner(topology(2, 100.0), constraints=bad_kernel).plan(TwoCollections(), [])
+    tw_only = {"big": ParameterConstraints(sharding_types=["table_wise"])}
+    with pytest.raises(DreamShardError, match=r"table 'big': planned 'column_wise'.* allows only \['table_wise'\]"):
+        DreamShardPlanner(topology(2, 10.0), constraints=tw_only).plan(TwoCollections(), [])
+    with pytest.raises(DreamShardError, match="no EmbeddingBagCollection"):
+        DreamShardPlanner(topology(2, 10.0)).plan(torch.nn.Linear(2, 2), [])
+    with pytest.raises(DreamShardError, match="initialised process group"):
+        DreamShardPlanner(topology(2, 10.0)).collective_plan(TwoCollections(), [])
+
+
+DMP_SCRIPT = r'''
+"""Two CPU ranks: DreamShardPlanner's plan in DistributedModelParallel; pooled outputs and loss match an
+unsharded copy of the model on the same batch, and a training step runs."""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from dreamshard.interop.planner import DreamShardPlanner
+
+TABLES = [("big", 60_000, 32), ("mid", 3_000, 16), ("small", 100, 8)]  # big: 7.3 MB, more than a rank's 6 MB
+BUDGET = 6 * 1024**2
+
+
+def weight(rows, cols, row_off=0, col_off=0):
+    """The same deterministic weights for any block of a table, sharded or not."""
+    r = torch.arange(row_off, row_off + rows, dtype=torch.float64)[:, None]
+    c = torch.arange(col_off, col_off + cols, dtype=torch.float64)[None, :]
+    return (torch.sin(r * 0.37 + c * 1.3) * 0.1).float()
+
+
+class Model(torch.nn.Module):
+    def __init__(self, device):
+        super().__init__()
+        configs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"])
+                   for n, r, d in TABLES]
+        self.ebc = EmbeddingBagCollection(tables=configs, device=device)
+        self.top = torch.nn.Linear(sum(d for _, _, d in TABLES), 1)
+        with torch.no_grad():
+            self.top.weight.copy_(torch.linspace(-1, 1, self.top.weight.numel()).view_as(self.top.weight))
+            self.top.bias.fill_(0.1)
+
+    def forward(self, features):
+        pooled = self.ebc(features).values()
+        return pooled, self.top(pooled).pow(2).mean()
+
+
+def batch(rank, size=64):
+    g = torch.Generator().manual_seed(100 + rank)
+    lengths = torch.randint(0, 5, (len(TABLES), size), generator=g)
+    values = torch.cat([torch.randint(0, r, (int(n),), generator=g) for (_, r, _), n in zip(TABLES, lengths.sum(1))])
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{n}" for n, _, _ in TABLES], values=values,
+                                               lengths=lengths.flatten())
+
+
+def run(sharding, rank):
+    sharders = [EmbeddingBagCollectionSharder()]
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
+    planner = DreamShardPlanner(topology, batch_size=64, algo="size_lookup_greedy", sharding=sharding,
+                                constraints={"big": ParameterConstraints(pooling_factors=[2.0])})
+    model = Model(torch.device("meta"))
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": 0.1})
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    held = []
+    with torch.no_grad():
+        for name, tensor in dmp.state_dict().items():
+            if name.endswith(".weight") and ".embedding_bags." in name:
+                for s in tensor.local_shards():
+                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+                    s.tensor.copy_(weight(nr, nc, r0, c0))
+                    held.append([name.split(".")[-2], r0, r0 + nr, c0, c0 + nc])
+
+    reference = Model(torch.device("cpu"))
+    with torch.no_grad():
+        for (name, rows, dim), bag in zip(TABLES, reference.ebc.embedding_bags.values()):
+            bag.weight.copy_(weight(rows, dim))
+    features = batch(rank)
+    pooled, loss = dmp(features)
+    want_pooled, want_loss = reference(features)
+    loss.backward()  # the fused optimizer steps the embeddings inside backward
+    pooled_after, _ = dmp(features)
+    return {"rank": rank, "sharding": list(sharding), "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
+            "held": sorted(held), "pooled_diff": float((pooled - want_pooled).abs().max()),
+            "loss": float(loss), "want_loss": float(want_loss),
+            "changed": float((pooled_after - pooled).abs().max())}
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    reports = [run(("table", "column", "row"), rank), run(("table", "row"), rank)]
+    print(json.dumps(reports), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.slow  # 10-30 s on 2 cores: two processes that each import torchrec
+def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
+    (tmp_path / "dmp.py").write_text(DMP_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "dmp.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    decoder = json.JSONDecoder()
+    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
+    reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 4
+    for r in reports:
+        assert r["pooled_diff"] < 1e-5, r
+        assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
+        assert r["changed"] > 0, r  # the training step moved the embeddings
+    by = {(r["rank"], tuple(r["sharding"])): r for r in reports}
+    # the 60k x 32 table (7.3 MB) exceeds a rank's 6 MB: column slices by default, row-wise when rows only
+    assert by[(0, ("table", "column", "row"))]["kinds"]["big"] == "column_wise"
+    assert by[(0, ("table", "row"))]["kinds"]["big"] == "row_wise"
+    for rank in (0, 1):
+        held = [h for h in by[(rank, ("table", "row"))]["held"] if h[0] == "big"]
+        assert held == [["big", rank * 30_000, (rank + 1) * 30_000, 0, 32]]
