@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DreamShardError
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0, help="seed of the lookups generated from the statistics")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     m.set_defaults(func=cmd_measure)
+    add_profile_parser(sub)
     return parser
 
 
@@ -95,7 +97,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
     task = replace(Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
                                 MemoryModel(args.weights_precision, args.optimizer)), sharding=args.sharding)
-    plan = make_sharder(args.algo, **sharder_options(args)).shard(task)
+    sharder = make_sharder(args.algo, **sharder_options(args))
+    plan = sharder.shard(task)
     validate_plan(task, plan)
     if args.format == "torchrec":
         from dreamshard.interop.torchrec import save_torchrec_plan  # imports torchrec: only for this format
@@ -107,6 +110,12 @@ def cmd_plan(args: argparse.Namespace) -> None:
                        sharding=list(args.sharding))
     used = device_memory_bytes(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {args.devices} devices of {args.memory_gb:g} GB -> {args.output}")
+    lacking = [t.name for t in tables if t.bins is None]
+    estimator = getattr(sharder, "bins", None)  # learned sharders: the BinEstimator of tables without bins
+    if lacking and estimator is not None:
+        print(f"access-count bins ESTIMATED for {len(lacking)} of {len(tables)} tables (no bin_* in the tables "
+              f"file): Zipf exponent {estimator.zipf_exponent:.3f} fitted on {estimator.fitted_on} (mean L1 error "
+              f"{estimator.l1_error:.3f}); measure them with `dreamshard profile` for better plans")
     by_name = {t.name: t for t in tables}
     print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'memory_gb':>10}  kinds")
     for d in range(args.devices):

@@ -76,7 +76,11 @@ def access_count_bins(counts) -> list[float]:
 
 
 def read_tables_file(path: str | Path) -> list[Table]:
-    """Read a user's tables file (CSV or Parquet): name, rows, dim, pooling_factor[, bin_0..bin_16]."""
+    """Read a user's tables file (CSV or Parquet): name, rows, dim, pooling_factor[, bin_0..bin_16].
+
+    A table whose 17 bins are all empty (NaN, null) has no bins, as in a file without bin
+    columns: `dreamshard profile` measures them, dreamshard.data.bins estimates them.
+    """
     path = Path(path)
     if not path.exists():
         raise DataFormatError(f"{path}: no such file")
@@ -117,9 +121,14 @@ def tables_from_frame(df: pd.DataFrame, origin: str) -> list[Table]:
             rows = _as_int(rec["rows"], "rows")
             dim = _as_int(rec["dim"], "dim")
             pooling = float(rec["pooling_factor"])
-            bins = tuple(float(rec[c]) for c in BIN_COLUMNS) if present_bins else None
+            bins = tuple(math.nan if pd.isna(rec[c]) else float(rec[c]) for c in BIN_COLUMNS) if present_bins else None
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{where}: {exc}") from None
+        if bins is not None and all(math.isnan(b) for b in bins):
+            bins = None  # this table's bins left empty: unknown, like a file without bin columns
+        if bins is not None and any(math.isnan(b) for b in bins):
+            empty = [c for c, b in zip(BIN_COLUMNS, bins) if math.isnan(b)]
+            raise DataFormatError(f"{where}: access-count bins {', '.join(empty)} empty; give all 17 or leave all empty")
         if bins is not None and any(not (0.0 <= b <= 1.0) for b in bins):
             raise DataFormatError(f"{where}: access-count bins must be fractions in [0, 1]")
         try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from dreamshard.data.bins import META_KEY, fit_tables_file
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import load_cost_net
 from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_autoshard, train_dreamshard
@@ -35,6 +36,8 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     options = {**(section(params, "train_policy.common") or {}), **(own or {})}
     config = build(TrainConfig, options, f"train_policy.{algorithm}")
     _, data, tasks = load_scaler_and_data(params)
+    # bins for users' tables without histograms: the Zipf exponent that best fits the training tables' bins
+    bins = fit_tables_file(section(params, "paths.tables"), sorted({t.name for task in tasks for t in task.tables}))
     if families:
         unknown = set(families) - {t.family for t in tasks}
         if unknown:
@@ -45,7 +48,7 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     trainer = Trainer(tasks, backend, scaler, config, data, cost_net)
     meta = {"families": sorted({t.family for t in tasks}), "backend": backend.name,
             "table_counts": sorted({len(t.tables) for t in tasks}),
-            "device_counts": sorted({t.num_devices for t in tasks}),
+            "device_counts": sorted({t.num_devices for t in tasks}), META_KEY: bins.to_dict(),
             "device": backend.device_name(), "collected_plans": data.num_plans}
 
     def save_iteration(log: IterationLog, tr: Trainer) -> None:

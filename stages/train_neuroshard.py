@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from dreamshard.data.bins import META_KEY, fit_tables_file
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import evaluate_cost_net
 from dreamshard.learning.features import FeatureScaler, table_features
@@ -57,7 +58,10 @@ def run(params: dict[str, Any]) -> None:
     # the saved models learn from every sample
     compute, _ = fit_compute_net(data, scaler, steps, lr, batch, augment.seed)
     comm, _ = fit_comm_net(cases, steps, lr, comm_batch, augment.seed)
-    meta = {"backend": backend.name, "device": backend.device_name(), "compute_samples": data.num_plans}
+    # bins for users' tables without histograms: the Zipf exponent that best fits the training tables' bins
+    bins = fit_tables_file(section(params, "paths.tables"), [t.name for t in pool])
+    meta = {"backend": backend.name, "device": backend.device_name(), "compute_samples": data.num_plans,
+            META_KEY: bins.to_dict()}
     NeuroShardModel(compute, comm, scaler, meta).save(section(params, "paths.neuroshard_model"))
     write_text(json.dumps(metrics, indent=2) + "\n", Path(section(params, "paths.metrics")) / "neuroshard.json")
     print(f"train_neuroshard: compute held-out MAPE {metrics['compute_held_out']['device_compute_mape']:.3f}, "

@@ -2,10 +2,13 @@
 cutting the 40M-row tables into column slices, each plan valid and within memory."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from dreamshard.data.examples import PRODUCTION_BIG_ROWS, production_model_tables
 from dreamshard.learning.cost_model import CostNetConfig
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
 from dreamshard.learning.neuroshard import CommNetConfig, NeuroShardModel
@@ -18,16 +21,14 @@ from dreamshard.tables import Table
 from dreamshard.tasks import Task
 from helpers import seeded
 
-BIG_ROWS = 40_000_000  # 40M x 128 x 4 B = 19.07 GB: larger than a 16 GB device
+BIG_ROWS = PRODUCTION_BIG_ROWS  # 40M x 128 x 4 B = 19.07 GB: larger than a 16 GB device
 
 
 def production_tables(bins: bool) -> list[Table]:
-    """26 tables of dim 128: 4 of 40M rows, the rest 3 to 3M rows; pooling factors 1..100."""
+    """26 tables of dim 128: 4 of 40M rows, the rest 3 to 3M rows; pooling factors 1..100 (with random bins)."""
     rng = np.random.default_rng(0)
-    rows = [BIG_ROWS] * 4 + [int(x) for x in np.geomspace(3, 3_000_000, 22)]
-    pooling = np.linspace(1.0, 100.0, 26)
     hist = tuple(float(x) for x in rng.dirichlet(np.ones(17))) if bins else None
-    return [Table(f"cat_{i}", r, 128, float(p), hist) for i, (r, p) in enumerate(zip(rows, pooling))]
+    return [replace(t, bins=hist) for t in production_model_tables()]
 
 
 def untrained_models() -> dict[str, object]:

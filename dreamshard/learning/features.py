@@ -30,7 +30,8 @@ def shard_features(table: Table, width: int, memory: MemoryModel) -> np.ndarray:
     """Raw features of `width` columns of `table`."""
     if table.bins is None:
         raise DataFormatError(
-            f"table {table.name!r}: the learned cost models need the 17 access-count bins (bin_0..bin_16)"
+            f"table {table.name!r}: the learned cost models need the 17 access-count bins (bin_0..bin_16); "
+            "measure them with `dreamshard profile`, or estimate them (dreamshard.data.bins)"
         )
     size = memory.shard_bytes(table.rows, width) / GB
     return np.array([width, table.rows, table.pooling_factor, size, *table.bins], dtype=np.float64)

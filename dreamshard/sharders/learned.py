@@ -6,6 +6,10 @@ ranking goes through `place_tables`, so a plan is found whenever one exists (it 
 up from memory dead ends instead of failing). With `samples = k > 0`, k plans are also
 sampled (Gumbel noise on the logits = sampling from the softmax over legal devices) and
 the one the cost network rates best, greedy plan included, is returned.
+
+Tables without access-count bins get them from `bins`, a `BinEstimator` (by default the
+one the model's metadata carries, if any: see dreamshard.data.bins); with none, such a
+table is an error naming it.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.plan import Plan
@@ -29,9 +34,15 @@ class PolicySharder:
     model: LearnedModel
     samples: int = 0
     seed: int = 0
+    # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
+    bins: BinEstimator | None = None
+
+    def __post_init__(self) -> None:
+        if self.bins is None:
+            self.bins = BinEstimator.from_meta(self.model.meta, f"{self.name} model metadata")
 
     def shard(self, task: Task) -> Plan:
-        return with_pieces(task, self._shard)
+        return with_pieces(task_with_estimated_bins(task, self.bins, self.name), self._shard)
 
     @torch.no_grad()
     def _shard(self, task: Task) -> Plan:
