@@ -15,8 +15,15 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED, additivity_ratio, regime_of
-from dreamshard.evaluation.evaluate import evaluate_task
-from dreamshard.evaluation.summary import exhaustive_check, family_summary, first_per_family, generalisation, result_row
+from dreamshard.evaluation.evaluate import estimated_bins_check, evaluate_task
+from dreamshard.evaluation.summary import (
+    estimated_bins_summary,
+    exhaustive_check,
+    family_summary,
+    first_per_family,
+    generalisation,
+    result_row,
+)
 from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_parquet, write_text
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
@@ -81,6 +88,10 @@ def run(params: dict[str, Any]) -> None:
     ex = cfg["exhaustive"]
     exhaustive = exhaustive_check(backend, tasks, sharders, int(ex["num_tasks"]), int(ex["num_tables"]),
                                   int(ex["num_devices"]), batch_size, topology, regime)
+    eb = cfg["estimated_bins"]  # what planning without histograms costs (dreamshard.data.bins)
+    learned = [s for s in sharders if spec(s.name).needs_model]
+    comparisons = estimated_bins_check(backend, first_per_family(tasks, int(eb["tasks_per_family"])), learned,
+                                       int(eb["rounds"]))
     metrics = {
         "backend": backend.name,
         "device": backend.device_name(),
@@ -92,6 +103,7 @@ def run(params: dict[str, Any]) -> None:
         "train_families": family_summary(results[results["split"] == "train"]),
         "generalisation": generalisation(sharders, tasks),
         "exhaustive": exhaustive,
+        "estimated_bins": estimated_bins_summary(comparisons),
     }
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.eval_metrics"))
     plot = results[results["split"] == "test"].groupby(["family", "algorithm"], sort=False)["cost_over_lb"].mean().reset_index()

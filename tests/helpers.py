@@ -50,7 +50,7 @@ def tiny_params(paths_root: Path | None = None) -> dict:
     p["train_neuroshard"].update(compute_samples=20, max_tables=4, comm_samples=40,
                                  fit={"steps": 20, "lr": 0.001, "batch": 16, "comm_batch": 16})
     p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
-    p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1,
+    p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1, estimated_bins={"tasks_per_family": 1, "rounds": 1},
                          exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2})
     return p
 

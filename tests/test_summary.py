@@ -89,3 +89,38 @@ def test_first_per_family_keeps_file_order_without_parsing_names():
              [("odd name", "a"), ("b/7", "b"), ("a/0", "a"), ("a/1", "a"), ("b/0", "b")]]
     assert [t.name for t in first_per_family(tasks, 2)] == ["odd name", "b/7", "a/0", "b/0"]
     assert first_per_family(tasks, 0) == []
+
+
+def test_estimated_bins_check_plans_twice_and_measures_both_plans():
+    import numpy as np
+    import torch
+
+    from dreamshard.data.bins import BinEstimator
+    from dreamshard.evaluation.evaluate import estimated_bins_check
+    from dreamshard.evaluation.summary import estimated_bins_summary
+    from dreamshard.learning.cost_model import CostNetConfig
+    from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
+    from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+    from dreamshard.sharders.learned import PolicySharder
+
+    gen = torch.Generator().manual_seed(0)
+    scaler = FeatureScaler.fit(np.abs(np.random.default_rng(0).normal(size=(64, NUM_FEATURES))) * 100)
+    model = LearnedModel(CostNetConfig().build(gen), PolicyNetConfig().build(gen), scaler, {})
+    hot = tuple(float(k == 0) for k in range(17))
+    tasks = [Task.uniform(f"t{i}", [Table(f"a{j}", 1000 * (j + 1), 8 * (j % 3 + 1), 2.0 + j, hot) for j in range(6)],
+                          2, 1.0, family=f"f{i}") for i in range(2)]
+    sharder = PolicySharder("dreamshard", model, bins=BinEstimator(0.8, 4096, "test", 0.3))
+    backend = AnalyticBackend(AnalyticConfig(regime=SUPER_ADDITIVE, batch_size=1024))
+    comparisons = estimated_bins_check(backend, tasks, [sharder], rounds=1)
+    assert [(c.task.name, c.algorithm) for c in comparisons] == [("t0", "dreamshard"), ("t1", "dreamshard")]
+    for c in comparisons:
+        assert c.measured_bins.cost_ms > 0 and c.estimated_bins.cost_ms > 0
+        if c.same_plan:  # one plan, one measurement
+            assert c.measured_bins.cost_ms == c.estimated_bins.cost_ms
+    summary = estimated_bins_summary(comparisons)["dreamshard"]
+    assert summary["tasks"] == 2 and set(summary["per_family"]) == {"f0", "f1"}
+    ratios = [c.estimated_bins.cost_ms / c.measured_bins.cost_ms for c in comparisons]
+    assert summary["estimated_over_measured_mean"] == pytest.approx(sum(ratios) / 2)
+    # without an estimator the bin-less copy is refused, naming a table
+    with pytest.raises(Exception, match=r"table 'a0'.*bin_0\.\.bin_16"):
+        estimated_bins_check(backend, tasks, [PolicySharder("dreamshard", model)], rounds=1)

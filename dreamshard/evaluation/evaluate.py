@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
-from dreamshard.evaluation.bounds import LowerBound, lower_bound
+from dreamshard.evaluation.bounds import LowerBound, column_splits_in, lower_bound, row_splits_of
 from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
@@ -44,7 +44,8 @@ def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:
 
 
 def _plan_key(plan: Plan) -> tuple:
-    return tuple(sorted((s.table, s.device, s.col_start, s.col_end) for s in plan.shards))
+    return tuple(sorted((s.table, s.device, s.col_start, s.col_end, s.row_start, s.row_end or -1)
+                        for s in plan.shards))
 
 
 def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan], rounds: int) -> list[PlanCost]:
@@ -67,9 +68,44 @@ def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder],
                   batch_size: int, topology: Topology, rounds: int = 1,
                   column_splits: bool = False) -> list[EvalResult]:
     planned = plan_with(sharders, task)
-    costs = measure_interleaved(backend, task, [p.plan for p in planned], rounds)
-    bound = lower_bound(backend, task, regime, batch_size, topology, column_splits)
+    plans = [p.plan for p in planned]
+    costs = measure_interleaved(backend, task, plans, rounds)
+    # a bound that holds for every evaluated plan: the cuts the sharders may make, and those they made
+    bound = lower_bound(backend, task, regime, batch_size, topology,
+                        column_splits=column_splits or column_splits_in(task, plans),
+                        row_splits=row_splits_of(task, plans) or None)
     return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound) for p, c in zip(planned, costs)]
+
+
+# ---------------------------------------------------------------- estimated bins
+
+
+@dataclass(frozen=True)
+class BinsComparison:
+    """One sharder's plan of a task made with the tables' measured bins and with them removed (estimated)."""
+
+    task: Task
+    algorithm: str
+    measured_bins: PlanCost  # cost of the plan made from the measured bins
+    estimated_bins: PlanCost  # cost of the plan made with every table's bins estimated
+    same_plan: bool
+
+
+def estimated_bins_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequence[Sharder],
+                         rounds: int) -> list[BinsComparison]:
+    """What planning without access-count histograms costs: each sharder plans each task twice, once with
+    the measured bins and once with every table's bins removed (its model's estimator fills them in,
+    dreamshard.data.bins); both plans are measured on the real tables in `rounds` interleaved rounds."""
+    out = []
+    for task in tasks:
+        blind = replace(task, tables=tuple(replace(t, bins=None) for t in task.tables))
+        for sharder in sharders:
+            with_bins, without = sharder.shard(task), sharder.shard(blind)
+            validate_plan(task, with_bins)
+            validate_plan(task, without)
+            a, b = measure_interleaved(backend, task, [with_bins, without], rounds)
+            out.append(BinsComparison(task, sharder.name, a, b, _plan_key(with_bins) == _plan_key(without)))
+    return out
 
 
 # ---------------------------------------------------------------- exhaustive check
@@ -95,9 +131,9 @@ class ExhaustiveResult:
     bound: LowerBound
 
     def cost_of(self, plan: Plan) -> float | None:
-        """The enumerated cost of a whole-table plan of this task; None for a plan with column slices."""
+        """The enumerated cost of a whole-table plan of this task; None for a plan with column slices or row ranges."""
         dims = {t.name: t.dim for t in self.task.tables}
-        if any((s.col_start, s.col_end) != (0, dims[s.table]) for s in plan.shards):
+        if any((s.col_start, s.col_end) != (0, dims[s.table]) or s.is_row_range for s in plan.shards):
             return None
         devices = {s.table: s.device for s in plan.shards}
         return self.costs[canonical([devices[t.name] for t in self.task.tables])]
