@@ -271,3 +271,23 @@ def test_a_model_carrying_an_estimator_in_its_metadata_uses_it(measured_tables, 
     broken = tiny_model(measured_tables, {META_KEY: {"zipf_exponent": -1}})
     with pytest.raises(DataFormatError, match="model metadata: bin_estimator"):
         PolicySharder("dreamshard", broken)
+
+
+def test_cli_plans_a_tables_file_without_bins_and_says_they_were_estimated(measured_tables, tmp_path, capsys):
+    from dreamshard.cli import main
+
+    est = BinEstimator(0.9, 1024, "test tables", 0.25)
+    path = tmp_path / "model.pt"
+    tiny_model(measured_tables, {"algorithm": "dreamshard", META_KEY: est.to_dict()}).save(path)
+    pd.DataFrame([{"name": t.name, "rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor}
+                  for t in measured_tables]).to_csv(tmp_path / "tables.csv", index=False)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(tmp_path / "tables.csv"), "--devices", "3", "--memory-gb", "1",
+            "--algo", "dreamshard", "--model", str(path), "-o", str(out)]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "access-count bins ESTIMATED for 12 of 12 tables" in stdout and "Zipf exponent 0.900" in stdout
+    assert out.exists()
+    # a heuristic reads no bins: nothing estimated, nothing said
+    assert main(argv[:7] + ["--algo", "size_greedy", "-o", str(out)]) == 0
+    assert "ESTIMATED" not in capsys.readouterr().out
