@@ -49,14 +49,6 @@ BATCH = 1024
 SEARCH = dict(beams=3, depth=10, candidates=5, scale_steps=11)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # small networks: threads only add overhead and nondeterminism
-    yield
-    torch.set_num_threads(previous)
-
-
 def table_with_bins(name: str, rows: int, dim: int, pooling: float, alpha: float, seed: int) -> Table:
     """A table whose access-count bins come from generated lookups (Zipf exponent alpha)."""
     idx, _ = generate_lookups(TableProfile(rows, pooling, alpha), 512, seed)
