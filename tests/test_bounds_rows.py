@@ -31,13 +31,23 @@ from dreamshard.evaluation.bounds import (
 from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
-from dreamshard.sharders.pieces import row_ranges
 from dreamshard.tables import NUM_BINS, Table
 from dreamshard.tasks import Task
 from helpers import analytic, seeded
 
 BATCH = 2048
 REGIMES = ("super_additive", "sub_additive")
+
+
+def row_ranges(rows: int, k: int) -> list[tuple[int, int]]:
+    """k consecutive ranges covering [0, rows), sizes differing by at most one row."""
+    base, extra = divmod(rows, k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
 
 
 def random_tables(rng: np.random.Generator, name: str, count: int, max_log_rows: float = 6.0) -> list[Table]:

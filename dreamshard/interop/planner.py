@@ -88,13 +88,15 @@ class DreamShardPlanner(ShardingPlanner):
     def plan(self, module, sharders) -> Any:
         from torchrec.distributed.types import ShardingPlan
 
+        from dreamshard.interop.torchrec import table_generators
         from dreamshard.sharders import make_sharder
 
         task, modules = self.task(module)
         plan = make_sharder(self.algo, **self.options).shard(task)
         validate_plan(task, plan)
         self.last_task, self.last_plan = task, plan
-        return ShardingPlan({m.fqn: self._module_plan(task, plan, m, sharders) for m in modules})
+        generators = table_generators(task, plan)  # every table's TorchRec sharding, once for all modules
+        return ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
 
     def collective_plan(self, module, sharders=None, pg=None) -> Any:
         """Plan on rank 0 and broadcast the plan to every rank of `pg` (default: the world)."""
@@ -161,26 +163,20 @@ class DreamShardPlanner(ShardingPlanner):
 
     # -------------------------------------------------------------- writing the plan
 
-    def _module_plan(self, task: Task, plan: Plan, m: ModuleTables, sharders) -> Any:
+    def _module_plan(self, task: Task, plan: Plan, generators: dict[str, Any], m: ModuleTables, sharders) -> Any:
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 
-        from dreamshard.interop.torchrec import table_generators, torchrec_table_shards
+        from dreamshard.interop.torchrec import check_module_plan
 
-        generators = table_generators(task, plan)
         sharder = next((s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)),
                        EmbeddingBagCollectionSharder())
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
             m.module, per_table, sharder=sharder, local_size=self.topology.local_world_size,
             world_size=self.topology.world_size, device_type=self.topology.compute_device)
-        rows = {t.name: t for t in task.tables}
-        for key, name in m.names:
-            t = rows[key]
-            got = sorted(torchrec_table_shards(name, module_plan[name], t.rows, t.dim))
-            want = sorted((s.device, *s.rows(t.rows), s.col_start, s.col_end) for s in plan.shards if s.table == key)
-            if got != want:
-                raise DreamShardError(f"table {name!r}: TorchRec's sharding {got} differs from the plan's {want}")
+        check_module_plan(task, plan, module_plan, dict(m.names))  # TorchRec builds some shardings itself
+        for _, name in m.names:
             c = self.constraints.get(name)
             kind = module_plan[name].sharding_type
             if c is not None and c.sharding_types is not None and kind not in c.sharding_types:

@@ -251,14 +251,20 @@ def table_generators(task: Task, plan: Plan) -> dict[str, Any]:
     return per_table
 
 
-def check_module_plan(task: Task, plan: Plan, module_plan) -> None:
-    """Raise InvalidPlanError unless TorchRec's sharding of every table holds exactly the plan's blocks."""
+def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, str] | None = None) -> None:
+    """Raise InvalidPlanError unless TorchRec's sharding of every table holds exactly the plan's blocks.
+
+    `names`: task table name -> its name in `module_plan`, for the tables of one of several modules
+    (default: every table of the task, under its own name)."""
     shards = _table_shards(task, plan)
+    names = names if names is not None else {t.name: t.name for t in task.tables}
     for t in task.tables:
-        got = torchrec_table_shards(t.name, module_plan[t.name], t.rows, t.dim)
+        if t.name not in names:
+            continue
+        got = sorted(torchrec_table_shards(names[t.name], module_plan[names[t.name]], t.rows, t.dim))
         want = sorted((s.device, *s.rows(t.rows), s.col_start, s.col_end) for s in shards[t.name])
-        if sorted(got) != want:
-            raise InvalidPlanError(f"table {t.name!r}: TorchRec's sharding {sorted(got)} differs from the plan's {want}")
+        if got != want:
+            raise InvalidPlanError(f"table {names[t.name]!r}: TorchRec's sharding {got} differs from the plan's {want}")
 
 
 def to_torchrec_module_plan(task: Task, plan: Plan, local_size: int | None = None,

@@ -75,17 +75,6 @@ def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
     return [(start, min(start + block, rows)) for start in range(0, rows, block)]
 
 
-def row_ranges(rows: int, k: int) -> list[tuple[int, int]]:
-    """k consecutive ranges covering [0, rows), sizes differing by at most one row."""
-    base, extra = divmod(rows, k)
-    out, start = [], 0
-    for i in range(k):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
-
-
 def _fits_row_wise(table: Table, task: Task) -> bool:
     if "row" not in task.sharding or task.num_devices < 2:
         return False
