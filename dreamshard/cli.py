@@ -4,16 +4,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
+from dreamshard.cluster import (
+    plan_metadata,
+    read_constraints_file,
+    read_devices_file,
+    read_table_constraints,
+    task_from_plan,
+    uniform_devices,
+)
 from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DreamShardError
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
-from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Task
+from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -29,8 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a tables file onto N devices and write plan.json")
     p.add_argument("--tables", required=True, type=Path, help="CSV or Parquet: name, rows, dim, pooling_factor[, bin_0..bin_16]")
-    p.add_argument("--devices", required=True, type=int, help="number of devices")
-    p.add_argument("--memory-gb", required=True, type=float, help="memory capacity of each device, GB")
+    p.add_argument("--devices", type=int, help="number of devices, all alike (with --memory-gb)")
+    p.add_argument("--memory-gb", type=float, help="memory capacity of each device, GB (with --devices)")
+    p.add_argument("--devices-file", type=Path,
+                   help="CSV or JSON, one row per device: memory_gb[, kind, speed, host] (instead of --devices and "
+                        "--memory-gb)")
+    p.add_argument("--constraints", type=Path,
+                   help="JSON: group, pin, avoid, whole (besides those columns in the tables file)")
     p.add_argument("--algo", required=True, choices=sorted(SHARDERS), help="sharder")
     p.add_argument("-o", "--output", required=True, type=Path, help="plan JSON to write")
     p.add_argument("--seed", type=int, help="seed of randomised sharders (random, dreamshard, autoshard)")
@@ -51,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tables", required=True, type=Path, help="the tables file the plan was made for")
     m.add_argument("--plan", required=True, type=Path, help="plan JSON (from `dreamshard plan`)")
     m.add_argument("--backend", required=True, choices=["fbgemm", "analytic"], help="fbgemm: real kernels; analytic: a model")
-    m.add_argument("--memory-gb", type=float, help="device memory, GB (default: the plan's memory_gb)")
+    m.add_argument("--memory-gb", type=float, help="device memory, GB (default: the devices the plan records)")
+    m.add_argument("--devices-file", type=Path, help="devices file (default: the devices the plan records)")
     m.add_argument("--batch-size", type=int, default=2048)
     m.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
     m.add_argument("--threads", type=int, default=1, help="fbgemm on cpu: threads")
@@ -89,14 +102,46 @@ def sharder_options(args: argparse.Namespace) -> dict:
     return options
 
 
-def cmd_plan(args: argparse.Namespace) -> None:
-    tables = read_tables_file(args.tables)
+def devices_of(args: argparse.Namespace) -> tuple[Device, ...]:
+    """The devices from --devices-file, or --devices N of --memory-gb M each."""
+    if args.devices_file is not None:
+        if args.devices is not None or args.memory_gb is not None:
+            raise DreamShardError("--devices-file replaces --devices and --memory-gb; give one or the other")
+        return read_devices_file(args.devices_file)
+    if args.devices is None or args.memory_gb is None:
+        raise DreamShardError("give --devices N and --memory-gb M (devices alike), or --devices-file FILE")
     if args.devices < 1:
         raise DreamShardError(f"--devices: expected a positive integer, got {args.devices}")
     if not 0 < args.memory_gb <= MAX_MEMORY_GB:
         raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
-    task = replace(Task.uniform(args.tables.stem, tables, args.devices, args.memory_gb,
-                                MemoryModel(args.weights_precision, args.optimizer)), sharding=args.sharding)
+    return uniform_devices(args.devices, args.memory_gb)
+
+
+def task_of(args: argparse.Namespace) -> Task:
+    """The task `plan` plans: the tables file, the devices, the constraints of the tables file and --constraints."""
+    tables = read_tables_file(args.tables)
+    constraints = read_table_constraints(args.tables)
+    if args.constraints is not None:
+        constraints = constraints.merged(read_constraints_file(args.constraints), str(args.constraints))
+    task = Task(args.tables.stem, tuple(tables), devices_of(args), MemoryModel(args.weights_precision, args.optimizer),
+                sharding=args.sharding)
+    try:
+        return constraints.apply(task)
+    except ValueError as exc:
+        raise DreamShardError(f"{args.constraints or args.tables}: {exc}") from None
+
+
+def describe_devices(task: Task) -> str:
+    kinds = Counter((d.memory_bytes, d.kind, d.speed) for d in task.devices)
+    parts = [f"{n} x {mem / GB:g} GB{f' {kind}' if kind else ''}{f' speed {speed:g}' if speed != 1.0 else ''}"
+             for (mem, kind, speed), n in kinds.items()]
+    return f"{task.num_devices} devices ({', '.join(parts)})" if len(kinds) > 1 else \
+        f"{task.num_devices} devices of {parts[0].split(' x ', 1)[1]}"
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    task = task_of(args)
+    tables = list(task.tables)
     sharder = make_sharder(args.algo, **sharder_options(args))
     plan = sharder.shard(task)
     validate_plan(task, plan)
@@ -105,11 +150,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
         save_torchrec_plan(task, plan, args.output)
     else:
-        plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables),
-                       memory_gb=args.memory_gb, weights_precision=args.weights_precision, optimizer=args.optimizer,
-                       sharding=list(args.sharding))
+        plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables), **plan_metadata(task))
     used = device_memory_bytes(task, plan)
-    print(f"{args.algo}: {len(tables)} tables on {args.devices} devices of {args.memory_gb:g} GB -> {args.output}")
+    print(f"{args.algo}: {len(tables)} tables on {describe_devices(task)} -> {args.output}")
     lacking = [t.name for t in tables if t.bins is None]
     estimator = getattr(sharder, "bins", None)  # learned sharders: the BinEstimator of tables without bins
     if lacking and estimator is not None:
@@ -117,12 +160,12 @@ def cmd_plan(args: argparse.Namespace) -> None:
               f"file): Zipf exponent {estimator.zipf_exponent:.3f} fitted on {estimator.fitted_on} (mean L1 error "
               f"{estimator.l1_error:.3f}); measure them with `dreamshard profile` for better plans")
     by_name = {t.name: t for t in tables}
-    print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'memory_gb':>10}  kinds")
-    for d in range(args.devices):
+    print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'memory_gb':>10} {'capacity':>9}  kinds")
+    for d in range(task.num_devices):
         shards = plan.device_shards(d)
         dim_sum = sum(s.width for s in shards)
         kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
-        print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {used[d] / GB:>10.4f}  "
+        print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {used[d] / GB:>10.4f} {task.devices[d].memory_bytes / GB:>9.3g}  "
               + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
 
 
@@ -136,11 +179,8 @@ def cmd_measure(args: argparse.Namespace) -> None:
     tables = read_tables_file(args.tables)
     meta = read_plan_json(args.plan)  # the plan and the memory settings it was made under
     plan_obj = Plan.from_dict(meta, str(args.plan))
-    memory_gb = args.memory_gb if args.memory_gb is not None else meta.get("memory_gb")
-    if not isinstance(memory_gb, (int, float)) or not memory_gb > 0:
-        raise DreamShardError(f"{args.plan}: no memory_gb recorded in the plan; give --memory-gb")
-    memory = MemoryModel(meta.get("weights_precision", "fp32"), meta.get("optimizer", "exact_sgd"))
-    task = Task.uniform(args.tables.stem, tables, plan_obj.num_devices, memory_gb, memory)
+    task = task_from_plan(args.tables.stem, tables, meta, plan_obj.num_devices, str(args.plan), args.memory_gb,
+                          read_devices_file(args.devices_file) if args.devices_file is not None else None)
     validate_plan(task, plan_obj)
     options = {"batch_size": args.batch_size}
     if args.backend == "fbgemm":

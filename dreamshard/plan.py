@@ -162,7 +162,8 @@ def check_shard_block(s: Shard, t: Table) -> None:
 
 def validate_plan(task: Task, plan: Plan) -> None:
     """Raise InvalidPlanError unless every cell of every table is placed exactly once, within memory,
-    and every table the task pins to a device is there.
+    and the task's constraints hold: pinned tables on their device, no shard on a device its table
+    avoids, grouped tables together on one device, pinned, grouped and `whole` tables uncut.
 
     Columns are cut on multiples of 4 (FBGEMM's row alignment), rows anywhere.
     """
@@ -196,6 +197,20 @@ def validate_plan(task: Task, plan: Plan) -> None:
         if off:
             raise InvalidPlanError(f"table {name!r} is pinned to device {device}, but {off[0].label()} is on "
                                    f"device {off[0].device}")
+    for name, devices in task.avoid:
+        bad = [s for s in blocks[name] if s.device in devices]
+        if bad:
+            raise InvalidPlanError(f"table {name!r} avoids devices {list(devices)}, but {bad[0].label()} is on "
+                                   f"device {bad[0].device}")
+    for name in task.never_cut():
+        if len(blocks[name]) != 1:
+            raise InvalidPlanError(f"table {name!r} must stay whole (pinned, grouped or whole), but is cut into "
+                                   f"{len(blocks[name])} shards: {', '.join(s.label() for s in blocks[name])}")
+    for group in task.groups:
+        on = {name: blocks[name][0].device for name in group}
+        if len(set(on.values())) > 1:
+            raise InvalidPlanError(f"group {list(group)} must share one device, but is on "
+                                   + ", ".join(f"{n!r}: device {d}" for n, d in on.items()))
     for d, (used, dev) in enumerate(zip(device_memory_bytes(task, plan), task.devices)):
         if used > dev.memory_bytes:
             raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {dev.memory_bytes}")

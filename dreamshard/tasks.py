@@ -1,8 +1,22 @@
-"""Tasks (tables + devices + memory model) and their Parquet files; sampling them is dreamshard.data.sampling."""
+"""Tasks (tables + devices + memory model + placement constraints) and their Parquet files; sampling them is
+dreamshard.data.sampling.
+
+Devices may differ: each has its memory, and optionally a kind (e.g. "h100"), a relative speed (its
+throughput over a reference device's: compute costs on it are the reference costs / speed) and a host
+(devices on one host talk over the intra-host links, see dreamshard.hardware.comm). Devices files and
+constraints files: dreamshard.cluster.
+
+Placement constraints (checked by plan.validate_plan, honoured by every sharder of ours through
+sharders.placement.place_tables and sharders.pieces.with_pieces):
+  pins   (table, device): the table is placed on that device (never cut);
+  avoid  (table, devices): no shard of the table on those devices;
+  groups (tables...): the tables share one device (each never cut);
+  whole  tables never cut into column slices or row ranges.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +35,15 @@ SHARDING_KINDS = ("table", "column", "row")  # whole tables, column slices, row 
 @dataclass(frozen=True)
 class Device:
     memory_bytes: int
+    kind: str = ""  # e.g. "h100", "a100": free text, "" when not said
+    speed: float = 1.0  # relative throughput: compute costs on this device are reference costs / speed
+    host: str = ""  # devices of one host share its fast links; "" for all: consecutive devices per host (Topology)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
+            raise ValueError(f"device memory must be a positive number of bytes, got {self.memory_bytes!r}")
+        if not (isinstance(self.speed, (int, float)) and 0 < self.speed < float("inf")):
+            raise ValueError(f"device speed must be a positive finite number, got {self.speed!r}")
 
 
 @dataclass(frozen=True)
@@ -34,6 +57,12 @@ class Task:
     sharding: tuple[str, ...] = SHARDING_KINDS
     # (table name, device): tables that must be placed on that device (e.g. TorchRec's row-wise blocks)
     pins: tuple[tuple[str, int], ...] = ()
+    # (table name, devices): devices no shard of the table may be on
+    avoid: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # tables that must share one device (never cut); a table is in one group at most
+    groups: tuple[tuple[str, ...], ...] = ()
+    # tables never cut into column slices or row ranges
+    whole: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -56,10 +85,89 @@ class Task:
         pinned = [t for t, _ in self.pins]
         if len(set(pinned)) != len(pinned):
             raise ValueError(f"task {self.name!r}: a table is pinned twice")
+        known = set(names)
+        for table, devices in self.avoid:
+            if table not in known:
+                raise ValueError(f"task {self.name!r}: avoid of unknown table {table!r}")
+            bad = [d for d in devices if not 0 <= d < len(self.devices)]
+            if bad:
+                raise ValueError(f"task {self.name!r}: table {table!r} avoids device {bad[0]}, expected "
+                                 f"0..{len(self.devices) - 1}")
+        if len({t for t, _ in self.avoid}) != len(self.avoid):
+            raise ValueError(f"task {self.name!r}: a table has two avoid lists")
+        grouped: list[str] = [t for g in self.groups for t in g]
+        for g in self.groups:
+            if len(g) < 2:
+                raise ValueError(f"task {self.name!r}: group {list(g)} needs at least two tables")
+        for t in grouped + list(self.whole):
+            if t not in known:
+                raise ValueError(f"task {self.name!r}: constraint on unknown table {t!r}")
+        if len(set(grouped)) != len(grouped):
+            twice = next(t for t in grouped if grouped.count(t) > 1)
+            raise ValueError(f"task {self.name!r}: table {twice!r} is in two groups; merge them into one")
 
     def pinned_device(self) -> dict[str, int]:
         """table name -> the device it must be on."""
         return dict(self.pins)
+
+    def avoided(self) -> dict[str, tuple[int, ...]]:
+        """table name -> the devices it must not be on."""
+        return dict(self.avoid)
+
+    def group_of(self) -> dict[str, int]:
+        """table name -> index of its group in `groups`, for grouped tables."""
+        return {t: i for i, g in enumerate(self.groups) for t in g}
+
+    def never_cut(self) -> set[str]:
+        """Tables that stay whole: pinned, grouped or `whole`."""
+        return {t for t, _ in self.pins} | {t for g in self.groups for t in g} | set(self.whole)
+
+    @property
+    def constrained(self) -> bool:
+        """Has placement constraints besides the pins of row-wise blocks (pins, avoid, groups, whole)?"""
+        return bool(self.pins or self.avoid or self.groups or self.whole)
+
+    def allowed_devices(self, table: str) -> list[int]:
+        """Devices a shard of `table` may be on, by its pin and avoid list (groups aside)."""
+        pin = self.pinned_device().get(table)
+        if pin is not None:
+            return [pin]
+        banned = set(self.avoided().get(table, ()))
+        return [d for d in range(len(self.devices)) if d not in banned]
+
+    def speeds(self) -> tuple[float, ...]:
+        return tuple(d.speed for d in self.devices)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Do devices differ in speed, kind or memory?"""
+        return len({(d.memory_bytes, d.kind, d.speed) for d in self.devices}) > 1
+
+    def host_ids(self) -> tuple[int, ...] | None:
+        """Host index of each device when the devices name their hosts (first appearance order), else None:
+        the communication topology then groups consecutive devices."""
+        if not any(d.host for d in self.devices):
+            return None
+        if not all(d.host for d in self.devices):
+            raise ValueError(f"task {self.name!r}: some devices name a host and some do not; name all or none")
+        order: dict[str, int] = {}
+        return tuple(order.setdefault(d.host, len(order)) for d in self.devices)
+
+    def derived(self, tables: Sequence[Table], origin: dict[str, str], pins: Sequence[tuple[str, int]] = ()) -> Task:
+        """This task over `tables` derived from its own (pieces, shards): origin maps each new table name to the
+        table it came from (names absent map to themselves). Constraints follow: a piece avoids what its table
+        avoids; pins, groups and `whole` map to the new names (such tables are never cut, so one each); `pins`
+        adds pins (e.g. row-wise blocks)."""
+        source = {t.name: origin.get(t.name, t.name) for t in tables}
+        derived_of: dict[str, list[str]] = {}
+        for new, old in source.items():
+            derived_of.setdefault(old, []).append(new)
+        new_pins = [(n, d) for t, d in self.pins for n in derived_of.get(t, [])] + list(pins)
+        new_avoid = [(n, ds) for t, ds in self.avoid for n in derived_of.get(t, [])]
+        new_groups = [tuple(n for t in g for n in derived_of.get(t, [])) for g in self.groups]
+        new_whole = [n for t in self.whole for n in derived_of.get(t, [])]
+        return replace(self, tables=tuple(tables), pins=tuple(new_pins), avoid=tuple(new_avoid),
+                       groups=tuple(g for g in new_groups if len(g) > 1), whole=tuple(new_whole))
 
     @property
     def num_devices(self) -> int:
@@ -112,6 +220,8 @@ TASKS_SCHEMA = pa.schema(
 def tasks_to_arrow(tasks: Sequence[Task], split: str, name_to_id: dict[str, int]) -> pa.Table:
     rows = []
     for t in tasks:
+        if t.constrained or any((d.kind, d.speed, d.host) != ("", 1.0, "") for d in t.devices):
+            raise ValueError(f"task {t.name!r}: task files hold uniform, unconstrained tasks")
         memories = {d.memory_bytes for d in t.devices}
         if len(memories) != 1:
             raise ValueError(f"task {t.name!r}: task files hold devices of one memory size")

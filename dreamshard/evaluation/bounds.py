@@ -83,6 +83,17 @@ not hold once a table may be cut, so it is then not used. Not covered: row piece
 than m_t rows, and row ranges of tables not named in `row_splits`.
 Cost: J (about log(rows / m_t - 1) / log(ratio), at least 1) probes per cut table and width,
 plus its 1-row probe: with ratio 1.1, 1 for halves, 74 for pieces of at least 1000 of 1M rows.
+
+Devices of different speed (Device.speed s_d: device d computes in reference cost / s_d; the
+backends' compute_cost is the reference device's). Everything above bounds reference compute.
+The maximum over devices is at least any weighted mean, here the speed-weighted one:
+  cost >= sum_d s_d cost_d / S >= (sum_d compute_ref(S_d) + 2 sum_d s_d transfer_d) / S,  S = sum_d s_d,
+so the compute part is the reference work bound over the total speed S instead of N (speed-weighted
+work over total speed), and the transfer part is the mean transfer bound times s_min N / S (since
+sum_d s_d x_d >= s_min sum_d x_d). A per-table term divides the table's compute by the fastest
+speed: the device holding it is at most that fast. With equal speeds of 1 every term is the
+uniform one. Hosts named by the devices (Task.host_ids) choose the fastest link: intra-host when
+all devices share one host, else the faster of the two bandwidths.
 """
 from __future__ import annotations
 
@@ -139,9 +150,9 @@ class LowerBound:
     max_table_ms: float  # the per-table bound (the busiest device of one table), communication included
 
 
-def _fastest_seconds_per_byte(topology: Topology, n: int) -> float:
-    fastest = topology.intra_host_gbps if n <= topology.devices_per_host else max(
-        topology.intra_host_gbps, topology.inter_host_gbps)
+def _fastest_seconds_per_byte(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> float:
+    one_host = n <= topology.devices_per_host if hosts is None else len(set(hosts)) == 1
+    fastest = topology.intra_host_gbps if one_host else max(topology.intra_host_gbps, topology.inter_host_gbps)
     return 1.0 / (fastest * 1e9)
 
 
@@ -247,23 +258,27 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
     # >= the fixed per-operator cost o: every probe costs o plus the work it holds
     fixed = min(c for table, o_probes in probed for c in [*(c for _, c in table), *o_probes])
     work = np.asarray([least_work(table, fixed) for table in terms])
-    conservative = (max(0.0, float(work.sum())) + fixed) / n
+    speeds = np.asarray(task.speeds(), dtype=np.float64)
+    total_speed, fastest = float(speeds.sum()), float(speeds.max())
+    conservative = (max(0.0, float(work.sum())) + fixed) / total_speed
     cut = [m is not None for m in min_rows]
     if n == 1 and not column_splits and not any(cut):
-        compute_mean = backend.compute_cost(task, whole_shards(task)).total_ms  # the only plan there is
+        compute_mean = backend.compute_cost(task, whole_shards(task)).total_ms / total_speed  # the only plan there is
     elif regime == SUB_ADDITIVE:
         # fused(all) / N holds only if fusion never costs more than any split: keep the smaller
-        compute_mean = min(backend.compute_cost(task, whole_shards(task)).total_ms / n, conservative)
+        compute_mean = min(backend.compute_cost(task, whole_shards(task)).total_ms / total_speed, conservative)
     else:
         compute_mean = conservative
     # per table: the transfer of a device holding a shard of it: its full width or, for a table cut
     # into row ranges that may also be column slices (its busiest device then counts), 4 columns
     widths = [4 if c and column_splits else t.dim for t, c in zip(task.tables, cut)]
     if n > 1:
-        spb = _fastest_seconds_per_byte(topology, n)
+        spb = _fastest_seconds_per_byte(topology, n, task.host_ids())
         latency_ms = topology.latency_us * 1e-3
         total_dim = sum(t.dim for t in task.tables)
         transfer_mean = latency_ms + (n - 1) * batch_size * total_dim * topology.output_bytes * spb / n**2 * 1e3
+        # the speed-weighted mean (below) of transfers: sum_d s_d x_d >= s_min sum_d x_d
+        transfer_mean *= float(speeds.min()) * n / total_speed
         per_table_transfer = [latency_ms + (n - 1) / n * batch_size * w * topology.output_bytes * spb * 1e3
                               for w in widths]
     else:
@@ -272,9 +287,10 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
     for t, c, single, table, transfer in zip(task.tables, cut, singles, terms, per_table_transfer):
         if c:
             # the device with the largest share of t's work: o + work_t(o) / N, least at o = 0 or o = fixed
-            per_table.append(min(least_work(table, 0.0) / n, fixed + least_work(table, fixed) / n) + 2 * transfer)
+            per_table.append(min(least_work(table, 0.0) / n, fixed + least_work(table, fixed) / n) / fastest
+                             + 2 * transfer)
         elif not column_splits or t.dim < 8:
-            per_table.append(single + 2 * transfer)  # the device holding t whole
+            per_table.append(single / fastest + 2 * transfer)  # the device holding t whole
     max_table = max(per_table, default=0.0)
     total = max(compute_mean + 2 * transfer_mean, max_table)
     return LowerBound(total, compute_mean, transfer_mean, max_table)

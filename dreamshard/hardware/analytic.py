@@ -22,6 +22,8 @@ Which regime real kernels are in is a measured property of the processor, not of
 Intel Xeon and at 0.96x on an AMD EPYC (`python -m benchmarks.cpu_kernels`; the evaluate
 stage records the regime it measured). There is no default: choose the regime to model.
 Communication comes from the all-to-all model in dreamshard.hardware.comm.
+Devices of different speed (Device.speed): `compute_cost` is a reference device's (speed 1),
+and `plan_cost` divides each device's compute by its speed.
 """
 from __future__ import annotations
 
@@ -113,5 +115,13 @@ class AnalyticBackend:
         return communication_ms(fwd_ms, dim_sums, self.config.batch_size, self.config.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
-        compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]
-        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology)
+        """Each device's compute is the reference device's (compute_cost) / its speed; hosts as the task names them."""
+        compute = [scaled(self.compute_cost(task, plan.device_shards(d)), task.devices[d].speed)
+                   for d in range(plan.num_devices)]
+        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology,
+                                  hosts=task.host_ids())
+
+
+def scaled(cost: ComputeCost, speed: float) -> ComputeCost:
+    """A reference device's compute cost on a device of relative `speed`."""
+    return cost if speed == 1.0 else ComputeCost(cost.fwd_ms / speed, cost.bwd_ms / speed)

@@ -9,8 +9,10 @@ outputs travel the reverse way (what d sent it now receives, and vice versa).
 
 A device's transfer time is latency + the larger of its send and receive time,
 each link (d, e) running at the intra-host bandwidth when d and e share a host
-(`devices_per_host` consecutive devices per host) and at the inter-host bandwidth
-otherwise; a device's transfers to different peers share its link serially.
+(the hosts the devices name, `Task.host_ids`, or else `devices_per_host` consecutive
+devices per host) and at the inter-host bandwidth otherwise; a device's transfers to
+different peers share its link serially. A device's speed (Device.speed) scales its
+compute, not its links.
 
 Shards of every kind move the same way. A device's dimsum is the sum of the widths of
 all its shards: a whole table or a column slice of width w gives pooled outputs of w
@@ -53,8 +55,17 @@ class Topology:
             raise ValueError("topology: latency_us >= 0 and output_bytes >= 1 required")
 
 
-def _seconds_per_byte(topology: Topology, n: int) -> np.ndarray:
-    host = np.arange(n) // topology.devices_per_host
+def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
+    """Host index of each of n devices: `hosts` when given (Task.host_ids), else consecutive devices_per_host."""
+    if hosts is None:
+        return np.arange(n) // topology.devices_per_host
+    if len(hosts) != n:
+        raise ValueError(f"hosts: {len(hosts)} given for {n} devices")
+    return np.asarray(hosts)
+
+
+def _seconds_per_byte(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
+    host = host_of(topology, n, hosts)
     same = host[:, None] == host[None, :]
     gbps = np.where(same, topology.intra_host_gbps, topology.inter_host_gbps)
     spb = 1.0 / (gbps * 1e9)
@@ -62,24 +73,26 @@ def _seconds_per_byte(topology: Topology, n: int) -> np.ndarray:
     return spb
 
 
-def transfer_ms(dim_sums: Sequence[int], batch_size: int, topology: Topology) -> np.ndarray:
+def transfer_ms(dim_sums: Sequence[int], batch_size: int, topology: Topology,
+                hosts: Sequence[int] | None = None) -> np.ndarray:
     """Forward all-to-all transfer time of each device, ms (the backward one is the same)."""
     n = len(dim_sums)
     if n == 1:
         return np.zeros(1)
     block = batch_size / n * np.asarray(dim_sums, dtype=np.float64) * topology.output_bytes  # bytes d -> e
-    spb = _seconds_per_byte(topology, n)
+    spb = _seconds_per_byte(topology, n, hosts)
     send = (spb * block[:, None]).sum(axis=1)  # d's blocks to every e
     recv = (spb.T * block[None, :]).sum(axis=1)  # every e's block to d
     return (topology.latency_us * 1e-6 + np.maximum(send, recv)) * 1e3
 
 
 def communication_ms(
-    fwd_compute_ms: Sequence[float], dim_sums: Sequence[int], batch_size: int, topology: Topology
+    fwd_compute_ms: Sequence[float], dim_sums: Sequence[int], batch_size: int, topology: Topology,
+    hosts: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(fwd_comm_ms, bwd_comm_ms) per device, including the forward wait for the slowest device."""
     fwd = np.asarray(fwd_compute_ms, dtype=np.float64)
-    transfer = transfer_ms(dim_sums, batch_size, topology)
+    transfer = transfer_ms(dim_sums, batch_size, topology, hosts)
     if len(fwd) == 1:
         return np.zeros(1), np.zeros(1)
     # send and receive swap roles in the backward pass; max(send, recv) is symmetric in them
@@ -87,9 +100,9 @@ def communication_ms(
 
 
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
-                       topology: Topology, comm: str = "model") -> PlanCost:
-    """Add the modelled all-to-all to per-device compute costs."""
+                       topology: Topology, comm: str = "model", hosts: Sequence[int] | None = None) -> PlanCost:
+    """Add the modelled all-to-all to per-device compute costs (`hosts`: Task.host_ids)."""
     dim_sums = [sum(s.col_end - s.col_start for s in plan.device_shards(d)) for d in range(plan.num_devices)]
-    fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], dim_sums, batch_size, topology)
+    fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], dim_sums, batch_size, topology, hosts)
     devices = tuple(DeviceCost(c.fwd_ms, c.bwd_ms, float(f), float(b)) for c, f, b in zip(compute, fwd_comm, bwd_comm))
     return PlanCost(devices, backend.name, backend.device_name(), backend.measured, comm)

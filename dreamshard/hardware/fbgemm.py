@@ -171,8 +171,15 @@ class FbgemmBackend:
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         if plan.num_devices != task.num_devices:
             raise InvalidPlanError(f"plan is for {plan.num_devices} devices, task {task.name!r} has {task.num_devices}")
+        speeds = sorted({d.speed for d in task.devices})
+        if speeds != [1.0]:
+            raise DreamShardError(
+                f"task {task.name!r}: devices of relative speeds {speeds}: the fbgemm backend measures every device "
+                "on the one physical device it runs on, so it cannot measure devices of different speeds; measure "
+                "each kind on its own hardware, or model them with the analytic backend")
         compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]
-        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology)
+        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology,
+                                  hosts=task.host_ids())
 
     def compute_samples(self, task: Task, shards: Sequence[Shard]) -> Samples:
         """Every timed iteration of one device's fused operator (compute_cost takes their medians)."""

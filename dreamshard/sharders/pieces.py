@@ -22,6 +22,11 @@ capacity, tried in this order and each only where the task's sharding kinds
    table's lookups (pooling x block rows / rows: hot rows are scattered over a
    table) and the table's access-count bins.
 
+Tables that must stay whole (pinned, grouped or `whole`: Task.never_cut) are never cut, and a
+table's pieces avoid the devices it avoids (Task.derived); row-wise blocks need every device,
+so a table that avoids one is cut by columns only. The largest device means the largest one
+the table may use.
+
 If neither fits (a single row wider than every device, row-wise blocks larger than
 their devices, or the kinds allow no cut), no plan exists and the error says why.
 
@@ -40,6 +45,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from dreamshard.cluster import check_satisfiable
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, Shard, validate_plan
@@ -76,24 +82,25 @@ def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
 
 
 def _fits_row_wise(table: Table, task: Task) -> bool:
-    if "row" not in task.sharding or task.num_devices < 2:
-        return False
+    if "row" not in task.sharding or task.num_devices < 2 or table.name in task.avoided():
+        return False  # TorchRec's row-wise blocks go to every device
     return all(task.memory.shard_bytes(end - start, table.dim) <= task.devices[i].memory_bytes
                for i, (start, end) in enumerate(row_blocks(table.rows, task.num_devices)))
 
 
-def _capacity(task: Task) -> int:
-    return max(d.memory_bytes for d in task.devices)
+def _capacity(task: Task, table: str) -> int:
+    """The largest capacity among the devices `table` may use."""
+    return max(task.devices[d].memory_bytes for d in task.allowed_devices(table))
 
 
 def first_cut(table: Table, task: Task) -> Cut:
-    """The rule of the module docstring: no cut when the table fits the largest device."""
-    capacity = _capacity(task)
+    """The rule of the module docstring: no cut when the table fits the largest device it may use."""
+    capacity = _capacity(task, table.name)
     if task.memory.shard_bytes(table.rows, table.dim) <= capacity:
         return WHOLE
-    if table.name in task.pinned_device():
-        raise InfeasibleTaskError(f"task {task.name!r}: table {table.name!r} is pinned to a device but fits on no "
-                                  "device; a pinned table is never cut")
+    if table.name in task.never_cut():
+        raise InfeasibleTaskError(f"task {task.name!r}: table {table.name!r} must stay whole (pinned, grouped or "
+                                  f"whole) but fits on no device it may use (largest {capacity / GB:.3f} GB)")
     units = table.dim // 4
     if "column" in task.sharding:
         for k in range(2, units + 1):
@@ -142,7 +149,7 @@ def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]
     """The task with each table cut as `cuts` says (absent: whole), and piece name -> its place in its table."""
     tables: list[Table] = []
     pieces: dict[str, PieceOf] = {}
-    pins = list(task.pins)
+    pins: list[tuple[str, int]] = []
     for t in task.tables:
         cut = cuts.get(t.name, WHOLE)
         if cut.whole:
@@ -163,7 +170,7 @@ def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]
                 start += width
     if not pieces:
         return task, {}
-    return replace(task, tables=tuple(tables), pins=tuple(pins)), pieces
+    return task.derived(tables, {name: p[0] for name, p in pieces.items()}, pins), pieces
 
 
 def cut_oversized(task: Task) -> tuple[Task, dict[str, PieceOf]]:
@@ -191,6 +198,7 @@ def _merge(task: Task, plan: Plan, pieces: dict[str, PieceOf]) -> Plan:
 def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     """`shard_whole`'s plan for `task`, its oversized tables cut into pieces first, cut finer while
     the pieces cannot be placed (see the module)."""
+    check_satisfiable(task)
     cuts = {t.name: first_cut(t, task) for t in task.tables}
     need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(d.memory_bytes for d in task.devices)
     if need > have:  # no cut makes tables smaller
@@ -216,9 +224,9 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
 def _largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:
     """(table, its finer cut) for the table whose largest piece is largest among those that can be cut finer."""
     best: tuple[int, str, Cut] | None = None
-    pinned = task.pinned_device()
+    uncut = task.never_cut()
     for t in task.tables:
-        if t.name in pinned:
+        if t.name in uncut:
             continue
         cut = cuts[t.name]
         nxt = finer(t, task, cut)

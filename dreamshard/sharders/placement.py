@@ -7,7 +7,10 @@ an earlier table's ranking (depth-first), so a valid plan is found whenever one
 exists within `max_steps` placements. When the first choice never gets stuck the
 result is exactly the plain greedy plan; backing up only happens near memory limits.
 Tables the task pins to a device (`Task.pins`) are placed first, each on its device,
-so every sharder's ranking sees their load when it places the others.
+so every sharder's ranking sees their load when it places the others. The other
+constraints hold the same way, whatever the ranking says: a table never goes to a
+device it avoids (`Task.avoid`), and once one table of a group (`Task.groups`) is
+placed, the others of the group go only to its device.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class PlacementState:
     used_bytes: np.ndarray  # memory taken per device
     load: np.ndarray  # sum of the placed tables' weights per device: [D] or [D, k] for vector weights
     free_bytes: np.ndarray
+    speed: np.ndarray  # relative throughput per device (Device.speed)
 
 
 # (table index, state) -> devices in order of preference
@@ -51,6 +55,12 @@ def place_tables(
     pins = {i: pinned[t.name] for i, t in enumerate(task.tables) if t.name in pinned}
     if pins:
         order = [t for t in order if t in pins] + [t for t in order if t not in pins]
+    avoided = task.avoided()
+    banned = {i: set(avoided[t.name]) for i, t in enumerate(task.tables) if t.name in avoided}
+    group_names = task.group_of()
+    group = {i: group_names[t.name] for i, t in enumerate(task.tables) if t.name in group_names}
+    group_device: dict[int, int] = {}  # group -> the device of its placed tables
+    group_placed: dict[int, int] = {}  # group -> how many of its tables are placed
     sizes = np.array([task.table_bytes(i) for i in range(n)], dtype=np.int64)
     capacity = np.array([d.memory_bytes for d in task.devices], dtype=np.int64)
     _check_each_table_fits(task, sizes, capacity)
@@ -61,7 +71,8 @@ def place_tables(
         )
     w = np.zeros(n) if weights is None else np.asarray(weights, dtype=np.float64)
     state = PlacementState(np.zeros(task.num_devices, np.int64),
-                           np.zeros((task.num_devices, *w.shape[1:])), capacity.copy())
+                           np.zeros((task.num_devices, *w.shape[1:])), capacity.copy(),
+                           np.array(task.speeds(), dtype=np.float64))
     assignment = [-1] * n
     steps = 0
     deepest = 0
@@ -75,7 +86,12 @@ def place_tables(
         t = order[k]
         if len(rankings) == k:  # reaching this table from the one before: rank its devices now
             deepest = max(deepest, k)
-            rankings.append([pins[t]] if t in pins else rank_devices(t, state))
+            ranking = [pins[t]] if t in pins else rank_devices(t, state)
+            if t in banned:
+                ranking = [d for d in ranking if d not in banned[t]]
+            if t in group and group.get(t) in group_device:
+                ranking = [d for d in ranking if d == group_device[group[t]]]
+            rankings.append(ranking)
             tried.append(0)
         elif assignment[t] != -1:  # back from a dead end below: take this table off its device
             d = assignment[t]
@@ -83,6 +99,10 @@ def place_tables(
             state.used_bytes[d] -= sizes[t]
             state.free_bytes[d] += sizes[t]
             state.load[d] -= w[t]
+            if t in group:
+                group_placed[group[t]] -= 1
+                if not group_placed[group[t]]:
+                    del group_device[group[t]]
         placed = False
         while tried[k] < len(rankings[k]) and not placed:
             d = rankings[k][tried[k]]
@@ -100,6 +120,9 @@ def place_tables(
             state.used_bytes[d] += sizes[t]
             state.free_bytes[d] -= sizes[t]
             state.load[d] += w[t]
+            if t in group:
+                group_device[group[t]] = d
+                group_placed[group[t]] = group_placed.get(group[t], 0) + 1
             placed = True
         if placed:
             k += 1
@@ -110,11 +133,24 @@ def place_tables(
     found = k == n
     if not found:
         raise InfeasibleTaskError(
-            f"task {task.name!r}: no placement of all {n} tables fits in memory; "
+            f"task {task.name!r}: no placement of all {n} tables fits in memory"
+            f"{' under its constraints' if task.constrained else ''}; "
             f"table {task.tables[order[deepest]].name!r} fits on no device after the tables before it "
-            f"({_capacities(task)})"
+            f"({_capacities(task)}){_constraints_of(task, task.tables[order[deepest]].name)}"
         )
     return assignment
+
+
+def _constraints_of(task: Task, name: str) -> str:
+    """The constraints on table `name`, for an error message."""
+    said = []
+    if name in task.pinned_device():
+        said.append(f"pinned to device {task.pinned_device()[name]}")
+    if name in task.avoided():
+        said.append(f"avoids devices {list(task.avoided()[name])}")
+    if name in task.group_of():
+        said.append(f"in group {list(task.groups[task.group_of()[name]])}")
+    return f"; {name!r} is {' and '.join(said)}" if said else ""
 
 
 def _capacities(task: Task) -> str:
@@ -123,18 +159,21 @@ def _capacities(task: Task) -> str:
 
 
 def _check_each_table_fits(task: Task, sizes: np.ndarray, capacity: np.ndarray) -> None:
-    too_big = np.flatnonzero(sizes > capacity.max())
+    allowed = [capacity[task.allowed_devices(t.name)].max() for t in task.tables]
+    too_big = np.flatnonzero(sizes > np.asarray(allowed))
     if too_big.size:
         t = task.tables[int(too_big[0])]
         raise InfeasibleTaskError(
             f"task {task.name!r}: table {t.name!r} ({t.rows} rows x {t.dim} dims, "
             f"{sizes[too_big[0]] / GB:.3f} GB) fits on no device ({_capacities(task)})"
+            f"{' it may use' + _constraints_of(task, t.name) if _constraints_of(task, t.name) else ''}"
         )
 
 
 def by_least_load(t: int, state: PlacementState) -> list[int]:
-    """Greedy ranking: smallest accumulated weight first, then least memory, then lowest index."""
-    return sorted(range(len(state.load)), key=lambda d: (state.load[d], state.used_bytes[d], d))
+    """Greedy ranking: smallest accumulated weight per unit of speed first (the weight itself when devices are
+    alike), then least memory, then lowest index."""
+    return sorted(range(len(state.load)), key=lambda d: (state.load[d] / state.speed[d], state.used_bytes[d], d))
 
 
 def find_feasible_assignment(task: Task) -> list[int]:
