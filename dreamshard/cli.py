@@ -16,6 +16,7 @@ from dreamshard.cluster import (
 )
 from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DreamShardError
+from dreamshard.evaluation.plan_report import add_report_parser
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     m.set_defaults(func=cmd_measure)
     add_profile_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -110,11 +110,20 @@ def uniform_devices(num_devices: int, memory_gb: float) -> tuple[Device, ...]:
     return tuple(Device(int(memory_gb * GB)) for _ in range(num_devices))
 
 
+def memory_gb(memory_bytes: int) -> float:
+    """The shortest number of GB that reads back (int(gb x GB)) to exactly these bytes: 0.01, not 0.0099999997."""
+    for digits in range(1, 18):
+        gb = float(f"{memory_bytes / GB:.{digits}g}")
+        if int(gb * GB) == memory_bytes:
+            return gb
+    return memory_bytes / GB
+
+
 def devices_to_json(devices: Sequence[Device]) -> list[dict[str, Any]]:
     """The devices as a devices file's JSON list (plans record the devices they were made for)."""
     out = []
     for d in devices:
-        rec: dict[str, Any] = {"memory_gb": d.memory_bytes / GB}
+        rec: dict[str, Any] = {"memory_gb": memory_gb(d.memory_bytes)}
         if d.kind:
             rec["kind"] = d.kind
         if d.speed != 1.0:
@@ -364,7 +373,7 @@ def plan_metadata(task: Task) -> dict[str, Any]:
                             "weights_precision": task.memory.weights_precision, "optimizer": task.memory.optimizer,
                             "sharding": list(task.sharding)}
     if len(memories) == 1:
-        meta["memory_gb"] = memories.pop() / GB
+        meta["memory_gb"] = memory_gb(memories.pop())
     constraints = constraints_of(task).to_json()
     if constraints:
         meta["constraints"] = constraints

@@ -14,6 +14,10 @@ What it reads:
   (the sum over its features: each feature's ids look up the same table); a table without
   one gets `default_pooling_factor` (1.0, TorchRec's own default);
 - per-rank memory: the `Topology`: HBM on cuda (and mtia), DDR on cpu, rank by rank;
+- per-rank kind, speed and host: `devices` (a devices file, dreamshard.cluster, or Device
+  records, one per rank; their memory is ignored: the topology's counts);
+- placement constraints by table name: `placement` (pin, avoid, group, whole: a constraints
+  file or a dreamshard.cluster.Constraints), honoured by every DreamShard sharder;
 - the optimizer the memory is counted for: `optimizer` (dreamshard.memory; the fused
   kernel keeps its state beside the weights).
 
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dreamshard.cluster import Constraints
 from dreamshard.errors import DreamShardError
 from dreamshard.interop.torchrec import require_torchrec
 from dreamshard.memory import MemoryModel
@@ -63,8 +68,17 @@ class DreamShardPlanner(ShardingPlanner):
     def __init__(self, topology, batch_size: int | None = None, constraints: dict | None = None,
                  algo: str = "size_lookup_greedy", model: Any = None, optimizer: str = "exact_sgd",
                  sharding: Sequence[str] = SHARDING_KINDS, seed: int | None = None,
-                 default_pooling_factor: float = DEFAULT_POOLING_FACTOR) -> None:
+                 default_pooling_factor: float = DEFAULT_POOLING_FACTOR,
+                 devices: Sequence[Device] | str | Path | None = None,
+                 placement: Constraints | str | Path | None = None) -> None:
+        from dreamshard.cluster import read_constraints_file, read_devices_file
         from dreamshard.sharders import load_model, spec
+
+        # per rank: kind, speed and host (a devices file, or Device records); memory as the topology says
+        self.devices = read_devices_file(devices) if isinstance(devices, (str, Path)) else (
+            None if devices is None else tuple(devices))
+        # DreamShard's placement constraints by table name (pin, avoid, group, whole): a constraints file or object
+        self.placement = read_constraints_file(placement) if isinstance(placement, (str, Path)) else placement
 
         self.topology = topology
         self.batch_size = batch_size
@@ -140,6 +154,11 @@ class DreamShardPlanner(ShardingPlanner):
             raise DreamShardError("DreamShardPlanner: tables mix fp32 and fp16 weights; plan them separately")
         task = Task("torchrec-module", tuple(tables), self._devices(), MemoryModel(precisions.pop(), self.optimizer),
                     sharding=self.sharding)
+        if self.placement:
+            try:
+                task = self.placement.apply(task)
+            except ValueError as exc:
+                raise DreamShardError(f"DreamShardPlanner: placement constraints: {exc}") from None
         return task, modules
 
     def _pooling(self, config) -> float:
@@ -159,6 +178,12 @@ class DreamShardPlanner(ShardingPlanner):
             if cap <= 0:
                 raise DreamShardError(f"DreamShardPlanner: rank {d.rank} has no {kind} memory in the topology")
             devices.append(Device(int(cap)))
+        if self.devices is not None:  # kinds, speeds and hosts per rank; the memory stays the topology's
+            if len(self.devices) != len(devices):
+                raise DreamShardError(f"DreamShardPlanner: {len(self.devices)} devices given for a topology of "
+                                      f"{len(devices)} ranks")
+            devices = [Device(d.memory_bytes, given.kind, given.speed, given.host)
+                       for d, given in zip(devices, self.devices)]
         return tuple(devices)
 
     # -------------------------------------------------------------- writing the plan

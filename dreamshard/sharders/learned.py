@@ -7,6 +7,10 @@ up from memory dead ends instead of failing). With `samples = k > 0`, k plans ar
 sampled (Gumbel noise on the logits = sampling from the softmax over legal devices) and
 the one the cost network rates best, greedy plan included, is returned.
 
+Devices of different speed (Device.speed): the cost network's device costs are a reference
+device's; the policy sees each device's compute divided by its speed, and sampled plans are
+rated by the device-max estimate at those speeds.
+
 Tables without access-count bins get them from `bins`, a `BinEstimator` (by default the
 one the model's metadata carries, if any: see dreamshard.data.bins); with none, such a
 table is an error naming it.
@@ -51,11 +55,12 @@ class PolicySharder:
         policy_enc = m.policy.encode(ctx.x)
         embed = ctx.cost_enc.shape[-1]
         weights = torch.cat([ctx.cost_enc, policy_enc], dim=1).double().numpy()
+        speed = torch.tensor(task.speeds(), dtype=torch.float32)
 
         def decode(noise: np.random.Generator | None) -> list[int]:
             def rank(t: int, state: PlacementState) -> list[int]:
                 load = torch.from_numpy(state.load).float()
-                costs = m.cost_net.device_costs(load[:, :embed])
+                costs = device_costs(m, load[:, :embed], speed)
                 logits = m.policy.logits(load[:, embed:], costs, policy_enc[t]).numpy()
                 if noise is not None:
                     logits = logits + noise.gumbel(size=logits.shape)
@@ -73,4 +78,17 @@ class PolicySharder:
     @torch.no_grad()
     def predicted_ms(self, ctx: TaskContext, assignment: list[int]) -> float:
         onehot = torch.nn.functional.one_hot(torch.tensor(assignment), ctx.task.num_devices).float()
-        return float(self.model.cost_net.plan_cost(onehot.T @ ctx.cost_enc))
+        sums = onehot.T @ ctx.cost_enc
+        speed = torch.tensor(ctx.task.speeds(), dtype=torch.float32)
+        if bool((speed == 1.0).all()):
+            return float(self.model.cost_net.plan_cost(sums))
+        return float(device_costs(self.model, sums, speed).sum(dim=-1).max())  # the device-max estimate
+
+
+def device_costs(model: LearnedModel, device_sums: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:
+    """[D, embed] -> [D, 3] predicted (fwd, bwd, comm) ms of each device at its speed: the cost network predicts
+    the reference device's compute (speed 1), a device of speed s computes in 1/s of it; communication stays."""
+    costs = model.cost_net.device_costs(device_sums)
+    if bool((speed == 1.0).all()):
+        return costs
+    return torch.cat([costs[:, :2] / speed[:, None], costs[:, 2:]], dim=1)

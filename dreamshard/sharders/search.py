@@ -16,7 +16,10 @@ communication (the straggler offsets come from the predicted forward times). If 
 satisfies the dim bound the bound is dropped for that shard; if a scale's greedy meets a
 shard no device has room for, that scale has no plan, and if none has, the placement backs
 up (dreamshard.sharders.placement) with the same preference. A shard of a table the task
-pins to a device (TorchRec's row-wise blocks, see pieces.py) goes only there.
+pins to a device (TorchRec's row-wise blocks, see pieces.py) goes only there, never to a device its
+table avoids, and a table of a group only where the group's first table went (Task: constraints);
+pinned, grouped and `whole` tables are never cut. Devices of different speed: a device's predicted
+compute is the model's (fitted on the reference device) / its speed.
 
 The beam search keeps `beams` shard sets; each step makes every move on its candidates,
 the `candidates` largest shards by size and by predicted cost that the move can cut, and
@@ -145,6 +148,15 @@ class _Evaluator:
         self.capacity = np.array([d.memory_bytes for d in task.devices], dtype=np.float64)
         pinned = task.pinned_device()
         self.pins = [pinned.get(t.name) for t in task.tables]  # device a table's shards must go to, or None
+        n = task.num_devices
+        self.allowed = np.zeros((len(task.tables), n), dtype=bool)  # [table, device]: pins and avoid lists
+        for i, t in enumerate(task.tables):
+            self.allowed[i, task.allowed_devices(t.name)] = True
+        groups = task.group_of()
+        self.group = [groups.get(t.name, -1) for t in task.tables]  # group index of each table, -1 for none
+        uncut = task.never_cut()
+        self.uncut = [t.name in uncut for t in task.tables]  # pinned, grouped or whole: never cut
+        self.speed = np.asarray(task.speeds(), dtype=np.float64)  # compute on device d = reference / speed[d]
 
     def encode(self, shards: Sequence[Sequence[int]]) -> np.ndarray:
         blocks = as_blocks(self.task, shards)
@@ -162,14 +174,19 @@ class _Evaluator:
         return np.array([self.task.memory.shard_bytes(b.rows, b.width) for b in shards], dtype=np.float64)
 
     def compute_ms(self, device_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[..., E] -> (fwd, fwd + bwd) predicted ms."""
+        """[..., E] -> (fwd, fwd + bwd) predicted ms on the reference device (speed 1)."""
         with torch.no_grad():
             c = self.model.compute.device_costs(torch.from_numpy(device_sums).float()).numpy()
         return c[..., 0], c[..., 0] + c[..., 1]
 
+    def device_compute_ms(self, device_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[..., D, E] -> (fwd, fwd + bwd) predicted ms on each device, at its speed."""
+        fwd, total = self.compute_ms(device_sums)
+        return fwd / self.speed, total / self.speed
+
     def score(self, device_sums: np.ndarray, dim_sums: np.ndarray) -> np.ndarray:
         """[..., D, E], [..., D] -> [...] predicted plan cost: max over devices of compute + comm."""
-        fwd, compute = self.compute_ms(device_sums)
+        fwd, compute = self.device_compute_ms(device_sums)
         offsets = fwd.max(axis=-1, keepdims=True) - fwd
         with torch.no_grad():
             comm = self.model.comm(CommNet.inputs(dim_sums, offsets)).numpy().sum(axis=-1)
@@ -194,12 +211,14 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
     used = np.zeros((k, n))
     alive = np.ones(k, dtype=bool)
     assign = np.full((k, len(blocks)), -1)
+    group_device = np.full((k, max(ev.group, default=-1) + 1), -1)  # [S, groups]: where each group went
     for i in order:
-        _, after = ev.compute_ms(dev + enc[i])  # [S, D] predicted cost of each device with shard i added
-        room = used + sizes[i] <= ev.capacity
-        pin = ev.pins[blocks[i].table]
-        if pin is not None:
-            room &= np.arange(n) == pin
+        _, after = ev.device_compute_ms(dev + enc[i])  # [S, D] predicted cost of each device with shard i added
+        room = (used + sizes[i] <= ev.capacity) & ev.allowed[blocks[i].table]
+        g = ev.group[blocks[i].table]
+        if g >= 0:  # a group's later tables follow its first one
+            placed = group_device[:, g]
+            room &= (placed[:, None] < 0) | (np.arange(n) == placed[:, None])
         balanced = room & (dims + widths[i] <= bound)
         allowed = np.where(balanced.any(axis=1, keepdims=True), balanced, room)
         alive &= allowed.any(axis=1)
@@ -209,6 +228,8 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
         dims[rows, choice] += widths[i]
         used[rows, choice] += sizes[i]
         assign[:, i] = choice
+        if g >= 0:
+            group_device[:, g] = choice
     if not alive.any():
         return None
     scores = np.where(alive, ev.score(dev, dims), np.inf)
@@ -219,14 +240,14 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
 def backtracking_plan(ev: _Evaluator, shards: ShardSet) -> tuple[float, list[int]]:
     """The greedy preference (lowest predicted cost after adding) with backing up on memory dead ends."""
     tables = tuple(replace(block_table(ev.task, b), name=to_shard(ev.task, b, 0).label()) for b in shards)
-    pins = tuple((tb.name, d) for tb, b in zip(tables, shards) if (d := ev.pins[b.table]) is not None)
-    shard_task = Task(ev.task.name, tables, ev.task.devices, ev.task.memory, pins=pins)
+    # the task's constraints on the shards of each table (pins, avoid lists, groups: uncut tables, one shard each)
+    shard_task = ev.task.derived(tables, {tb.name: ev.task.tables[b.table].name for tb, b in zip(tables, shards)})
     enc = ev.encode(shards)
     _, single = ev.compute_ms(enc)
     order = np.argsort(-single, kind="stable").tolist()
 
     def rank(i: int, state: PlacementState) -> list[int]:
-        _, after = ev.compute_ms(state.load + enc[i])
+        _, after = ev.device_compute_ms(state.load + enc[i])
         return np.argsort(after, kind="stable").tolist()
 
     assignment = place_tables(shard_task, order, rank, weights=enc)
@@ -239,12 +260,12 @@ def backtracking_plan(ev: _Evaluator, shards: ShardSet) -> tuple[float, list[int
 
 
 def can_halve_columns(ev: _Evaluator, b: Block) -> bool:
-    return "column" in ev.task.sharding and b.width >= 8 and b.width % 8 == 0 and ev.pins[b.table] is None
+    return "column" in ev.task.sharding and b.width >= 8 and b.width % 8 == 0 and not ev.uncut[b.table]
 
 
 def can_halve_rows(ev: _Evaluator, shards: ShardSet, i: int, cfg: SearchConfig) -> bool:
     b = shards[i]
-    if not (cfg.row_splits and "row" in ev.task.sharding and b.rows >= 2 * cfg.min_rows and ev.pins[b.table] is None):
+    if not (cfg.row_splits and "row" in ev.task.sharding and b.rows >= 2 * cfg.min_rows and not ev.uncut[b.table]):
         return False
     limit = ev.task.num_devices if cfg.max_row_ranges is None else cfg.max_row_ranges
     ranges = {(c.row_start, c.row_end) for j, c in enumerate(shards) if c.table == b.table and j != i}

@@ -3,7 +3,12 @@
 TorchRec's `EmbeddingShardingPlanner` plans the task's EmbeddingBagCollection (built on
 the meta device, see dreamshard.interop.torchrec) for one rank per device:
 
-- topology: world size = number of devices, compute device "cuda", HBM = each device's memory;
+- topology: world size = number of devices, compute device "cuda", HBM = each device's memory
+  (per rank when devices differ; TorchRec's planner has no per-rank speed, so it plans devices of
+  different speed as if alike);
+- constraints: a `whole` table (Task.whole) gets table_wise only; pin, avoid and group constraints
+  have no TorchRec equivalent (its planner cannot put a table on or off a given rank), so a task
+  with any of them is refused with an error naming them, never planned against them;
 - per table: `ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
   pooling_factors=[pooling factor])`; with `full_search=True` every sharding type the
   EBC sharder offers on CUDA with the fused kernel that the task's sharding kinds
@@ -83,9 +88,21 @@ class TorchRecSharder:
         from torchrec.distributed.planner.types import PlannerError
 
         types = self.types_for(task)
+        refused = [f"{kind} ({', '.join(names)})" for kind, names in (
+            ("pin", [t for t, _ in task.pins]), ("avoid", [t for t, _ in task.avoid]),
+            ("group", [str(list(g)) for g in task.groups])) if names]
+        if refused:
+            raise DreamShardError(f"sharder {self.name!r}: TorchRec's planner has no constraint that places a table "
+                                  f"on or off a given rank, so it cannot honour {'; '.join(refused)}; plan with one "
+                                  "of DreamShard's sharders, which honour them all")
+        whole = set(task.whole)
+        per_table = {t.name: [TABLE_WISE] if t.name in whole else types for t in task.tables}
+        if whole and TABLE_WISE not in types:
+            raise DreamShardError(f"sharder {self.name!r}: tables {sorted(whole)} must stay whole, but table_wise is "
+                                  "not among the sharding types offered")
         with tx.quiet_torchrec():
             topo = tx.topology(task)
-            constraints = tx.table_constraints(task, {t.name: types for t in task.tables})
+            constraints = tx.table_constraints(task, per_table)
             planner = EmbeddingShardingPlanner(
                 topology=topo,
                 batch_size=self.batch_size,
