@@ -5,6 +5,7 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from dreamshard.cluster import (
     plan_metadata,
@@ -15,7 +16,7 @@ from dreamshard.cluster import (
     uniform_devices,
 )
 from dreamshard.data.profile import add_profile_parser
-from dreamshard.errors import DreamShardError
+from dreamshard.errors import DataFormatError, DreamShardError
 from dreamshard.evaluation.plan_report import add_report_parser
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
@@ -58,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="json", choices=["json", "torchrec"],
                    help="json: DreamShard plan JSON; torchrec: a TorchRec ShardingPlan (torch.save; needs torchrec) "
                         "for the EBC at module 'ebc', see docs/torchrec.md")
+    p.add_argument("--previous", type=Path,
+                   help="re-plan: a plan JSON made before the tables (or devices: only added) changed; shards stay "
+                        "in place unless moving them is worth it (docs/replan.md)")
+    p.add_argument("--max-moved-gb", type=float,
+                   help="with --previous (required there): move at most this many GB of the previous plan's shards")
+    p.add_argument("--backend", choices=["analytic", "fbgemm"],
+                   help="with --previous (required there): the cost that decides what is worth moving")
+    p.add_argument("--regime", choices=["super_additive", "sub_additive"],
+                   help="--backend analytic (required there): what fusing tables does to their cost")
+    p.add_argument("--batch-size", type=int, help="with --previous: the backend's batch size (default 2048)")
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
@@ -141,20 +152,95 @@ def describe_devices(task: Task) -> str:
         f"{task.num_devices} devices of {parts[0].split(' x ', 1)[1]}"
 
 
+REPLAN_FLAGS = ("max_moved_gb", "backend", "regime", "batch_size")
+
+
+def check_replan_args(args: argparse.Namespace) -> None:
+    """--previous and its flags: each flag only with --previous, --max-moved-gb and --backend required there."""
+    given = [f"--{name.replace('_', '-')}" for name in REPLAN_FLAGS if getattr(args, name) is not None]
+    if args.previous is None:
+        if given:
+            raise DreamShardError(f"{', '.join(given)}: only with --previous PLAN (re-planning)")
+        return
+    if args.max_moved_gb is None:
+        raise DreamShardError("--previous needs --max-moved-gb X: how many GB of the previous plan's shards may move")
+    if not 0 <= args.max_moved_gb < float("inf"):
+        raise DreamShardError(f"--max-moved-gb: expected a finite number >= 0, got {args.max_moved_gb}")
+    if args.backend is None:
+        raise DreamShardError("--previous needs --backend analytic|fbgemm: the cost that decides what is worth moving")
+    if args.backend == "analytic" and args.regime is None:
+        raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
+    if args.backend != "analytic" and args.regime is not None:
+        raise DreamShardError("--regime: only with --backend analytic")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise DreamShardError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+
+
+def previous_shapes(meta: Any, origin: str) -> dict[str, tuple[int, int]] | None:
+    """The (rows, dim) of each table a plan file records (plans written before they did: None)."""
+    shapes = meta.get("table_shapes") if isinstance(meta, dict) else None
+    if shapes is None:
+        return None
+    if not isinstance(shapes, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            for v in shapes.values()):
+        raise DataFormatError(f"{origin}: table_shapes: expected an object table -> [rows, dim], got {shapes!r}")
+    return {str(k): (v[0], v[1]) for k, v in shapes.items()}
+
+
+def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan, dict[str, Any], str]:
+    """Re-plan from --previous: the plan, the metadata the plan file records and the line to print."""
+    from dreamshard.data.lookups import GeneratedLookups
+    from dreamshard.hardware import make_backend  # imports torch: only when re-planning
+    from dreamshard.plan import read_plan_json
+    from dreamshard.replan import replan
+
+    meta = read_plan_json(args.previous)
+    previous = Plan.from_dict(meta, str(args.previous))
+    if previous.num_devices > task.num_devices:
+        raise DreamShardError(f"--previous {args.previous}: the plan is for {previous.num_devices} devices, but "
+                              f"{task.num_devices} are given; re-planning may add devices, not remove them")
+    options: dict[str, Any] = {"batch_size": args.batch_size or 2048}
+    if args.backend == "analytic":
+        options["regime"] = args.regime
+    backend = make_backend(args.backend, GeneratedLookups(seed=0), **options)
+    if args.backend == "fbgemm":
+        from dreamshard.hardware.fbgemm import pin_threads
+
+        pin_threads(backend)  # this command is the program: it sets the measurement thread count
+    result = replan(task, previous, sharder, args.max_moved_gb * GB, lambda t, p: backend.plan_cost(t, p).cost_ms,
+                    previous_shapes=previous_shapes(meta, str(args.previous)))
+    kind = "measured" if backend.measured else "modelled"
+    record = {"previous": str(args.previous), "max_moved_gb": args.max_moved_gb,
+              "moved_gb": result.moved_bytes / GB, "full_moved_gb": result.full_moved_bytes / GB,
+              "cost_ms": result.cost_ms, "full_cost_ms": result.full_cost_ms, "kept_cost_ms": result.kept_cost_ms,
+              "backend": backend.name, "measured": backend.measured}
+    line = (f"moved {result.moved_bytes / GB:.4g} GB of {args.max_moved_gb:g} GB allowed; cost {result.cost_ms:.3f} "
+            f"ms (full re-plan {result.full_cost_ms:.3f} ms moving {result.full_moved_bytes / GB:.4g} GB; keeping "
+            f"everything {result.kept_cost_ms:.3f} ms), {backend.name} {kind}")
+    return result.plan, record, line
+
+
 def cmd_plan(args: argparse.Namespace) -> None:
+    check_replan_args(args)
     task = task_of(args)
     tables = list(task.tables)
     sharder = make_sharder(args.algo, **sharder_options(args))
-    plan = sharder.shard(task)
+    replanned = replan_of(args, task, sharder) if args.previous is not None else None
+    plan = sharder.shard(task) if replanned is None else replanned[0]
     validate_plan(task, plan)
     if args.format == "torchrec":
         from dreamshard.interop.torchrec import save_torchrec_plan  # imports torchrec: only for this format
 
         save_torchrec_plan(task, plan, args.output)
     else:
-        plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables), **plan_metadata(task))
+        shapes = {t.name: [t.rows, t.dim] for t in tables}  # what a later re-plan (--previous) tells changes by
+        plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables), **plan_metadata(task),
+                       table_shapes=shapes, **({} if replanned is None else {"replan": replanned[1]}))
     used = device_memory_bytes(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {describe_devices(task)} -> {args.output}")
+    if replanned is not None:
+        print(replanned[2])
     lacking = [t.name for t in tables if t.bins is None]
     estimator = getattr(sharder, "bins", None)  # learned sharders: the BinEstimator of tables without bins
     if lacking and estimator is not None:

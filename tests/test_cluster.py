@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_sharders_property import MODEL, NEUROSHARD_MODEL
 
 from dreamshard.cli import main
 from dreamshard.cluster import (
@@ -27,7 +28,6 @@ from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
 from helpers import analytic, seeded
-from test_sharders_property import MODEL, NEUROSHARD_MODEL
 
 OURS = HEURISTICS + LEARNED
 
@@ -95,6 +95,20 @@ def test_every_sharder_respects_each_devices_memory_and_the_constraints(task, se
         validate_plan(task, plan)  # memory per device, pins, avoid lists, groups, whole tables
         for used, device in zip(device_memory_bytes(task, plan), task.devices):
             assert used <= device.memory_bytes
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(task=constrained_tasks())
+def test_torchrec_keeps_each_ranks_memory_or_says_it_found_no_plan(task):
+    # TorchRec's planner takes per-rank memory (no pins, avoid lists or groups: it refuses those, tested below)
+    pytest.importorskip("torchrec")
+    free = Task(task.name, task.tables, task.devices, task.memory, whole=task.whole)
+    for name in ("torchrec", "torchrec_full"):
+        try:
+            plan = make_sharder(name).shard(free)
+        except InfeasibleTaskError:  # its partitioner is greedy: it may give up on tight, feasible tasks
+            continue
+        validate_plan(free, plan)
 
 
 def test_the_constrained_strategy_makes_every_kind_of_constraint():
@@ -187,7 +201,8 @@ def test_validate_plan_names_each_broken_constraint():
     (dict(pins=(("a", 0), ("b", 1)), groups=(("a", "b"),)), r"group \['a', 'b'\]: members are pinned to different"),
     (dict(avoid=(("a", (0,)), ("b", (1,))), groups=(("a", "b"),)),
      r"group \['a', 'b'\]: no device is allowed for all of its tables: 'a' \(avoid \[0\]\), 'b' \(avoid \[1\]\)"),
-    (dict(groups=(("a", "b", "c"),)), r"group \['a', 'b', 'c'\] needs 0.001 GB on one device, but the largest device it may use \(device 0\) holds"),
+    (dict(groups=(("a", "b", "c"),)),
+     r"group \['a', 'b', 'c'\] needs 0.001 GB on one device, but the largest device it may use \(device 0\) holds"),
     (dict(pins=(("a", 0), ("b", 0), ("c", 0))), r"device 0: table 'a' \(pinned\), table 'b' \(pinned\), table 'c'"),
     (dict(whole=("c",), avoid=(("c", (1,)),)), None),  # satisfiable: c fits device 0
 ])
@@ -397,3 +412,18 @@ def test_cli_device_options_are_one_or_the_other(tmp_path, capsys):
     assert main(["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--devices-file",
                  str(devices), "--algo", "size_greedy", "-o", out]) == 1
     assert "one or the other" in capsys.readouterr().err
+
+
+def test_torchrec_export_takes_gpus_per_host_from_the_named_hosts():
+    pytest.importorskip("torchrec")
+    from dreamshard.interop.torchrec import local_size_of, to_torchrec_module_plan
+
+    tables = (table("a"), table("b"), table("c"), table("d"))
+    task = Task("t", tables, tuple(Device(2**20, host=h) for h in ("x", "x", "y", "y")))
+    assert local_size_of(task) == 2
+    module_plan = to_torchrec_module_plan(task, Plan.from_assignment(task, [0, 1, 2, 3]))
+    assert [str(module_plan[t].sharding_spec.shards[0].placement) for t in "abcd"] == [
+        "rank:0/cuda:0", "rank:1/cuda:1", "rank:2/cuda:0", "rank:3/cuda:1"]
+    assert local_size_of(Task("t", tables, tuple(Device(2**20) for _ in range(4)))) == 4
+    with pytest.raises(DreamShardError, match="consecutive block of ranks"):
+        local_size_of(Task("t", tables, tuple(Device(2**20, host=h) for h in ("x", "y", "x", "y"))))

@@ -266,8 +266,8 @@ def render_html(report: PlanReport, png: bytes) -> str:
         ("plan cost (slowest device)", f'<span id="plan-cost" data-ms="{report.cost_ms!r}">{report.cost_ms:.3f} ms'
                                        f"</span> (device {report.slowest})"),
         ("lower bound", f'<span id="lower-bound" data-ms="{b.total_ms!r}">{b.total_ms:.3f} ms</span> '
-                        f'<span class="note">(compute {b.compute_mean_ms:.3f} ms + 2 x all-to-all '
-                        f"{b.transfer_mean_ms:.3f} ms, per-table {b.max_table_ms:.3f} ms; fusion: "
+                        f'<span class="note">(the larger of compute {b.compute_mean_ms:.3f} ms + 2 x all-to-all '
+                        f"{b.transfer_mean_ms:.3f} ms and the per-table term {b.max_table_ms:.3f} ms; fusion: "
                         f"{e(report.bound_regime)})</span>"),
         ("cost / lower bound", f'<span id="cost-over-bound">{report.cost_over_bound:.3f}</span>'),
         ("task", f"{report.num_tables} tables on {len(report.devices)} devices, {e(report.weights_precision)} "

@@ -136,7 +136,7 @@ def topology(task: Task):
     extra = {}
     if len(set(caps)) > 1:  # devices of different sizes
         extra["custom_topology_data"] = CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))
-    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=task.num_devices,
+    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=local_size_of(task),
                             hbm_cap_bytes=max(caps), additional_params=extra)
     return TopologyFactory.create_topology(trainer, kernel_config=KernelConfig(compute_device=COMPUTE_DEVICE))
 
@@ -267,12 +267,28 @@ def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, s
             raise InvalidPlanError(f"table {names[t.name]!r}: TorchRec's sharding {got} differs from the plan's {want}")
 
 
+def local_size_of(task: Task) -> int:
+    """GPUs per host from the hosts the task's devices name (all devices when they name none). TorchRec puts rank r
+    on host r // local_size, so the hosts must be consecutive blocks of ranks of one size: else an error."""
+    hosts = task.host_ids()
+    n = task.num_devices
+    if hosts is None:
+        return n
+    per_host = n // len(set(hosts))
+    if n % len(set(hosts)) or list(hosts) != [r // per_host for r in range(n)]:
+        raise DreamShardError(f"task {task.name!r}: devices on hosts {list(hosts)} (by device): TorchRec places rank r "
+                              "on host r // GPUs per host, so each host must hold one consecutive block of ranks, "
+                              "all blocks of one size; order the devices file by host")
+    return per_host
+
+
 def to_torchrec_module_plan(task: Task, plan: Plan, local_size: int | None = None,
                             device_type: str = COMPUTE_DEVICE, module=None):
     """The EBC's `EmbeddingModuleShardingPlan` (table name -> ParameterSharding) for `plan`.
 
-    `local_size`: GPUs per host (default: all devices on one host); rank r is placed on
-    `cuda:{r % local_size}` of its host. `device_type="cpu"` makes a plan for CPU ranks
+    `local_size`: GPUs per host (default: from the hosts the task's devices name, each host a
+    consecutive block of ranks of one size, as TorchRec lays ranks out; else all devices on one
+    host); rank r is placed on `cuda:{r % local_size}` of its host. `device_type="cpu"` makes a plan for CPU ranks
     (gloo), e.g. to try a training script without GPUs. `module`: the user's
     EmbeddingBagCollection holding the task's tables (default: one built on the meta device).
     """
@@ -284,7 +300,7 @@ def to_torchrec_module_plan(task: Task, plan: Plan, local_size: int | None = Non
     n = task.num_devices
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
-    local = n if local_size is None else int(local_size)
+    local = local_size_of(task) if local_size is None else int(local_size)
     if not 1 <= local <= n:
         raise ValueError(f"local_size: expected 1..{n} GPUs per host, got {local_size}")
     module_plan = construct_module_sharding_plan(meta_ebc(task) if module is None else module, per_table,
