@@ -1,5 +1,10 @@
 """evaluate: plan every test task with every sharder, measure the plans, compare with lower bounds.
 
+Resumable: each task's rows are journaled as soon as they are measured
+(dreamshard/evaluation/journal.py, folder `paths.eval_journal`, a persisted DVC output), so
+an interrupted run continues where it stopped; the fingerprint of the journal holds every
+setting and model that decides the rows, so changed settings measure afresh.
+
 Also measures the backend's additivity (which decides the lower bound, see
 dreamshard/evaluation/bounds.py) and checks the bound against the true optimum of small tasks,
 found by measuring every plan. The summaries come from dreamshard/evaluation/summary.py.
@@ -16,6 +21,7 @@ from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED, additivity_ratio, regime_of
 from dreamshard.evaluation.evaluate import estimated_bins_check, evaluate_task
+from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.summary import (
     estimated_bins_summary,
     exhaustive_check,
@@ -57,6 +63,21 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
     return sharders
 
 
+def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
+    """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
+    settings), the evaluation settings, the search settings and the bytes of every model the sharders load."""
+    cfg = section(params, "evaluate")
+    models = {"dreamshard": section(params, "paths.dreamshard_model"),
+              "autoshard": section(params, "paths.autoshard_model"),
+              "neuroshard": section(params, "paths.neuroshard_model")}
+    return json.dumps({
+        "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
+        "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes")},
+        "neuroshard": section(params, "neuroshard"),
+        "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
+    }, sort_keys=True, default=str)
+
+
 def run(params: dict[str, Any]) -> None:
     cfg = section(params, "evaluate")
     backend = make_stage_backend(params)
@@ -67,20 +88,28 @@ def run(params: dict[str, Any]) -> None:
     train_tasks = first_per_family(read_tasks(tasks_dir / "train.parquet", section(params, "paths.tables")),
                                    int(cfg["train_tasks_per_family"]))
     sharders = make_sharders(params, batch_size)
+    journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
 
     probes = tasks[: int(cfg["additivity_probes"])]
-    ratios = [additivity_ratio(backend, t) for t in probes]
+    # journaled: a continued run bounds its tasks under the regime its first part measured
+    ratios = journal.once("additivity", lambda: [additivity_ratio(backend, t) for t in probes])
     regime = regime_of(ratios)
     print(f"evaluate: {backend.name} on {backend.device_name()}: fused / sum of singles = "
           f"{', '.join(f'{r:.3f}' for r in ratios)} -> {regime}")
 
-    rows = []
     splits = [("test", t) for t in tasks] + [("train", t) for t in train_tasks]
     column_splits = any(spec(s.name).splits_tables for s in sharders)
-    for split, task in tqdm(splits, desc="evaluate", unit="task"):
-        for r in evaluate_task(backend, task, sharders, regime, batch_size, topology, int(cfg["rounds"]),
-                               column_splits=column_splits):
-            rows.append({"split": split, **result_row(r)})
+
+    def evaluate(split: str, task) -> list[dict]:
+        return [{"split": split, **result_row(r)}
+                for r in evaluate_task(backend, task, sharders, regime, batch_size, topology, int(cfg["rounds"]),
+                                       column_splits=column_splits)]
+
+    done = journal.journaled_count(splits)
+    if done:
+        print(f"evaluate: {done} of {len(splits)} tasks already journaled in {journal.folder}: continuing")
+    with tqdm(total=len(splits), initial=done, desc="evaluate", unit="task") as bar:
+        rows = journal.run(splits, evaluate, lambda _s, _t, reused: None if reused else bar.update())
     results = pd.DataFrame(rows)
     out = Path(section(params, "paths.eval"))
     write_parquet(pa.Table.from_pandas(results, preserve_index=False), out / "results.parquet")
