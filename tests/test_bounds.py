@@ -335,3 +335,24 @@ def test_single_device_bound_has_no_transfer():
     assert bound.total_ms == pytest.approx(fused)  # one device: the bound is the plan's cost
     assert bound.total_ms == pytest.approx(b.plan_cost(task, Plan.from_assignment(task, [0] * 4)).cost_ms)
 
+
+
+@pytest.mark.parametrize("regime_name", ["super_additive", "sub_additive"])
+def test_the_either_bound_holds_without_knowing_the_regime_and_costs_nothing_where_fusion_costs_more(regime_name):
+    from dreamshard.evaluation.bounds import EITHER
+
+    stats = synthetic_stats(12, seed=11, max_rows=20_000)
+    fam = TaskFamily("ex", 7, 2, 0.01, 0, 0)
+    for seed in range(3):
+        task = sample_tasks(stats, stats["table_id"].tolist(), fam, 1, "test", DIMS, MemoryModel(),
+                            np.random.default_rng(seed))[0]
+        b = analytic(regime_name, batch_size=2048)
+        either = lower_bound(b, task, EITHER, b.config.batch_size, b.config.topology)
+        optimum = exhaustive_optimum(b, task, b.config.batch_size, b.config.topology, EITHER).optimum.cost_ms
+        assert either.total_ms <= optimum * (1 + 1e-9)
+        assert either.total_ms <= lower_bound(b, task, regime_of([additivity_ratio(b, task)]), b.config.batch_size,
+                                              b.config.topology).total_ms * (1 + 1e-9)
+        if regime_of([additivity_ratio(b, task, max_tables=len(task.tables))]) == SUPER_ADDITIVE:
+            assert either == lower_bound(b, task, SUPER_ADDITIVE, b.config.batch_size, b.config.topology)
+    with pytest.raises(ValueError, match="regime: expected one of"):
+        lower_bound(b, task, "cpu", b.config.batch_size, b.config.topology)

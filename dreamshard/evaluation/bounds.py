@@ -18,6 +18,10 @@ never assumed from the kind of processor:
     measured for FBGEMM's CPU kernels on an AMD EPYC, 0.96x): sum_d compute(S_d) >=
     compute(all tables fused). Probes of single tables cannot prove that for every split,
     so the smaller of this and the first bound is used.
+  mixed (probes of both kinds) and either (no assumption on the direction: the evaluate stage's
+    choice, so that one bound holds on processors of both kinds): the smaller of the two, which
+    holds when either assumption does. Where fusion is super-additive, compute(all fused) / N is
+    at least the first bound, so taking the smaller costs nothing there.
 The plain sum of single costs is NOT a bound on super-additive kernels: 8 small tables on
 2 devices had an optimum below it (the evaluate stage's exhaustive check, Intel Xeon).
 Transfers: every device sends its outputs to N-1 others,
@@ -111,13 +115,18 @@ from dreamshard.tasks import Task
 SUPER_ADDITIVE = "super_additive"
 SUB_ADDITIVE = "sub_additive"
 MIXED = "mixed"
+# not a measured regime: the bound that holds whichever way fusion goes (the evaluate stage's)
+EITHER = "either"
+REGIMES = (SUPER_ADDITIVE, SUB_ADDITIVE, MIXED, EITHER)
 
-
-# what metrics/eval.json says of the bound each measured regime uses
+_BOTH = ("min(cost of all tables fused, sum of single-table costs - (T-1) x cheapest single cost) / N "
+         "+ all-to-all bound")
+# what metrics/eval.json says of the bound each regime uses
 BOUND_USED = {
     SUPER_ADDITIVE: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
-    SUB_ADDITIVE: "cost of all tables fused / N + all-to-all bound",
-    MIXED: "(sum of single-table costs - (T-1) x cheapest single cost) / N + all-to-all bound",
+    SUB_ADDITIVE: _BOTH,
+    MIXED: _BOTH,
+    EITHER: _BOTH + ": holds whether fusing tables costs more or less than running them apart",
 }
 
 
@@ -249,6 +258,8 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
     `column_splits`: any table into column slices; `row_splits`: table name -> the fewest rows a piece of
     it holds, for the tables a plan may cut into row ranges (None: no table; `row_splits_of` reads it off
     the plans to bound); `row_probe_ratio`: the most by which consecutive probed piece sizes differ."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime: expected one of {', '.join(REGIMES)}, got {regime!r}")
     n = task.num_devices
     min_rows = _min_piece_rows(task, row_splits)
     singles = [backend.compute_cost(task, [s]).total_ms for s in whole_shards(task)]
@@ -264,8 +275,10 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
     cut = [m is not None for m in min_rows]
     if n == 1 and not column_splits and not any(cut):
         compute_mean = backend.compute_cost(task, whole_shards(task)).total_ms / total_speed  # the only plan there is
-    elif regime == SUB_ADDITIVE:
-        # fused(all) / N holds only if fusion never costs more than any split: keep the smaller
+    elif regime != SUPER_ADDITIVE:
+        # fused(all) / N holds if fusion never costs more than any split, the conservative term if it saves at
+        # most the fixed cost per table joined: the smaller holds if either does (probes that showed both
+        # behaviours, MIXED, or no assumption at all, EITHER)
         compute_mean = min(backend.compute_cost(task, whole_shards(task)).total_ms / total_speed, conservative)
     else:
         compute_mean = conservative
