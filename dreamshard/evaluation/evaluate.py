@@ -48,19 +48,48 @@ def _plan_key(plan: Plan) -> tuple:
                         for s in plan.shards))
 
 
-def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan], rounds: int) -> list[PlanCost]:
+def _device_key(shards: Sequence) -> tuple:
+    return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1) for s in shards))
+
+
+@dataclass
+class MeasureCount:
+    """How many device operators measure_interleaved measured, and how many it took from the round's others."""
+
+    measured: int = 0
+    reused: int = 0
+
+
+def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan], rounds: int,
+                        count: MeasureCount | None = None) -> list[PlanCost]:
     """Measure the distinct plans of one task in turns, `rounds` times; keep each one's median round.
 
-    Turns (plan A, B, C, then B, C, A, ...) let drift of the machine hit all plans alike.
+    Turns (plan A, B, C, then B, C, A, ...) let drift of the machine hit all plans alike. Within a
+    round, a device shard set that several plans hold (the same tables and blocks on one device)
+    is measured once and its compute cost used for each of them (backend.plan_cost_from): the same
+    fused operator, so the plans compare on the same measurement of it; `count` tallies both.
     """
     keys = [_plan_key(p) for p in plans]
     distinct = list(dict.fromkeys(keys))
     first = {k: plans[keys.index(k)] for k in distinct}
     measured: dict[tuple, list[PlanCost]] = {k: [] for k in distinct}
+    count = count if count is not None else MeasureCount()
     for r in range(rounds):
         shift = r % len(distinct)
+        this_round: dict[tuple, ComputeCost] = {}
         for k in distinct[shift:] + distinct[:shift]:
-            measured[k].append(backend.plan_cost(task, first[k]))
+            plan = first[k]
+            compute = []
+            for d in range(plan.num_devices):
+                shards = plan.device_shards(d)
+                device = _device_key(shards)
+                if device in this_round:
+                    count.reused += 1
+                else:
+                    this_round[device] = backend.compute_cost(task, shards)
+                    count.measured += 1
+                compute.append(this_round[device])
+            measured[k].append(backend.plan_cost_from(task, plan, compute))
     return [sorted(measured[k], key=lambda c: c.cost_ms)[(rounds - 1) // 2] for k in keys]
 
 

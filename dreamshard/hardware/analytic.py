@@ -116,9 +116,12 @@ class AnalyticBackend:
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """Each device's compute is the reference device's (compute_cost) / its speed; hosts as the task names them."""
-        compute = [scaled(self.compute_cost(task, plan.device_shards(d)), task.devices[d].speed)
-                   for d in range(plan.num_devices)]
-        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology,
+        return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
+                                                for d in range(plan.num_devices)])
+
+    def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
+        scaled_compute = [scaled(c, task.devices[d].speed) for d, c in enumerate(compute)]
+        return assemble_plan_cost(self, plan, scaled_compute, self.config.batch_size, self.config.topology,
                                   hosts=task.host_ids())
 
 

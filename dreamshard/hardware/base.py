@@ -68,6 +68,10 @@ class CostBackend(Protocol):
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """Per-device compute and communication of a whole plan."""
 
+    def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
+        """The plan's cost given each device's compute_cost (a reference device's): what plan_cost adds to them
+        (device speeds, the all-to-all). Lets a caller measure a device shard set once for several plans."""
+
     def communication_cost(self, fwd_ms: Sequence[float] | np.ndarray,
                            dim_sums: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(fwd_comm_ms, bwd_comm_ms) per device, given each device's forward compute and dim sum."""

@@ -169,6 +169,16 @@ class FbgemmBackend:
         return communication_ms(fwd_ms, dim_sums, self.config.batch_size, self.config.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
+        self._check_devices(task, plan)
+        compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]
+        return self.plan_cost_from(task, plan, compute)
+
+    def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
+        self._check_devices(task, plan)
+        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology,
+                                  hosts=task.host_ids())
+
+    def _check_devices(self, task: Task, plan: Plan) -> None:
         if plan.num_devices != task.num_devices:
             raise InvalidPlanError(f"plan is for {plan.num_devices} devices, task {task.name!r} has {task.num_devices}")
         speeds = sorted({d.speed for d in task.devices})
@@ -177,9 +187,6 @@ class FbgemmBackend:
                 f"task {task.name!r}: devices of relative speeds {speeds}: the fbgemm backend measures every device "
                 "on the one physical device it runs on, so it cannot measure devices of different speeds; measure "
                 "each kind on its own hardware, or model them with the analytic backend")
-        compute = [self.compute_cost(task, plan.device_shards(d)) for d in range(plan.num_devices)]
-        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology,
-                                  hosts=task.host_ids())
 
     def compute_samples(self, task: Task, shards: Sequence[Shard]) -> Samples:
         """Every timed iteration of one device's fused operator (compute_cost takes their medians)."""

@@ -1,0 +1,43 @@
+"""Measuring a task's plans in interleaved rounds, each device shard set once per round."""
+from __future__ import annotations
+
+import pytest
+
+from dreamshard.evaluation.evaluate import MeasureCount, measure_interleaved
+from dreamshard.plan import Plan
+from dreamshard.tasks import Device, Task
+from helpers import BIG, SMALL, analytic
+
+
+class Counting:
+    """The analytic backend, counting the fused operators it costs."""
+
+    def __init__(self) -> None:
+        self.inner = analytic()
+        self.name, self.measured, self.operators = self.inner.name, self.inner.measured, 0
+
+    def device_name(self):
+        return self.inner.device_name()
+
+    def compute_cost(self, task, shards):
+        self.operators += 1
+        return self.inner.compute_cost(task, shards)
+
+    def plan_cost_from(self, task, plan, compute):
+        return self.inner.plan_cost_from(task, plan, compute)
+
+
+def test_a_device_shard_set_shared_by_plans_is_measured_once_per_round():
+    task = Task("t", tuple(BIG + SMALL), (Device(2**34), Device(2**34), Device(2**34)))
+    # a and b hold the same tables on device 0 only; c is a's twin (deduplicated as a plan)
+    a = Plan.from_assignment(task, [0, 0, 1, 1, 2, 2, 2])
+    b = Plan.from_assignment(task, [0, 0, 1, 2, 1, 2, 2])
+    c = Plan.from_assignment(task, [0, 0, 1, 1, 2, 2, 2])
+    backend, count = Counting(), MeasureCount()
+    costs = measure_interleaved(backend, task, [a, b, c], rounds=3, count=count)
+    assert count.measured == backend.operators == 3 * (3 + 2)  # a: 3 devices; b: devices 1 and 2 new
+    assert count.reused == 3 * 1
+    exact = analytic()
+    for plan, cost in zip([a, b, c], costs):  # the same numbers as costing each plan on its own
+        assert cost.cost_ms == pytest.approx(exact.plan_cost(task, plan).cost_ms)
+        assert [d.fwd_ms for d in cost.devices] == pytest.approx([d.fwd_ms for d in exact.plan_cost(task, plan).devices])
