@@ -23,6 +23,7 @@ from dreamshard.evaluation.bounds import BOUND_USED, EITHER, additivity_ratio, r
 from dreamshard.evaluation.evaluate import estimated_bins_check, evaluate_task
 from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.summary import (
+    bootstrap_meta,
     estimated_bins_summary,
     exhaustive_check,
     family_summary,
@@ -117,7 +118,8 @@ def run(params: dict[str, Any]) -> None:
 
     ex = cfg["exhaustive"]
     exhaustive = exhaustive_check(backend, tasks, sharders, int(ex["num_tasks"]), int(ex["num_tables"]),
-                                  int(ex["num_devices"]), batch_size, topology, EITHER)
+                                  int(ex["num_devices"]), batch_size, topology, EITHER, int(ex["top_plans"]),
+                                  int(ex["rounds"]))
     eb = cfg["estimated_bins"]  # what planning without histograms costs (dreamshard.data.bins)
     learned = [s for s in sharders if spec(s.name).needs_model]
     comparisons = estimated_bins_check(backend, first_per_family(tasks, int(eb["tasks_per_family"])), learned,
@@ -129,8 +131,10 @@ def run(params: dict[str, Any]) -> None:
         "versions": backend.versions(),
         "batch_size": batch_size,
         "additivity": {"fused_over_sum_of_singles": ratios, "regime": regime, "lower_bound": BOUND_USED[EITHER]},
-        "families": family_summary(results[results["split"] == "test"]),
-        "train_families": family_summary(results[results["split"] == "train"]),
+        "rounds": int(cfg["rounds"]),
+        "bootstrap": bootstrap_meta(int(cfg["seed"])),
+        "families": family_summary(results[results["split"] == "test"], seed=int(cfg["seed"])),
+        "train_families": family_summary(results[results["split"] == "train"], seed=int(cfg["seed"])),
         "generalisation": generalisation(sharders, tasks),
         "exhaustive": exhaustive,
         "estimated_bins": estimated_bins_summary(comparisons),

@@ -51,7 +51,8 @@ def tiny_params(paths_root: Path | None = None) -> dict:
                                  fit={"steps": 20, "lr": 0.001, "batch": 16, "comm_batch": 16})
     p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
     p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1, estimated_bins={"tasks_per_family": 1, "rounds": 1},
-                         exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2})
+                         exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2, "top_plans": 2,
+                                                               "rounds": 1})
     return p
 
 

@@ -8,28 +8,101 @@ BEGIN = "<!-- eval-summary:begin (python -m dreamshard.evaluation.report) -->"
 END = "<!-- eval-summary:end -->"
 
 
-def eval_markdown(metrics: dict) -> str:
-    """Per family and sharder: measured cost, relative to the best heuristic and to the lower bound."""
+def _header(metrics: dict) -> str:
     kind = "measured" if metrics.get("measured") else "modelled, not measured"
     additivity = metrics["additivity"]
     ratios = ", ".join(f"{r:.2f}" for r in additivity.get("fused_over_sum_of_singles", []))
+    return (f"Backend `{metrics['backend']}` on {metrics['device']} ({kind}), batch {metrics.get('batch_size')}; "
+            f"test tasks. Fusion regime measured on this machine: {additivity['regime']} "
+            f"(fused / sum of single-table costs: {ratios}); lower bound: {additivity['lower_bound']}.")
+
+
+def _sharders(algos: dict) -> dict[str, dict]:
+    """A family's sharder entries (its other keys, such as best_heuristic, are not dicts)."""
+    return {a: v for a, v in algos.items() if isinstance(v, dict)}
+
+
+def _interval(c: dict | None) -> str:
+    return f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" if c else "–"
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def _old_markdown(metrics: dict) -> str:
+    """The table of metrics files written before the paired comparisons: ratios of mean costs."""
     lines = [
-        f"Backend `{metrics['backend']}` on {metrics['device']} ({kind}), batch {metrics.get('batch_size')}; "
-        f"test tasks. Fusion regime measured on this machine: {additivity['regime']} "
-        f"(fused / sum of single-table costs: {ratios}); lower bound: {additivity['lower_bound']}.",
-        "",
+        _header(metrics), "",
         "| family | sharder | mean cost (ms) | vs best heuristic | cost / lower bound | planning p50 (ms) |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for family, algos in metrics["families"].items():
         best = algos.get("best_heuristic")
-        for algo, v in algos.items():
-            if not isinstance(v, dict):
-                continue
+        for algo, v in _sharders(algos).items():
             rel = v["mean_cost_ms"] / algos[best]["mean_cost_ms"] if best else float("nan")
             lines.append(f"| {family} | {algo}{' (best heuristic)' if algo == best else ''} | "
                          f"{v['mean_cost_ms']:.2f} | {rel:.3f} | {v['mean_cost_over_lb']:.3f} | {v['planning_ms_p50']:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def eval_markdown(metrics: dict) -> str:
+    """Per family and sharder: measured cost; the paired per-task cost ratio to the best heuristic with its
+    bootstrap interval and win rate, and to TorchRec (torchrec_full if evaluated, else torchrec); cost /
+    lower bound; planning time. Then a legend (tasks per family, how the intervals were drawn, rounds
+    per plan) and, per family, which sharders are better or worse than the best heuristic.
+
+    Metrics written before the comparisons existed (no "vs_best_heuristic") give the old table."""
+    families = metrics["families"]
+    entries = [v for algos in families.values() for v in _sharders(algos).values()]
+    if not any("vs_best_heuristic" in v for v in entries):
+        return _old_markdown(metrics)
+    boot = metrics.get("bootstrap", {})
+    level = f"{100 * boot.get('level', 0.95):g}%"
+    torchrec = next((r for r in ("torchrec_full", "torchrec") if any(f"vs_{r}" in v for v in entries)), None)
+    head = ["family", "sharder", "mean cost (ms)", f"vs best heuristic ({level} CI)", "win rate vs best heuristic"]
+    if torchrec:
+        head.append(f"vs TorchRec (`{torchrec}`, {level} CI)")
+    head += ["cost / lower bound", "planning p50 (ms)"]
+    lines = [_header(metrics), "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    verdicts = []
+    for family, algos in families.items():
+        best = algos.get("best_heuristic")
+        better, worse = [], []
+        for algo, v in _sharders(algos).items():
+            c = v.get("vs_best_heuristic")
+            cells = [family, f"{algo}{' (best heuristic)' if algo == best else ''}", f"{v['mean_cost_ms']:.2f}",
+                     _interval(c), f"{100 * c['win_rate']:.0f}%" if c else "–"]
+            if torchrec:
+                cells.append(_interval(v.get(f"vs_{torchrec}")))
+            cells += [f"{v['mean_cost_over_lb']:.3f}", f"{v['planning_ms_p50']:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+            if c and c["better"]:
+                better.append(algo)
+            elif c and c["worse"]:
+                worse.append(algo)
+        if not best:
+            verdicts.append(f"- {family}: no heuristic was evaluated, nothing to compare with.")
+        elif not better and not worse:
+            verdicts.append(f"- {family}: no sharder is distinguishable from the best heuristic (`{best}`).")
+        else:
+            verdicts.append(f"- {family}: better than the best heuristic (`{best}`): {_names(better) or 'none'}; "
+                            f"worse: {_names(worse) or 'none'}.")
+    counts = {}
+    for family, algos in families.items():
+        tasks = [v["vs_best_heuristic"]["tasks"] for v in _sharders(algos).values() if "vs_best_heuristic" in v]
+        counts[family] = max(tasks) if tasks else max((v["num_tasks"] for v in _sharders(algos).values()), default=0)
+    per_family = ", ".join(f"{f}: {n}" for f, n in counts.items())
+    seed = f"seed {boot['seed']}" if "seed" in boot else "seed not recorded"
+    resamples = f" with {boot['resamples']} resamples" if "resamples" in boot else ""
+    legend = (f"Test tasks per family: {per_family}. Ratios are paired per task (a sharder's cost over the "
+              f"reference's on the same task, averaged over tasks); intervals are {level} percentile bootstrap "
+              f"over tasks ({seed}){resamples}; a sharder is called better only where the whole interval is "
+              f"below 1, worse only where it is above 1. The win rate is the share of tasks where the sharder "
+              f"costs less than the best heuristic (a tie counts one half).")
+    if "rounds" in metrics:
+        legend += f" Each plan was measured in {metrics['rounds']} round{'s' if metrics['rounds'] != 1 else ''}."
+    return "\n".join(lines + ["", legend, ""] + verdicts) + "\n"
 
 
 def update_readme(readme: Path, metrics: dict) -> None:

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from dreamshard.evaluation.evaluate import BinsComparison, EvalResult, exhaustive_optimum, plan_with
+from dreamshard.evaluation.bounds import BOUND_USED
+from dreamshard.evaluation.evaluate import BinsComparison, EvalResult, exhaustive_optimum, measure_interleaved, plan_with
 from dreamshard.hardware.base import CostBackend
 from dreamshard.hardware.comm import Topology
 from dreamshard.memory import GB
+from dreamshard.plan import Plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, Sharder
 from dreamshard.tasks import Task
 
@@ -45,8 +47,121 @@ def result_row(r: EvalResult) -> dict[str, Any]:
     }
 
 
-def family_summary(results: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per family and algorithm: mean cost, cost / lower bound, planning time; improvements."""
+BEST_HEURISTIC = "best_heuristic"  # the reference name that means: per family, the best heuristic
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_LEVEL = 0.95
+TORCHREC_REFERENCES = ("torchrec", "torchrec_full")  # compared with when present: vs_torchrec, vs_torchrec_full
+
+
+def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, resamples: int = BOOTSTRAP_RESAMPLES,
+                 level: float = BOOTSTRAP_LEVEL, statistic: Callable[..., Any] = np.mean) -> tuple[float, float]:
+    """Percentile bootstrap interval of `statistic` over `values` (one per task): `resamples` resamples with
+    replacement, drawn by numpy's default_rng(seed), so the same values and seed give the same interval.
+
+    `statistic` is called as statistic(samples, axis=1) on a (resamples, n) array when it takes `axis`
+    (np.mean, np.median), otherwise once per resample. Returns the (1 - level) / 2 and (1 + level) / 2
+    percentiles of the resampled statistics; a single value v gives (v, v)."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"bootstrap_ci: expected a non-empty 1-d sequence of values, got shape {x.shape}")
+    if not 0 < level < 1:
+        raise ValueError(f"bootstrap_ci: level must lie in (0, 1), got {level}")
+    if resamples < 1:
+        raise ValueError(f"bootstrap_ci: resamples must be at least 1, got {resamples}")
+    if x.size == 1:
+        return float(x[0]), float(x[0])
+    rng = np.random.default_rng(seed)
+    n = x.size
+    block = max(1, 2_000_000 // n)  # resamples drawn at once: bounds memory for long value lists
+    stats = []
+    for start in range(0, resamples, block):
+        samples = x[rng.integers(0, n, size=(min(block, resamples - start), n))]
+        try:
+            stats.append(np.asarray(statistic(samples, axis=1), dtype=float))
+        except TypeError:  # a statistic without `axis`
+            stats.append(np.array([statistic(row) for row in samples], dtype=float))
+    low, high = np.percentile(np.concatenate(stats), [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(low), float(high)
+
+
+def best_heuristics(results: pd.DataFrame) -> dict[str, str]:
+    """Per family, the heuristic (HEURISTICS but random) with the lowest mean cost there; families without
+    one are left out. Ties go to the heuristic that appears first in `results`."""
+    means = results.groupby(["family", "algorithm"], sort=False)["cost_ms"].mean()
+    out: dict[str, str] = {}
+    best_cost: dict[str, float] = {}
+    for (family, algo), cost in means.items():
+        if algo in HEURISTICS and algo != "random" and (family not in out or cost < best_cost[family]):
+            out[family], best_cost[family] = algo, float(cost)
+    return out
+
+
+def _costs(results: pd.DataFrame, algorithm: str) -> pd.Series:
+    """`algorithm`'s cost per (family, task)."""
+    rows = results[results["algorithm"] == algorithm]
+    return rows.set_index(["family", "task"])["cost_ms"]
+
+
+def paired_ratios(results: pd.DataFrame, algorithm: str, reference: str) -> pd.Series:
+    """Per task, `algorithm`'s cost over `reference`'s on the same task, for the tasks where both were
+    measured (results: one row per task and algorithm, columns task, family, algorithm, cost_ms).
+
+    `reference` is an algorithm's name or "best_heuristic": per family, the heuristic with the lowest
+    mean cost in that family (best_heuristics). The series is indexed by task name, in the order of
+    `algorithm`'s rows."""
+    mine = _costs(results, algorithm)
+    if reference == BEST_HEURISTIC:
+        best = best_heuristics(results)
+        ref = pd.concat([_costs(results[results["family"] == f], h) for f, h in best.items()]) if best \
+            else pd.Series(dtype=float)
+    else:
+        ref = _costs(results, reference)
+    for name, costs in ((algorithm, mine), (reference, ref)):
+        if costs.index.has_duplicates:
+            raise ValueError(f"paired_ratios: {name} has more than one row for a task")
+    both = mine.index[mine.index.isin(ref.index)]
+    ratios = mine.loc[both] / ref.loc[both]
+    return pd.Series(ratios.to_numpy(dtype=float), index=pd.Index(both.get_level_values("task"), name="task"),
+                     name=f"{algorithm}/{reference}")
+
+
+def win_rate(results: pd.DataFrame, algorithm: str, reference: str) -> float:
+    """The share of the paired tasks (see paired_ratios) where `algorithm` costs less than `reference`;
+    a tie counts one half. NaN when no task has both."""
+    ratios = paired_ratios(results, algorithm, reference)
+    if ratios.empty:
+        return float("nan")
+    return float(((ratios < 1).sum() + 0.5 * (ratios == 1).sum()) / len(ratios))
+
+
+def compare(results: pd.DataFrame, algorithm: str, reference: str, seed: int) -> dict[str, Any]:
+    """`algorithm` against `reference` over their paired tasks: the mean of the per-task cost ratios (not
+    a ratio of means), its 95% percentile bootstrap interval over tasks (bootstrap_ci with `seed`), the
+    win rate, the number of tasks, and whether the whole interval lies below 1 ("better") or above
+    ("worse"). Raises ValueError when no task has both."""
+    ratios = paired_ratios(results, algorithm, reference)
+    if ratios.empty:
+        raise ValueError(f"compare: no task has both {algorithm} and {reference}")
+    low, high = bootstrap_ci(ratios.to_numpy(), seed)
+    return {"mean_ratio": float(ratios.mean()), "ci_low": low, "ci_high": high,
+            "win_rate": win_rate(results, algorithm, reference), "tasks": int(len(ratios)),
+            "better": bool(high < 1), "worse": bool(low > 1)}
+
+
+def bootstrap_meta(seed: int) -> dict[str, Any]:
+    """How family_summary's intervals were drawn, for metrics/eval.json (key "bootstrap"), which
+    dreamshard.evaluation.report's legend quotes."""
+    return {"method": "percentile", "over": "tasks", "seed": int(seed), "resamples": BOOTSTRAP_RESAMPLES,
+            "level": BOOTSTRAP_LEVEL}
+
+
+def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Per family and algorithm: mean cost, cost / lower bound, planning time; improvements of mean costs
+    over random and over the family's best heuristic (key "best_heuristic", see best_heuristics).
+
+    With a `task` column, each algorithm also gets paired per-task comparisons (compare, bootstrap
+    seeded with `seed`): "vs_best_heuristic", and "vs_torchrec" / "vs_torchrec_full" where that
+    algorithm was measured on the same tasks of the family."""
     out: dict[str, dict] = defaultdict(dict)
     for (family, algo), g in results.groupby(["family", "algorithm"], sort=False):
         out[family][algo] = {
@@ -55,14 +170,22 @@ def family_summary(results: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "planning_ms_p50": float(g["planning_ms"].median()),
             "num_tasks": int(len(g)),
         }
-    for algos in out.values():
-        heuristics = {a: v["mean_cost_ms"] for a, v in algos.items() if a in HEURISTICS and a != "random"}
-        best = min(heuristics, key=lambda a: heuristics[a]) if heuristics else None
+    best_of = best_heuristics(results)
+    for family, algos in out.items():
+        best = best_of.get(family)
         for v in algos.values():
             if "random" in algos:
                 v["improvement_over_random"] = 1 - v["mean_cost_ms"] / algos["random"]["mean_cost_ms"]
             if best:
-                v["improvement_over_best_heuristic"] = 1 - v["mean_cost_ms"] / heuristics[best]
+                v["improvement_over_best_heuristic"] = 1 - v["mean_cost_ms"] / algos[best]["mean_cost_ms"]
+        if "task" in results.columns:
+            rows = results[results["family"] == family]
+            references = ([(BEST_HEURISTIC, "vs_best_heuristic")] if best else []) + \
+                [(r, f"vs_{r}") for r in TORCHREC_REFERENCES if r in algos]
+            for algo, v in algos.items():
+                for reference, key in references:
+                    if not paired_ratios(rows, algo, reference).empty:
+                        v[key] = compare(rows, algo, reference, seed)
         if best:
             algos["best_heuristic"] = best
     return dict(out)
@@ -87,31 +210,42 @@ def generalisation(sharders: Sequence[Sharder], tasks: Sequence[Task]) -> dict[s
 
 
 def exhaustive_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequence[Sharder], num_tasks: int,
-                     n_tables: int, n_devices: int, batch_size: int, topology: Topology, regime: str) -> dict[str, Any]:
+                     n_tables: int, n_devices: int, batch_size: int, topology: Topology, regime: str,
+                     top_plans: int = 8, rounds: int = 3) -> dict[str, Any]:
     """Measure every plan of small tasks (the first `n_tables` tables of the first `num_tasks` tasks on
-    `n_devices` devices): does the bound hold, how far is the best sharder from the optimum?"""
+    `n_devices` devices): does the bound hold, how far is the best sharder from the optimum?
+
+    Every plan is measured once; the minimum of many single noisy measurements is biased low (the
+    winner's curse), so the `top_plans` cheapest plans and every sharder's plan are then measured again
+    in `rounds` interleaved rounds (measure_interleaved) and compared by their medians: `optimum_ms` is
+    the best re-measured whole-table plan, `optimum_single_ms` the minimum of the single measurements."""
     if num_tasks == 0:
         return {}
+    if top_plans < 1 or rounds < 1:
+        raise ValueError(f"exhaustive check: top_plans and rounds must be >= 1, got {top_plans}, {rounds}")
     memory = tasks[0].devices[0].memory_bytes / GB
     small = [Task.uniform(f"exhaustive/{i}", t.tables[:n_tables], n_devices, memory, t.memory, "exhaustive")
              for i, t in enumerate(tasks[:num_tasks])]
     per_task = []
     for task in tqdm(small, desc="exhaustive", unit="task"):
         res = exhaustive_optimum(backend, task, batch_size, topology, regime)
-        # a whole-table plan's cost was enumerated; one with column slices or row ranges is measured
-        enumerated = [(p.plan, None if any(s.is_row_range for s in p.plan.shards) else res.cost_of(p.plan))
-                      for p in plan_with(sharders, task)]
-        best_algo_cost = min(cost if cost is not None else backend.plan_cost(task, plan).cost_ms
-                             for plan, cost in enumerated)
+        top = [Plan.from_assignment(task, list(a)) for a in sorted(res.costs, key=lambda a: res.costs[a])[:top_plans]]
+        planned = [p.plan for p in plan_with(sharders, task)]
+        remeasured = measure_interleaved(backend, task, top + planned, rounds)
+        optimum = min(c.cost_ms for c in remeasured[:len(top)])
+        best_algo_cost = min(c.cost_ms for c in remeasured[len(top):])
         per_task.append({
-            "task": task.name, "plans": len(res.costs), "optimum_ms": res.optimum.cost_ms,
+            "task": task.name, "plans": len(res.costs), "optimum_ms": optimum,
+            "optimum_single_ms": res.optimum.cost_ms, "remeasured_plans": len(top) + len(planned),
             "lower_bound_ms": res.bound.total_ms, "best_sharder_ms": best_algo_cost,
+            "bound_holds": bool(res.bound.total_ms <= optimum),
         })
     opt = np.array([p["optimum_ms"] for p in per_task])
     lb = np.array([p["lower_bound_ms"] for p in per_task])
     best = np.array([p["best_sharder_ms"] for p in per_task])
     return {
-        "num_tables": n_tables, "num_devices": n_devices,
+        "num_tables": n_tables, "num_devices": n_devices, "top_plans": top_plans, "rounds": rounds,
+        "bound": BOUND_USED[regime],
         "bound_holds": bool((lb <= opt).all()),
         "mean_lower_bound_over_optimum": float((lb / opt).mean()),
         "mean_best_sharder_over_optimum": float((best / opt).mean()),
