@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED, EITHER, additivity_ratio, regime_of
 from dreamshard.evaluation.evaluate import estimated_bins_check, evaluate_task
+from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
 from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.summary import (
     bootstrap_meta,
@@ -146,6 +147,10 @@ def run(params: dict[str, Any]) -> None:
     plot_path = Path(section(params, "paths.eval_plot"))
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     write_text(plot[["family_algorithm", "cost_over_lb"]].to_csv(index=False), plot_path)
+    plots = Path(section(params, "paths.plots"))
+    write_text(cost_ratio_table(metrics["families"]).to_csv(index=False), plots / "eval_cost_ratio.csv")
+    cost_ratio_figure(metrics["families"], plots / "eval_cost_ratio.png", backend=backend.name,
+                      device=backend.device_name(), measured=backend.measured)
     print(f"evaluate: {len(tasks)} tasks x {len(sharders)} sharders -> {out}, {section(params, 'paths.eval_metrics')}")
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from dreamshard.data.bins import META_KEY, fit_tables_file
+from dreamshard.evaluation.figures import training_curves_figure
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import load_cost_net
 from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_autoshard, train_dreamshard
@@ -61,6 +62,7 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     plot_path = Path(section(params, "paths.plots")) / f"train_{algorithm}.csv"
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     write_text(curve.to_csv(index=False), plot_path)
+    training_curves_figure({algorithm: curve}, plot_path.with_suffix(".png"))
     summary = {"algorithm": algorithm, "real_plan_measurements": {
         "collect": data.num_plans, "training_loop": trainer.measurements,
         "total": data.num_plans + trainer.measurements}, "iterations": len(logs),

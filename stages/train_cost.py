@@ -12,10 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
+from dreamshard.evaluation.figures import cost_model_scatter
 from dreamshard.io import write_text
-from dreamshard.learning.cost_model import CostNetConfig, evaluate_cost_net, fit_cost_net, median_device_ms, save_cost_net
+from dreamshard.learning.cost_model import (
+    CostNetConfig,
+    evaluate_cost_net,
+    fit_cost_net,
+    median_device_ms,
+    plan_predictions,
+    save_cost_net,
+)
 from stages.common import ParamsError, section
 from stages.cost_data import load_scaler_and_data
 
@@ -40,6 +49,15 @@ def run(params: dict[str, Any]) -> None:
     net, losses = fit(fit_on)
     metrics = {"held_out": evaluate_cost_net(net, scaler, held), "train": evaluate_cost_net(net, scaler, fit_on),
                "holdout_fraction": holdout, "final_loss": losses[-1]}
+    # the held-out plans' predicted and measured costs, before the refit on every plan sees them
+    predicted, measured = plan_predictions(net, scaler, held)
+    plots = Path(section(params, "paths.plots"))
+    points = pd.DataFrame({"plan": order[:n_hold], "predicted_ms": predicted, "measured_ms": measured,
+                           "estimate": net.plan_estimate})
+    write_text(points.to_csv(index=False), plots / "cost_model_holdout.csv")
+    cost_model_scatter(predicted, measured, plots / "cost_model_holdout.png",
+                       title=f"Cost network on {len(points)} held-out plans ({net.plan_estimate} estimate; "
+                             f"trained on {data.num_plans - n_hold})")
     net, losses = fit(data)  # the checkpoint learns from every measured plan
     out = Path(section(params, "paths.cost_model"))
     save_cost_net(net, scaler, out)

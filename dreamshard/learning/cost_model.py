@@ -278,6 +278,27 @@ def evaluate_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData) -> di
     }
 
 
+def plan_predictions(net: CostNet, scaler: FeatureScaler, data: CostData,
+                     estimate: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per plan of `data`, in its order: (predicted, measured) plan cost, ms.
+
+    The points behind `evaluate_cost_net`'s plan metrics: `estimate` "device_max" gives the values of its
+    plan_device_max_* entries, "head" those of its plan_* entries; the default is the net's own
+    `plan_estimate` (the one reported as plan_estimate_used and used for rewards).
+    """
+    estimate = net.plan_estimate if estimate is None else estimate
+    if estimate not in PLAN_ESTIMATES:
+        raise ValueError(f"estimate: expected one of {PLAN_ESTIMATES}, got {estimate!r}")
+    with torch.no_grad():
+        device_y, plan_y = predict(net, scaler, data)
+    if estimate == "head":
+        predicted = plan_y.numpy().astype(np.float64)
+    else:
+        predicted = np.full(data.num_plans, -np.inf)
+        np.maximum.at(predicted, data.device_plan, device_y.numpy().sum(axis=-1))
+    return predicted, np.asarray(data.plan_cost_ms, dtype=np.float64).copy()
+
+
 def median_device_ms(data: CostData) -> float:
     """The cost scale of a new network: the median measured device cost."""
     totals = data.device_ms.sum(axis=-1)
