@@ -20,10 +20,13 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED, EITHER, additivity_ratio, regime_of
-from dreamshard.evaluation.evaluate import estimated_bins_check, evaluate_task
+from dreamshard.evaluation.evaluate import ProbeCache, estimated_bins_check, evaluate_task
 from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
+from dreamshard.evaluation.improve import ImproveConfig
 from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.summary import (
+    best_known_check,
+    best_known_summary,
     bootstrap_meta,
     estimated_bins_summary,
     exhaustive_check,
@@ -103,10 +106,12 @@ def run(params: dict[str, Any]) -> None:
     splits = [("test", t) for t in tasks] + [("train", t) for t in train_tasks]
     column_splits = any(spec(s.name).splits_tables for s in sharders)
 
+    probes = ProbeCache(backend)  # the bounds' single-table probes, measured once per table and width
+
     def evaluate(split: str, task) -> list[dict]:
         return [{"split": split, **result_row(r)}
                 for r in evaluate_task(backend, task, sharders, EITHER, batch_size, topology, int(cfg["rounds"]),
-                                       column_splits=column_splits)]
+                                       column_splits=column_splits, probes=probes)]
 
     done = journal.journaled_count(splits)
     if done:
@@ -121,6 +126,14 @@ def run(params: dict[str, Any]) -> None:
     exhaustive = exhaustive_check(backend, tasks, sharders, int(ex["num_tasks"]), int(ex["num_tables"]),
                                   int(ex["num_devices"]), batch_size, topology, EITHER, int(ex["top_plans"]),
                                   int(ex["rounds"]))
+    bk = cfg["best_known"]  # distance to the best plan a measured search finds (dreamshard/evaluation/improve.py)
+    search = {k: v for k, v in bk.items() if k != "tasks_per_family"}
+    improve_config = build(ImproveConfig, {**search, "seed": int(cfg["seed"])}, "evaluate.best_known")
+    searched = first_per_family(tasks, int(bk["tasks_per_family"]))
+    test_results = results[results["split"] == "test"]
+    best_known = [journal.once(f"best_known-{journal.key('test', t)}",
+                               lambda t=t: best_known_check(backend, [t], test_results, improve_config)[0])
+                  for t in tqdm(searched, desc="best known", unit="task")]
     eb = cfg["estimated_bins"]  # what planning without histograms costs (dreamshard.data.bins)
     learned = [s for s in sharders if spec(s.name).needs_model]
     comparisons = estimated_bins_check(backend, first_per_family(tasks, int(eb["tasks_per_family"])), learned,
@@ -133,11 +146,13 @@ def run(params: dict[str, Any]) -> None:
         "batch_size": batch_size,
         "additivity": {"fused_over_sum_of_singles": ratios, "regime": regime, "lower_bound": BOUND_USED[EITHER]},
         "rounds": int(cfg["rounds"]),
+        "bound_probes": {"measured": len(probes.costs), "reused": probes.hits},
         "bootstrap": bootstrap_meta(int(cfg["seed"])),
         "families": family_summary(results[results["split"] == "test"], seed=int(cfg["seed"])),
         "train_families": family_summary(results[results["split"] == "train"], seed=int(cfg["seed"])),
         "generalisation": generalisation(sharders, tasks),
         "exhaustive": exhaustive,
+        "best_known": best_known_summary(best_known, improve_config),
         "estimated_bins": estimated_bins_summary(comparisons),
     }
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.eval_metrics"))

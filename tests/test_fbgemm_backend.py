@@ -352,3 +352,21 @@ def test_a_row_shard_is_its_own_table_fed_the_lookups_in_its_range(backend):
     assert positive_finite(cost.fwd_ms) and positive_finite(cost.bwd_ms)
     with pytest.raises(InvalidPlanError, match=r"rows \[700, 2001\) must be a non-empty range within its 2000 rows"):
         backend.compute_cost(task, [Shard("c", 0, 0, 32, 700, 2001)])
+
+
+def test_weights_are_filled_with_a_seeded_uniform_block_repeated():
+    import torch
+
+    from dreamshard.hardware.fbgemm import INIT_RANGE, fill_tiled
+
+    block = torch.empty(1000).uniform_(-INIT_RANGE, INIT_RANGE, generator=torch.Generator().manual_seed(0))
+    weights = torch.zeros(1234, 3)  # 3702 values: 3 whole blocks and a part
+    fill_tiled(weights, block)
+    flat = weights.view(-1)
+    assert torch.equal(flat[:1000], block) and torch.equal(flat[3000:], block[:702])
+    assert float(weights.abs().max()) <= INIT_RANGE and float(weights.std()) > INIT_RANGE / 3
+    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=64, warmup=0, iterations=1))
+    task = Task.uniform("init", tiny_tables(), 1, 1.0)
+    ops = [backend.build_operator(task, [Shard(t.name, 0, 0, t.dim) for t in task.tables]) for _ in range(2)]
+    a, b = ([w.clone() for w in op.op.split_embedding_weights()] for op in ops)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # seeded: the same weights every time

@@ -41,3 +41,25 @@ def test_a_device_shard_set_shared_by_plans_is_measured_once_per_round():
     for plan, cost in zip([a, b, c], costs):  # the same numbers as costing each plan on its own
         assert cost.cost_ms == pytest.approx(exact.plan_cost(task, plan).cost_ms)
         assert [d.fwd_ms for d in cost.devices] == pytest.approx([d.fwd_ms for d in exact.plan_cost(task, plan).devices])
+
+
+def test_bound_probes_are_measured_once_per_table_and_width_across_tasks():
+    from dreamshard.evaluation.evaluate import ProbeCache, evaluate_task
+    from dreamshard.sharders import make_sharder
+
+    backend = Counting()
+    probes = ProbeCache(backend)
+    tables = tuple(BIG + SMALL)
+    first = Task("first", tables, (Device(2**34), Device(2**34)))
+    second = Task("second", tables[2:] + (BIG[0].with_dim(8),), (Device(2**34), Device(2**34)))  # other dim, same rows
+    sharders = [make_sharder("size_greedy"), make_sharder("lookup_greedy")]
+    for task in (first, second):
+        cached = evaluate_task(backend, task, sharders, "either", 2048, analytic().config.topology, column_splits=True,
+                               probes=probes)
+        fresh = evaluate_task(analytic(), task, sharders, "either", 2048, analytic().config.topology,
+                              column_splits=True)
+        assert [r.bound for r in cached] == [r.bound for r in fresh]  # the same bound, from reused probes
+        assert [r.cost.cost_ms for r in cached] == pytest.approx([r.cost.cost_ms for r in fresh])
+    # the second task's tables were probed with the first (whole at their dim, and as 4-column slices): only
+    # big0 at dim 8 is new; s0 has dim 4, so its 4-column slice is the table itself (one probe)
+    assert probes.hits >= 2 * len(tables[2:]) and len(probes.costs) == 2 * len(tables)

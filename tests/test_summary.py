@@ -292,3 +292,29 @@ def test_exhaustive_check_remeasures_the_top_plans_against_the_winners_curse():
     assert n["optimum_single_ms"] < 0.75 * t["optimum_ms"]  # the minimum of single lucky measurements
     assert n["optimum_ms"] == pytest.approx(t["optimum_ms"])  # re-measured: the median of 3 rounds is the truth
     assert n["bound_holds"] and noisy["rounds"] == 3 and noisy["top_plans"] == 4
+
+
+def test_best_known_check_seeds_the_search_with_every_sharders_plan():
+    from dreamshard.evaluation.evaluate import evaluate_task
+    from dreamshard.evaluation.improve import ImproveConfig
+    from dreamshard.evaluation.summary import best_known_check, best_known_summary, result_row
+
+    tables = [Table(f"e{i}", 20_000 * (i + 1), 16 * (1 + i % 3), 2.0 + 3 * i) for i in range(10)]
+    task = Task.uniform("big/0", tables, 3, 1.0, family="fam")
+    backend = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
+    sharders = [make_sharder(n) for n in ("size_greedy", "dim_greedy", "lookup_greedy")]
+    rows = pd.DataFrame([result_row(r) for r in evaluate_task(backend, task, sharders, "either", 1024, Topology())])
+    config = ImproveConfig(budget=40, rounds=1, min_gain=0.0)
+    per_task = best_known_check(backend, [task], rows, config)
+    t = per_task[0]
+    assert set(t["over_best_known"]) == {"size_greedy", "dim_greedy", "lookup_greedy"}
+    for name, ratio in t["over_best_known"].items():  # each sharder's own cost over the best plan found
+        assert ratio >= 1 - 1e-12
+        assert ratio * t["best_known_ms"] == pytest.approx(rows.loc[rows["algorithm"] == name, "cost_ms"].item())
+    assert t["best_known_ms"] <= t["best_sharder_ms"] and t["measurements"] <= 40
+    summary = best_known_summary(per_task, config)
+    assert summary["families"]["fam"]["dim_greedy"] == {"mean_over_best_known": t["over_best_known"]["dim_greedy"],
+                                                        "tasks": 1}
+    assert summary["budget"] == 40
+    with pytest.raises(ValueError, match="no evaluated plans of task 'other'"):
+        best_known_check(backend, [Task.uniform("other", tables, 3, 1.0)], rows, config)

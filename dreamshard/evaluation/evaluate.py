@@ -9,7 +9,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.evaluation.bounds import LowerBound, column_splits_in, lower_bound, row_splits_of
 from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost
-from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import Sharder
 from dreamshard.tasks import Task
 
@@ -93,14 +93,48 @@ def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan],
     return [sorted(measured[k], key=lambda c: c.cost_ms)[(rounds - 1) // 2] for k in keys]
 
 
+class ProbeCache:
+    """The backend's single-shard operator costs, each measured once per evaluation: for the lower bounds' probes.
+
+    A bound probes every table of a task on its own (and its 4-column slice, and row pieces): one operator
+    holding one shard, whose cost depends on the table's statistics and lookups, the shard's width and
+    rows and the memory model, not on the task. Tasks of one evaluation draw their tables from one pool,
+    so the same probe recurs across tasks; measured once, it is reused (`hits`). Operators of several
+    shards (the fused-all probe) are measured each time. Only for bounds: plans are measured afresh in
+    every round (measure_interleaved), never from this cache."""
+
+    def __init__(self, backend: CostBackend) -> None:
+        self.backend = backend
+        self.costs: dict[tuple, ComputeCost] = {}
+        self.hits = 0
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def compute_cost(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
+        if len(shards) != 1:
+            return self.backend.compute_cost(task, shards)
+        s = shards[0]
+        t = next(t for t in task.tables if t.name == s.table)
+        key = (t.name, t.rows, t.pooling_factor, t.bins, task.memory, s.width, *s.rows(t.rows))
+        if key in self.costs:
+            self.hits += 1
+        else:
+            self.costs[key] = self.backend.compute_cost(task, shards)
+        return self.costs[key]
+
+
 def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str,
                   batch_size: int, topology: Topology, rounds: int = 1,
-                  column_splits: bool = False) -> list[EvalResult]:
+                  column_splits: bool = False, probes: ProbeCache | None = None) -> list[EvalResult]:
+    """Each sharder's plan of `task`, measured in `rounds` interleaved rounds, and the lower bound (its
+    single-table probes from `probes` when given: reused across the tasks of an evaluation)."""
     planned = plan_with(sharders, task)
     plans = [p.plan for p in planned]
     costs = measure_interleaved(backend, task, plans, rounds)
     # a bound that holds for every evaluated plan: the cuts the sharders may make, and those they made
-    bound = lower_bound(backend, task, regime, batch_size, topology,
+    bound = lower_bound(probes if probes is not None else backend, task, regime, batch_size, topology,  # type: ignore[arg-type]
                         column_splits=column_splits or column_splits_in(task, plans),
                         row_splits=row_splits_of(task, plans) or None)
     return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound) for p, c in zip(planned, costs)]

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED
 from dreamshard.evaluation.evaluate import BinsComparison, EvalResult, exhaustive_optimum, measure_interleaved, plan_with
+from dreamshard.evaluation.improve import ImproveConfig, improve
 from dreamshard.hardware.base import CostBackend
 from dreamshard.hardware.comm import Topology
 from dreamshard.memory import GB
@@ -251,6 +252,40 @@ def exhaustive_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequ
         "mean_best_sharder_over_optimum": float((best / opt).mean()),
         "tasks": per_task,
     }
+
+
+def best_known_check(backend: CostBackend, tasks: Sequence[Task], results: pd.DataFrame,
+                     config: ImproveConfig) -> list[dict[str, Any]]:
+    """Distance to the best plan found: for each task, the improvement search (dreamshard.evaluation.improve)
+    seeded with every sharder's plan of it (the `shards` of its rows in `results`), measuring real plans;
+    per task the best-known cost and each sharder's cost over it (both medians of the search's interleaved
+    rounds, so the sharders and the best plan compare on the same measurements)."""
+    out = []
+    for task in tasks:
+        rows = results[results["task"] == task.name]
+        if rows.empty:
+            raise ValueError(f"best-known check: no evaluated plans of task {task.name!r}")
+        names = rows["algorithm"].tolist()
+        seeds = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(s)}, f"{task.name}/{a}")
+                 for a, s in zip(names, rows["shards"])]
+        found = improve(backend, task, seeds, config)
+        best = found.best_cost.cost_ms
+        out.append({"task": task.name, "family": task.family, "best_known_ms": best,
+                    "best_sharder_ms": found.seed_best_ms, "measurements": found.measurements,
+                    "over_best_known": {a: c.cost_ms / best for a, c in zip(names, found.seed_costs)}})
+    return out
+
+
+def best_known_summary(per_task: Sequence[dict[str, Any]], config: ImproveConfig) -> dict[str, Any]:
+    """Per family and sharder, the mean of cost / best-known cost over the tasks searched."""
+    families: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for t in per_task:
+        for a, r in t["over_best_known"].items():
+            families[t["family"]][a].append(r)
+    return {"budget": config.budget, "rounds": config.rounds, "min_gain": config.min_gain,
+            "families": {f: {a: {"mean_over_best_known": float(np.mean(v)), "tasks": len(v)} for a, v in algos.items()}
+                         for f, algos in families.items()},
+            "tasks": list(per_task)}
 
 
 def estimated_bins_summary(comparisons: Sequence[BinsComparison]) -> dict[str, Any]:
