@@ -127,12 +127,13 @@ def run(params: dict[str, Any]) -> None:
                                   int(ex["num_devices"]), batch_size, topology, EITHER, int(ex["top_plans"]),
                                   int(ex["rounds"]))
     bk = cfg["best_known"]  # distance to the best plan a measured search finds (dreamshard/evaluation/improve.py)
-    search = {k: v for k, v in bk.items() if k != "tasks_per_family"}
+    search = {k: v for k, v in bk.items() if k not in ("tasks_per_family", "seeds")}
     improve_config = build(ImproveConfig, {**search, "seed": int(cfg["seed"])}, "evaluate.best_known")
     searched = first_per_family(tasks, int(bk["tasks_per_family"]))
     test_results = results[results["split"] == "test"]
     best_known = [journal.once(f"best_known-{journal.key('test', t)}",
-                               lambda t=t: best_known_check(backend, [t], test_results, improve_config)[0])
+                               lambda t=t: best_known_check(backend, [t], test_results, improve_config,
+                                                            bk["seeds"])[0])
                   for t in tqdm(searched, desc="best known", unit="task")]
     eb = cfg["estimated_bins"]  # what planning without histograms costs (dreamshard.data.bins)
     learned = [s for s in sharders if spec(s.name).needs_model]

@@ -51,7 +51,7 @@ def tiny_params(paths_root: Path | None = None) -> dict:
                                  fit={"steps": 20, "lr": 0.001, "batch": 16, "comm_batch": 16})
     p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
     p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1, estimated_bins={"tasks_per_family": 1, "rounds": 1},
-                         best_known={"tasks_per_family": 1, "budget": 12, "rounds": 1, "min_gain": 0.0,
+                         best_known={"tasks_per_family": 1, "seeds": None, "budget": 12, "rounds": 1, "min_gain": 0.0,
                                      "max_neighbours": 4},
                          exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2, "top_plans": 2,
                                                                "rounds": 1})

@@ -312,6 +312,9 @@ def test_best_known_check_seeds_the_search_with_every_sharders_plan():
         assert ratio >= 1 - 1e-12
         assert ratio * t["best_known_ms"] == pytest.approx(rows.loc[rows["algorithm"] == name, "cost_ms"].item())
     assert t["best_known_ms"] <= t["best_sharder_ms"] and t["measurements"] <= 40
+    cheapest = best_known_check(backend, [task], rows, config, seeds=1)[0]
+    assert cheapest["seeds"] == [rows.sort_values("cost_ms")["algorithm"].iloc[0]]
+    assert set(cheapest["over_best_known"]) == set(t["over_best_known"])  # every sharder still compared
     summary = best_known_summary(per_task, config)
     assert summary["families"]["fam"]["dim_greedy"] == {"mean_over_best_known": t["over_best_known"]["dim_greedy"],
                                                         "tasks": 1}
