@@ -103,3 +103,19 @@ SMALL = [
 def analytic(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
     """The deterministic analytic backend (a model, never a measurement)."""
     return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
+
+
+def one_line_error(argv: list[str], capsys) -> str:
+    """Run `dreamshard ARGV`: it must fail with exit code 1, one line on stderr, no traceback, nothing on stdout;
+    returns that line."""
+    from dreamshard.cli import main
+
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "Traceback" not in captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("dreamshard: error: ")
+    assert captured.out == ""
+    return lines[0]

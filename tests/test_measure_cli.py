@@ -12,6 +12,7 @@ from dreamshard.plan import Plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 from helpers import analytic as backend
+from helpers import one_line_error
 
 # ---------------------------------------------------------------- `dreamshard measure`
 
@@ -37,18 +38,6 @@ def planned(tmp_path, capsys) -> tuple[Path, Path]:
 def measure(tables: Path, plan: Path, *extra: str) -> list[str]:
     return ["measure", "--tables", str(tables), "--plan", str(plan), "--backend", "analytic",
             "--regime", "super_additive", *extra]
-
-
-def one_line_error(argv, capsys) -> str:
-    rc = main(argv)
-    captured = capsys.readouterr()
-    assert rc == 1
-    assert "Traceback" not in captured.err
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("dreamshard: error: ")
-    assert captured.out == ""
-    return lines[0]
 
 
 def test_measure_json_with_the_analytic_backend(planned, capsys):

@@ -21,7 +21,7 @@ from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
-from helpers import analytic
+from helpers import analytic, one_line_error
 
 TABLES = pd.DataFrame({
     "name": [f"emb_{i}" for i in range(8)],
@@ -104,17 +104,6 @@ def plan_file(tables: Path, tmp_path: Path, capsys, *devices: str) -> Path:
 def report(tables: Path, plan: Path, out: Path, *extra: str, regime: str | None = "super_additive") -> list[str]:
     return ["report", "--tables", str(tables), "--plan", str(plan), "--backend", "analytic",
             *(("--regime", regime) if regime else ()), "-o", str(out), *extra]
-
-
-def one_line_error(argv, capsys) -> str:
-    rc = main(argv)
-    captured = capsys.readouterr()
-    assert rc == 1
-    assert "Traceback" not in captured.err
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("dreamshard: error: ")
-    return lines[0]
 
 
 def expected_bound(backend, task: Task, plan: Plan, regime: str, batch_size: int) -> float:
