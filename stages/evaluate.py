@@ -11,6 +11,7 @@ found by measuring every plan. The summaries come from dreamshard/evaluation/sum
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,9 @@ def run(params: dict[str, Any]) -> None:
     improve_config = build(ImproveConfig, {**search, "seed": int(cfg["seed"])}, "evaluate.best_known")
     searched = first_per_family(tasks, int(bk["tasks_per_family"]))
     test_results = results[results["split"] == "test"]
-    best_known = [journal.once(f"best_known-{journal.key('test', t)}",
+    # journaled per task and search settings: a changed budget or seed count searches again
+    settings = hashlib.sha1(json.dumps(bk, sort_keys=True).encode()).hexdigest()[:12]
+    best_known = [journal.once(f"best_known-{settings}-{journal.key('test', t)}",
                                lambda t=t: best_known_check(backend, [t], test_results, improve_config,
                                                             bk["seeds"])[0])
                   for t in tqdm(searched, desc="best known", unit="task")]
