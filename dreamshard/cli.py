@@ -12,12 +12,12 @@ from dreamshard.cluster import (
     read_constraints_file,
     read_devices_file,
     read_table_constraints,
-    task_from_plan,
     uniform_devices,
 )
 from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DataFormatError, DreamShardError
 from dreamshard.evaluation.plan_report import add_report_parser
+from dreamshard.measuring import add_plan_measure_arguments, measuring_backend, planned_task
 from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes, validate_plan
 from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
@@ -72,19 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
-    m.add_argument("--tables", required=True, type=Path, help="the tables file the plan was made for")
-    m.add_argument("--plan", required=True, type=Path, help="plan JSON (from `dreamshard plan`)")
-    m.add_argument("--backend", required=True, choices=["fbgemm", "analytic"], help="fbgemm: real kernels; analytic: a model")
-    m.add_argument("--memory-gb", type=float, help="device memory, GB (default: the devices the plan records)")
-    m.add_argument("--devices-file", type=Path, help="devices file (default: the devices the plan records)")
-    m.add_argument("--batch-size", type=int, default=2048)
-    m.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
-    m.add_argument("--threads", type=int, default=1, help="fbgemm on cpu: threads")
-    m.add_argument("--iterations", type=int, default=10, help="fbgemm: timed iterations (median reported)")
-    m.add_argument("--regime", choices=["super_additive", "sub_additive"],
-                   help="analytic (required there): what fusing tables does to their cost; real kernels differ "
-                        "between processors, so there is no default")
-    m.add_argument("--seed", type=int, default=0, help="seed of the lookups generated from the statistics")
+    add_plan_measure_arguments(m, "analytic (required there): what fusing tables does to their cost; real kernels "
+                                  "differ between processors, so there is no default")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     m.set_defaults(func=cmd_measure)
     add_profile_parser(sub)
@@ -260,28 +249,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def cmd_measure(args: argparse.Namespace) -> None:
     import json
 
-    from dreamshard.data.lookups import GeneratedLookups
-    from dreamshard.hardware import make_backend  # imports torch: only when measuring
-    from dreamshard.plan import read_plan_json
-
-    tables = read_tables_file(args.tables)
-    meta = read_plan_json(args.plan)  # the plan and the memory settings it was made under
-    plan_obj = Plan.from_dict(meta, str(args.plan))
-    task = task_from_plan(args.tables.stem, tables, meta, plan_obj.num_devices, str(args.plan), args.memory_gb,
-                          read_devices_file(args.devices_file) if args.devices_file is not None else None)
-    validate_plan(task, plan_obj)
-    options = {"batch_size": args.batch_size}
-    if args.backend == "fbgemm":
-        options.update(device=args.device, threads=args.threads, iterations=args.iterations)
-    elif args.regime is None:
-        raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
-    else:
-        options.update(regime=args.regime)
-    backend = make_backend(args.backend, GeneratedLookups(seed=args.seed), **options)
-    from dreamshard.hardware.fbgemm import pin_threads
-
-    pin_threads(backend)  # this command is the program: it sets the measurement thread count
-    cost = backend.plan_cost(task, plan_obj)
+    task, plan_obj = planned_task(args)
+    cost = measuring_backend(args).plan_cost(task, plan_obj)
     devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}
                for d in cost.devices]
     if args.json:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dreamshard.errors import DreamShardError
 from dreamshard.io import atomic_path, write_text
+from dreamshard.measuring import add_plan_measure_arguments, check_regime, measuring_backend, planned_task
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tasks import Task
@@ -353,19 +354,9 @@ def add_report_parser(sub: Any) -> argparse.ArgumentParser:
                                    "and a PNG: per-device forward, backward and communication time against the "
                                    "plan's lower bound, memory used against capacity, the shards of each device. "
                                    "See docs/report.md.")
-    p.add_argument("--tables", required=True, type=Path, help="the tables file the plan was made for")
-    p.add_argument("--plan", required=True, type=Path, help="plan JSON (from `dreamshard plan`)")
-    p.add_argument("--backend", required=True, choices=["fbgemm", "analytic"], help="fbgemm: real kernels; analytic: a model")
-    p.add_argument("--regime", choices=["super_additive", "sub_additive"],
-                   help="analytic (required there): what fusing tables does to their cost. fbgemm: the regime measured "
-                        "on this machine, for the lower bound (default: the bound valid in either regime)")
-    p.add_argument("--memory-gb", type=float, help="device memory, GB (default: the devices the plan records)")
-    p.add_argument("--devices-file", type=Path, help="devices file (default: the devices the plan records)")
-    p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
-    p.add_argument("--threads", type=int, default=1, help="fbgemm on cpu: threads")
-    p.add_argument("--iterations", type=int, default=10, help="fbgemm: timed iterations (median reported)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the lookups generated from the statistics")
+    add_plan_measure_arguments(p, "analytic (required there): what fusing tables does to their cost. fbgemm: the "
+                                  "regime measured on this machine, for the lower bound (default: the bound valid in "
+                                  "either regime)")
     p.add_argument("-o", "--output", required=True, type=Path, help="HTML file to write")
     p.add_argument("--png", type=Path, help="PNG file to write (default: the HTML file's name with .png)")
     p.set_defaults(func=cmd_report)
@@ -373,40 +364,21 @@ def add_report_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from dreamshard.cluster import read_devices_file, task_from_plan
-    from dreamshard.data.lookups import GeneratedLookups
-    from dreamshard.evaluation.bounds import SUB_ADDITIVE, column_splits_in, lower_bound, row_splits_of
-    from dreamshard.hardware import Topology, make_backend  # imports torch: only when reporting
-    from dreamshard.plan import read_plan_json, validate_plan
-    from dreamshard.tables import read_tables_file
+    from dreamshard.evaluation.bounds import EITHER, column_splits_in, lower_bound, row_splits_of
+    from dreamshard.hardware import Topology  # imports torch: only when reporting
 
     png_path = args.png if args.png is not None else args.output.with_suffix(".png")
     if args.output.resolve() == png_path.resolve():
         raise DreamShardError(f"-o {args.output}: the page would overwrite the PNG; give an .html name or --png")
-    if args.backend == "analytic" and args.regime is None:
-        raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
-    # the task and plan as `dreamshard measure` rebuilds them
-    tables = read_tables_file(args.tables)
-    meta = read_plan_json(args.plan)
-    plan = Plan.from_dict(meta, str(args.plan))
-    task = task_from_plan(args.tables.stem, tables, meta, plan.num_devices, str(args.plan), args.memory_gb,
-                          read_devices_file(args.devices_file) if args.devices_file is not None else None)
-    validate_plan(task, plan)
+    check_regime(args)
+    task, plan = planned_task(args)  # the task and plan as `dreamshard measure` rebuilds them
     topology = Topology()
-    options: dict[str, Any] = {"batch_size": args.batch_size}
-    if args.backend == "fbgemm":
-        options.update(device=args.device, threads=args.threads, iterations=args.iterations)
-    else:
-        options.update(regime=args.regime)
-    backend = make_backend(args.backend, GeneratedLookups(seed=args.seed), topology=topology, **options)
-    from dreamshard.hardware.fbgemm import pin_threads
-
-    pin_threads(backend)  # this command is the program: it sets the measurement thread count
+    backend = measuring_backend(args, topology)
     cost = backend.plan_cost(task, plan)
     if args.regime is not None:
         bound_regime, described = args.regime, args.regime
     else:  # fbgemm, regime not measured: min(fused / N, super-additive bound) holds in either
-        bound_regime, described = SUB_ADDITIVE, EITHER_REGIME
+        bound_regime, described = EITHER, EITHER_REGIME
     bound = lower_bound(backend, task, bound_regime, args.batch_size, topology,
                         column_splits=column_splits_in(task, [plan]), row_splits=row_splits_of(task, [plan]) or None)
     sources = [("plan file", str(args.plan)), ("tables file", str(args.tables))]
