@@ -22,6 +22,12 @@ never assumed from the kind of processor:
     choice, so that one bound holds on processors of both kinds): the smaller of the two, which
     holds when either assumption does. Where fusion is super-additive, compute(all fused) / N is
     at least the first bound, so taking the smaller costs nothing there.
+  non_monotone (a set of tables measured cheaper fused than its costliest table alone: fused(S) <
+    max_t c(t), `fusion_probe(...).monotone` below 1; measured for FBGEMM's CUDA kernels on an H100
+    at batch 2048, where each operator's cost is the host launching its kernels, 0.6-1.0 ms whatever
+    it holds, and single readings vary by 10-40%, results/gpu/): the compute term of `either`, without
+    the per-table term below, whose assumption (a table's cost does not drop when others join it) the
+    probes refuted. `bound_regime` picks it from the probes.
 The plain sum of single costs is NOT a bound on super-additive kernels: 8 small tables on
 2 devices had an optimum below it (the evaluate stage's exhaustive check, Intel Xeon).
 Transfers: every device sends its outputs to N-1 others,
@@ -104,6 +110,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +124,9 @@ SUB_ADDITIVE = "sub_additive"
 MIXED = "mixed"
 # not a measured regime: the bound that holds whichever way fusion goes (the evaluate stage's)
 EITHER = "either"
-REGIMES = (SUPER_ADDITIVE, SUB_ADDITIVE, MIXED, EITHER)
+# EITHER without the per-table term: where probes showed tables fused cheaper than one of them alone
+NON_MONOTONE = "non_monotone"
+REGIMES = (SUPER_ADDITIVE, SUB_ADDITIVE, MIXED, EITHER, NON_MONOTONE)
 
 _BOTH = ("min(cost of all tables fused, sum of single-table costs - (T-1) x cheapest single cost) / N "
          "+ all-to-all bound")
@@ -127,6 +136,8 @@ BOUND_USED = {
     SUB_ADDITIVE: _BOTH,
     MIXED: _BOTH,
     EITHER: _BOTH + ": holds whether fusing tables costs more or less than running them apart",
+    NON_MONOTONE: _BOTH.replace(" + all-to-all bound", " + all-to-all bound, without the per-table term") +
+    ": probes measured a set of tables fused cheaper than its costliest table alone",
 }
 
 
@@ -135,12 +146,47 @@ def whole_shards(task: Task, indices: Sequence[int] | None = None) -> list[Shard
     return [Shard(task.tables[i].name, 0, 0, task.tables[i].dim) for i in chosen]
 
 
-def additivity_ratio(backend: CostBackend, task: Task, max_tables: int = 20) -> float:
-    """compute(first tables fused) / sum of their single-table computes."""
+@dataclass(frozen=True)
+class FusionProbe:
+    """The first tables of a task measured fused, and each alone (ms)."""
+
+    fused_ms: float
+    single_ms: tuple[float, ...]
+
+    @property
+    def additivity(self) -> float:
+        """fused / sum of singles: below 1 fusion saves, above 1 it costs (`regime_of`)."""
+        return self.fused_ms / sum(self.single_ms)
+
+    @property
+    def monotone(self) -> float:
+        """fused / the costliest single: below 1 a table got cheaper when others joined it (`bound_regime`)."""
+        return self.fused_ms / max(self.single_ms)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"fused_ms": self.fused_ms, "single_ms": list(self.single_ms)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FusionProbe:
+        return cls(float(d["fused_ms"]), tuple(float(x) for x in d["single_ms"]))
+
+
+def fusion_probe(backend: CostBackend, task: Task, max_tables: int = 20) -> FusionProbe:
+    """The first `max_tables` tables of `task` measured as one fused operator, then one by one."""
     shards = whole_shards(task, range(min(max_tables, len(task.tables))))
     fused = backend.compute_cost(task, shards).total_ms
-    single = sum(backend.compute_cost(task, [s]).total_ms for s in shards)
-    return fused / single
+    return FusionProbe(fused, tuple(backend.compute_cost(task, [s]).total_ms for s in shards))
+
+
+def additivity_ratio(backend: CostBackend, task: Task, max_tables: int = 20) -> float:
+    """compute(first tables fused) / sum of their single-table computes."""
+    return fusion_probe(backend, task, max_tables).additivity
+
+
+def bound_regime(probes: Sequence[FusionProbe]) -> str:
+    """The bound that holds whichever way fusion goes (EITHER), or NON_MONOTONE where a probe measured its tables
+    fused cheaper than the costliest of them alone (the per-table term's assumption refuted)."""
+    return EITHER if all(p.monotone >= 1.0 for p in probes) else NON_MONOTONE
 
 
 def regime_of(ratios: Sequence[float]) -> str:
@@ -304,6 +350,8 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
                              + 2 * transfer)
         elif not column_splits or t.dim < 8:
             per_table.append(single / fastest + 2 * transfer)  # the device holding t whole
+    if regime == NON_MONOTONE:  # a table may cost less beside others than alone: no per-table term
+        per_table = []
     max_table = max(per_table, default=0.0)
     total = max(compute_mean + 2 * transfer_mean, max_table)
     return LowerBound(total, compute_mean, transfer_mean, max_table)

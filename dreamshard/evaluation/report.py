@@ -12,9 +12,11 @@ def _header(metrics: dict) -> str:
     kind = "measured" if metrics.get("measured") else "modelled, not measured"
     additivity = metrics["additivity"]
     ratios = ", ".join(f"{r:.2f}" for r in additivity.get("fused_over_sum_of_singles", []))
+    costliest = additivity.get("fused_over_costliest_single")  # metrics written since the non-monotone bound
+    monotone = f"; fused / costliest single table: {', '.join(f'{r:.2f}' for r in costliest)}" if costliest else ""
     return (f"Backend `{metrics['backend']}` on {metrics['device']} ({kind}), batch {metrics.get('batch_size')}; "
             f"test tasks. Fusion regime measured on this machine: {additivity['regime']} "
-            f"(fused / sum of single-table costs: {ratios}); lower bound: {additivity['lower_bound']}.")
+            f"(fused / sum of single-table costs: {ratios}{monotone}); lower bound: {additivity['lower_bound']}.")
 
 
 def _sharders(algos: dict) -> dict[str, dict]:
