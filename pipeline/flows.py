@@ -47,6 +47,11 @@ def train_autoshard_flow(params_file: str = "params.yaml") -> None:
     run_stage("train_autoshard", params_file)
 
 
+@flow(name="train_rnn")
+def train_rnn_flow(params_file: str = "params.yaml") -> None:
+    run_stage("train_rnn", params_file)
+
+
 @flow(name="train_neuroshard")
 def train_neuroshard_flow(params_file: str = "params.yaml") -> None:
     run_stage("train_neuroshard", params_file)
@@ -65,6 +70,7 @@ STAGE_FLOWS = {
     "train_cost": train_cost_flow,
     "train_policy": train_policy_flow,
     "train_autoshard": train_autoshard_flow,
+    "train_rnn": train_rnn_flow,
     "train_neuroshard": train_neuroshard_flow,
     "evaluate": evaluate_flow,
 }

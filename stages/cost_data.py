@@ -13,10 +13,15 @@ from dreamshard.tasks import Task, read_tasks
 from stages.common import section
 
 
+def load_tasks_and_scaler(params: dict[str, Any]) -> tuple[list[Task], FeatureScaler]:
+    """The training tasks and the feature scaler of their tables."""
+    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
+    return tasks, FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
+
+
 def load_scaler_and_data(params: dict[str, Any]) -> tuple[FeatureScaler, CostData, list[Task]]:
     """The feature scaler of the training tasks' tables, the collected cost data, the training tasks."""
-    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
-    scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
+    tasks, scaler = load_tasks_and_scaler(params)
     costs = Path(section(params, "paths.costs"))
     plans = pd.read_parquet(costs / "plans.parquet")
     devices = pd.read_parquet(costs / "devices.parquet")

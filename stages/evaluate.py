@@ -45,15 +45,21 @@ from stages.backend import make_stage_backend
 from stages.common import ParamsError, build, section
 
 
+def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
+    """The checkpoint of each sharder that needs a trained model."""
+    return {"dreamshard": section(params, "paths.dreamshard_model"),
+            "autoshard": section(params, "paths.autoshard_model"),
+            "rnn": section(params, "paths.rnn_model"),
+            "neuroshard": section(params, "paths.neuroshard_model")}
+
+
 def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
     """`evaluate.sharders`, each given the options it takes; trained models from their `paths`."""
     cfg = section(params, "evaluate")
     names = cfg.get("sharders")
     if not names or not isinstance(names, list):
         raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
-    model_paths = {"dreamshard": section(params, "paths.dreamshard_model"),
-                   "autoshard": section(params, "paths.autoshard_model"),
-                   "neuroshard": section(params, "paths.neuroshard_model")}
+    model_paths = model_paths_of(params)
     settings = {"seed": int(cfg["seed"]), "batch_size": batch_size,
                 "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard")}
     sharders = []
@@ -73,9 +79,7 @@ def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
     settings), the evaluation settings, the search settings and the bytes of every model the sharders load."""
     cfg = section(params, "evaluate")
-    models = {"dreamshard": section(params, "paths.dreamshard_model"),
-              "autoshard": section(params, "paths.autoshard_model"),
-              "neuroshard": section(params, "paths.neuroshard_model")}
+    models = model_paths_of(params)
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes")},

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_sharders_property import MODEL, NEUROSHARD_MODEL
+from test_sharders_property import MODEL, NEUROSHARD_MODEL, model_for
 
 from dreamshard.cli import main
 from dreamshard.cluster import (
@@ -33,7 +33,7 @@ OURS = HEURISTICS + LEARNED
 
 
 def ours(name: str, seed: int = 0):
-    options = {"model": NEUROSHARD_MODEL if name == "neuroshard" else MODEL} if name in LEARNED else {}
+    options = {"model": model_for(name)} if name in LEARNED else {}
     return make_sharder(name, **options, **seeded(name, seed))
 
 

@@ -13,6 +13,7 @@ from dreamshard.learning.cost_model import CostNetConfig
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
 from dreamshard.learning.neuroshard import CommNetConfig, NeuroShardModel
 from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+from dreamshard.learning.rnn import RnnModel, RnnPolicyConfig
 from dreamshard.memory import GB
 from dreamshard.plan import device_memory_bytes, validate_plan
 from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
@@ -37,7 +38,8 @@ def untrained_models() -> dict[str, object]:
     cost = CostNetConfig().build(gen)
     return {"dreamshard": LearnedModel(cost, PolicyNetConfig().build(gen), scaler, {}),
             "autoshard": LearnedModel(cost, PolicyNetConfig().build(gen), scaler, {}),
-            "neuroshard": NeuroShardModel(cost, CommNetConfig().build(gen), scaler, {})}
+            "neuroshard": NeuroShardModel(cost, CommNetConfig().build(gen), scaler, {}),
+            "rnn": RnnModel(RnnPolicyConfig().build(gen), scaler, {})}
 
 
 @pytest.mark.parametrize("name", HEURISTICS + LEARNED)

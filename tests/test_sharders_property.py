@@ -21,6 +21,7 @@ from dreamshard.learning.cost_model import CostNetConfig
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
 from dreamshard.learning.neuroshard import CommNetConfig, NeuroShardModel
 from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+from dreamshard.learning.rnn import RnnModel, RnnPolicyConfig
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import validate_plan
 from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
@@ -40,6 +41,12 @@ def untrained_model() -> LearnedModel:
 MODEL = untrained_model()
 NEUROSHARD_MODEL = NeuroShardModel(CostNetConfig().build(torch.Generator().manual_seed(1)),
                                    CommNetConfig().build(torch.Generator().manual_seed(2)), MODEL.scaler, {})
+RNN_MODEL = RnnModel(RnnPolicyConfig().build(torch.Generator().manual_seed(3)), MODEL.scaler, {})
+
+
+def model_for(name: str):
+    """The untrained model of learned sharder `name`."""
+    return {"neuroshard": NEUROSHARD_MODEL, "rnn": RNN_MODEL}.get(name, MODEL)
 
 MEMORY_MODELS = [MemoryModel(), MemoryModel("fp16"), MemoryModel("fp32", "exact_row_wise_adagrad"),
                  MemoryModel("fp16", "adam")]
@@ -96,7 +103,7 @@ def test_sharders_agree_with_brute_force(task, seed):
     outcomes = {}
     without_bins = [t.name for t in task.tables if t.bins is None]
     for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/test_torchrec.py
-        options = {"model": NEUROSHARD_MODEL if name == "neuroshard" else MODEL} if name in LEARNED else {}
+        options = {"model": model_for(name)} if name in LEARNED else {}
         sharder = make_sharder(name, **options, **seeded(name, seed))
         if name in LEARNED and without_bins:
             # the learned cost models need the bins: a clear refusal naming a table, never a plan from guesses

@@ -193,12 +193,13 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
 
 
 def generalisation(sharders: Sequence[Sharder], tasks: Sequence[Task]) -> dict[str, Any]:
-    """For each policy sharder, what each test family is new in: tables, table count, device count."""
+    """For each sharder trained on task families (the policies, the RNN baseline), what each test family is new
+    in: tables, table count, device count."""
     fams = {t.family: t for t in tasks}
     out = {}
     for sh in sharders:
-        if SHARDERS[sh.name].kind != "policy":
-            continue  # only the policies are trained on task families
+        if SHARDERS[sh.name].kind not in ("policy", "rnn"):
+            continue  # only these are trained on task families
         model = sh.model  # type: ignore[attr-defined]
         seen_tables = set(model.meta.get("table_counts", []))
         seen_devices = set(model.meta.get("device_counts", []))

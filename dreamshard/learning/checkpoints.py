@@ -7,6 +7,7 @@ was trained with. Kinds and the networks each holds:
     cost_net     cost_net                    (train_cost: DreamShard's cost network)
     policy       cost_net, policy            (DreamShard and AutoShard: LearnedModel)
     neuroshard   compute, comm               (NeuroShard's pre-trained cost models)
+    rnn          rnn                         (the RNN placement baseline: RnnModel)
 
 Loading rebuilds every network from its stored config and loads the weights strictly: a
 config field the code no longer has, a field the code has but the checkpoint lacks (even
@@ -36,12 +37,14 @@ KINDS = {
     "cost_net": {"cost_net": "CostNetConfig"},
     "policy": {"cost_net": "CostNetConfig", "policy": "PolicyNetConfig"},
     "neuroshard": {"compute": "CostNetConfig", "comm": "CommNetConfig"},
+    "rnn": {"rnn": "RnnPolicyConfig"},
 }
 # config dataclass name -> module that defines it (imported when a checkpoint is loaded)
 CONFIGS = {
     "CostNetConfig": "dreamshard.learning.cost_model",
     "PolicyNetConfig": "dreamshard.learning.policy",
     "CommNetConfig": "dreamshard.learning.neuroshard",
+    "RnnPolicyConfig": "dreamshard.learning.rnn",
 }
 
 

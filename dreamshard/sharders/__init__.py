@@ -31,13 +31,13 @@ class Sharder(Protocol):
     def shard(self, task: Task) -> Plan: ...
 
 
-KINDS = ("heuristic", "policy", "search", "torchrec")
+KINDS = ("heuristic", "policy", "rnn", "search", "torchrec")
 
 
 @dataclass(frozen=True)
 class SharderSpec:
     name: str
-    kind: str  # heuristic | policy (DreamShard, AutoShard) | search (NeuroShard) | torchrec (TorchRec's planner)
+    kind: str  # heuristic | policy (DreamShard, AutoShard) | rnn (the RNN baseline) | search (NeuroShard) | torchrec
     factory: Callable[..., Sharder]
     options: tuple[str, ...]  # keyword options the factory takes
     needs_model: bool = False  # `model` is required: an object from load_model(name, path)
@@ -80,6 +80,14 @@ def _policy(name: str) -> Callable[..., Sharder]:
     return factory
 
 
+def _rnn(model: Any) -> Sharder:
+    from dreamshard.learning.rnn import RnnModel, RnnSharder  # imports torch
+
+    if not isinstance(model, RnnModel):
+        raise TypeError(f"sharder 'rnn': model must be an RnnModel (load_model('rnn', path)), got {type(model).__name__}")
+    return RnnSharder(model)
+
+
 def _neuroshard(model: Any, search: Any = None) -> Sharder:
     from dreamshard.learning.neuroshard import NeuroShardModel  # imports torch
     from dreamshard.sharders.search import NeuroShardSharder, SearchConfig
@@ -113,6 +121,8 @@ _SPECS = (
                 doc="policy trained on the estimated MDP"),
     SharderSpec("autoshard", "policy", _policy("autoshard"), ("model", "samples", "seed"), needs_model=True,
                 doc="policy trained on real measurements"),
+    SharderSpec("rnn", "rnn", _rnn, ("model",), needs_model=True,
+                doc="the RNN baseline: an LSTM over the tables in order, trained on real measurements"),
     SharderSpec("neuroshard", "search", _neuroshard, ("model", "search"), needs_model=True, splits_tables=True,
                 doc="beam search over column splits with pre-trained cost models"),
     SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size",),
@@ -151,6 +161,10 @@ def load_model(name: str, path: str | Path) -> Any:
         from dreamshard.learning.policy import LearnedModel
 
         return LearnedModel.load(path)
+    if s.kind == "rnn":
+        from dreamshard.learning.rnn import RnnModel
+
+        return RnnModel.load(path)
     if s.kind == "search":
         from dreamshard.learning.neuroshard import NeuroShardModel
 

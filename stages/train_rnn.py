@@ -1,0 +1,56 @@
+"""train_rnn: the RNN placement baseline (dreamshard/learning/rnn.py), trained on real measurements.
+
+Trained on the families of `train_policy.families`, with AutoShard's budget of real plan
+measurements (`train_policy.autoshard.measurement_budget`) and episodes per update
+(`train_policy.common.episodes`), so the two learn from the same number of measurements;
+its own settings are in `train_rnn`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dreamshard.data.bins import META_KEY, fit_tables_file
+from dreamshard.io import write_text
+from dreamshard.learning.rnn import RnnPolicyConfig, RnnTrainConfig, RnnUpdateLog, train_rnn
+from stages.backend import make_stage_backend
+from stages.common import ParamsError, build, section
+from stages.cost_data import load_tasks_and_scaler
+
+
+def run(params: dict[str, Any]) -> None:
+    own = dict(section(params, "train_rnn") or {})
+    policy = build(RnnPolicyConfig, own.pop("policy", {}) or {}, "train_rnn.policy")
+    budget = {"measurement_budget": section(params, "train_policy.autoshard.measurement_budget"),
+              "episodes": section(params, "train_policy.common.episodes")}
+    config = build(RnnTrainConfig, {**budget, **own}, "train_rnn")
+    tasks, scaler = load_tasks_and_scaler(params)
+    bins = fit_tables_file(section(params, "paths.tables"), sorted({t.name for task in tasks for t in task.tables}))
+    families = section(params, "train_policy.families")
+    if families:
+        unknown = set(families) - {t.family for t in tasks}
+        if unknown:
+            raise ParamsError(f"params.yaml: train_policy.families: no training tasks of {sorted(unknown)}")
+        tasks = [t for t in tasks if t.family in families]
+    backend = make_stage_backend(params)
+    meta = {"families": sorted({t.family for t in tasks}), "backend": backend.name,
+            "table_counts": sorted({len(t.tables) for t in tasks}),
+            "device_counts": sorted({t.num_devices for t in tasks}), META_KEY: bins.to_dict(),
+            "device": backend.device_name()}
+
+    def report(log: RnnUpdateLog) -> None:
+        print(f"rnn: update {log.update}: loss {log.policy_loss:.4f}, measured {log.measured_ms:.3f} ms, "
+              f"{log.measurements} measurements")
+
+    model, logs = train_rnn(tasks, backend, scaler, config, policy, meta, report)
+    model.save(section(params, "paths.rnn_model"))
+    plot_path = Path(section(params, "paths.plots")) / "train_rnn.csv"
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(pd.DataFrame([vars(log) for log in logs]).to_csv(index=False), plot_path)
+    summary = {"algorithm": "rnn", "real_plan_measurements": {"training_loop": model.meta["measurements"],
+                                                              "total": model.meta["measurements"]},
+               "updates": len(logs), "families": meta["families"]}
+    write_text(json.dumps(summary, indent=2) + "\n", Path(section(params, "paths.metrics")) / "train_rnn.json")
