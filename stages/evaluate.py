@@ -35,6 +35,7 @@ from dreamshard.evaluation.summary import (
     first_per_family,
     generalisation,
     result_row,
+    with_ratios,
 )
 from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_parquet, write_text
@@ -150,6 +151,8 @@ def run(params: dict[str, Any]) -> None:
     learned = [s for s in sharders if spec(s.name).needs_model]
     comparisons = estimated_bins_check(backend, first_per_family(tasks, int(eb["tasks_per_family"])), learned,
                                        int(eb["rounds"]))
+    families = family_summary(results[results["split"] == "test"], seed=int(cfg["seed"]))
+    train_families = family_summary(results[results["split"] == "train"], seed=int(cfg["seed"]))
     metrics = {
         "backend": backend.name,
         "device": backend.device_name(),
@@ -162,9 +165,9 @@ def run(params: dict[str, Any]) -> None:
         "rounds": int(cfg["rounds"]),
         "bound_probes": {"measured": len(probes.costs), "reused": probes.hits},
         "bootstrap": bootstrap_meta(int(cfg["seed"])),
-        "families": family_summary(results[results["split"] == "test"], seed=int(cfg["seed"])),
-        "train_families": family_summary(results[results["split"] == "train"], seed=int(cfg["seed"])),
-        "generalisation": generalisation(sharders, tasks),
+        "families": families,
+        "train_families": train_families,
+        "generalisation": with_ratios(generalisation(sharders, tasks), families, train_families),
         "exhaustive": exhaustive,
         "best_known": best_known_summary(best_known, improve_config),
         "estimated_bins": estimated_bins_summary(comparisons),

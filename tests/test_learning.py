@@ -39,7 +39,7 @@ from dreamshard.learning.features import (
     shard_features,
     table_features,
 )
-from dreamshard.learning.mdp import TaskContext
+from dreamshard.learning.mdp import TaskContext, rollout
 from dreamshard.learning.neuroshard import (
     AugmentConfig,
     NeuroShardModel,
@@ -594,3 +594,17 @@ def test_neuroshard_infeasible_task_raises(world, neuro):
     task = Task.uniform("too-small", tables, 2, 0.45 * need / GB)  # 90% of what the tables need
     with pytest.raises(InfeasibleTaskError):
         make_sharder("neuroshard", model=neuro, search=SEARCH).shard(task)
+
+
+def test_training_rollout_and_the_sharder_decode_the_same_plan(world, model):
+    """One decoding rule: the greedy rollout on the estimated MDP (training) and PolicySharder (planning) give the
+    same plan for the same model and task wherever the first choices fit (no dead end to back up from)."""
+    checked = 0
+    for task in world["test2"] + world["test4"] + world["train"]:
+        ep = rollout(model.policy, model.cost_net, TaskContext.build(task, model.cost_net, model.scaler), 1,
+                     greedy=True)
+        if ep.dead.any():
+            continue
+        checked += 1
+        assert Plan.from_assignment(task, ep.assignment[0].tolist()) == make_sharder("dreamshard", model=model).shard(task)
+    assert checked >= 12

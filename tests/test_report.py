@@ -119,3 +119,27 @@ def test_eval_markdown_renders_the_committed_old_metrics():
     algo = next(a for a, v in algos.items() if isinstance(v, dict) and a != best)
     rel = algos[algo]["mean_cost_ms"] / algos[best]["mean_cost_ms"]
     assert f"| {family} | {algo} | {algos[algo]['mean_cost_ms']:.2f} | {rel:.3f} |" in md
+
+
+def test_generalisation_table_splits_each_trained_sharders_ratios_by_what_is_new():
+    from dreamshard.evaluation.report import generalisation_markdown
+    from dreamshard.evaluation.summary import with_ratios
+
+    test = pd.concat([results({"lookup_greedy": [10, 10, 10, 10], "dreamshard": [8, 9, 8, 9]}, "seen-4"),
+                      results({"lookup_greedy": [10, 10, 10, 10], "dreamshard": [12, 11, 12, 11]}, "big-8")])
+    train = results({"lookup_greedy": [10, 10, 10], "dreamshard": [9, 9, 9]}, "seen-4")
+    families, train_families = family_summary(test, seed=1), family_summary(train, seed=1)
+    gen = {"dreamshard": {"trained_on": ["seen-4"], "test_families": {
+        "seen-4": {"unseen_tables": True, "unseen_table_count": False, "unseen_device_count": False},
+        "big-8": {"unseen_tables": True, "unseen_table_count": True, "unseen_device_count": True}}}}
+    table = with_ratios(gen, families, train_families)["dreamshard"]
+    assert table["test_families"]["seen-4"]["vs_best_heuristic"]["mean_ratio"] == pytest.approx(0.85)
+    assert table["test_families"]["big-8"]["vs_best_heuristic"]["worse"]
+    assert table["training_tasks"]["seen-4"]["mean_ratio"] == pytest.approx(0.9)
+    md = generalisation_markdown({**HEADER, "families": families, "train_families": train_families,
+                                  "generalisation": gen})
+    rows = [line for line in md.splitlines() if line.startswith("| dreamshard")]
+    assert [r.split(" | ")[2:4] for r in rows] == [["seen-4 (training tasks)", "nothing"], ["seen-4", "tables"],
+                                                   ["big-8", "tables, table count, device count"]]
+    assert "0.900" in rows[0] and "0.850" in rows[1] and "1.150" in rows[2]
+    assert generalisation_markdown({**HEADER, "families": families}) == ""

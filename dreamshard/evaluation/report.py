@@ -107,12 +107,40 @@ def eval_markdown(metrics: dict) -> str:
     return "\n".join(lines + ["", legend, ""] + verdicts) + "\n"
 
 
+def generalisation_markdown(metrics: dict) -> str:
+    """For each sharder trained on task families: the families it trained on, then its paired cost ratio to the
+    best heuristic on each family's training tasks (nothing new) and test tasks, with what each test family is
+    new in (tables, table count, device count). Empty when the metrics hold no trained sharder."""
+    gen = metrics.get("generalisation") or {}
+    if not gen:
+        return ""
+    level = f"{100 * metrics.get('bootstrap', {}).get('level', 0.95):g}%"
+    lines = ["| sharder | trained on | tasks | new to the sharder | vs best heuristic "
+             f"({level} CI) | win rate |", "|---|---|---|---|---:|---:|"]
+    for algo, g in gen.items():
+        trained = ", ".join(g.get("trained_on", [])) or "–"
+        rows = [(f"{f} (training tasks)", "nothing", metrics.get("train_families", {}).get(f, {}).get(algo))
+                for f in g.get("trained_on", []) if f in metrics.get("train_families", {})]
+        for family, new in g.get("test_families", {}).items():
+            unseen = [w for w, key in (("tables", "unseen_tables"), ("table count", "unseen_table_count"),
+                                       ("device count", "unseen_device_count")) if new.get(key)]
+            rows.append((family, ", ".join(unseen) or "nothing", metrics["families"].get(family, {}).get(algo)))
+        for tasks, what, v in rows:
+            c = (v or {}).get("vs_best_heuristic")
+            win = f"{100 * c['win_rate']:.0f}%" if c else "–"
+            lines.append(f"| {algo} | {trained} | {tasks} | {what} | {_interval(c)} | {win} |")
+    return "\n".join(lines) + "\n"
+
+
 def update_readme(readme: Path, metrics: dict) -> None:
     """Replace the summary block of README with the table of `metrics`."""
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise ValueError(f"{readme}: no summary block ({BEGIN} ... {END})")
-    block = f"{BEGIN}\n{eval_markdown(metrics)}{END}"
+    gen = generalisation_markdown(metrics)
+    if gen:
+        gen = f"\nGeneralisation of the trained sharders (the same ratios, by what each family is new in):\n\n{gen}"
+    block = f"{BEGIN}\n{eval_markdown(metrics)}{gen}{END}"
     readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
 
 

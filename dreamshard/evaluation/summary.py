@@ -192,6 +192,19 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
     return dict(out)
 
 
+def with_ratios(gen: dict[str, Any], families: dict[str, Any], train_families: dict[str, Any]) -> dict[str, Any]:
+    """`generalisation`'s entries with each sharder's paired ratio to the best heuristic (`vs_best_heuristic` of
+    `family_summary`): per test family, and on the training tasks of each family it trained on (None where the
+    family or the sharder was not evaluated)."""
+    out = {}
+    for algo, g in gen.items():
+        test = {f: {**entry, "vs_best_heuristic": families.get(f, {}).get(algo, {}).get("vs_best_heuristic")}
+                for f, entry in g["test_families"].items()}
+        seen = {f: train_families.get(f, {}).get(algo, {}).get("vs_best_heuristic") for f in g["trained_on"]}
+        out[algo] = {**g, "test_families": test, "training_tasks": seen}
+    return out
+
+
 def generalisation(sharders: Sequence[Sharder], tasks: Sequence[Task]) -> dict[str, Any]:
     """For each sharder trained on task families (the policies, the RNN baseline), what each test family is new
     in: tables, table count, device count."""
