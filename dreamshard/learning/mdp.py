@@ -53,6 +53,22 @@ class Episodes:
     dead: torch.Tensor  # [B] bool: ran out of room
 
 
+def choose(logits: torch.Tensor, legal: torch.Tensor, greedy: bool, generator: torch.Generator | None,
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One placement step of a batch of episodes, for every policy that places tables one by one: a device per
+    episode among the `legal` ones ([B, D] bool), sampled from softmax(`logits`) or (greedy) the best one.
+
+    Returns the action [B], its log-probability [B], the step's entropy [B] (0 where one device was legal) and
+    `stuck` [B]: episodes with no legal device, which continue (on any device) only to keep the batch shape."""
+    stuck = ~legal.any(dim=1)
+    legal = legal | stuck[:, None]
+    logits = logits.masked_fill(~legal, -torch.inf)
+    dist = torch.distributions.Categorical(logits=logits)
+    action = logits.argmax(dim=1) if greedy else torch.multinomial(dist.probs, 1, generator=generator).squeeze(1)
+    entropy = torch.where(legal.sum(1) > 1, dist.entropy(), torch.zeros(len(action)))
+    return action, dist.log_prob(action), entropy, stuck
+
+
 def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
             generator: torch.Generator | None = None, greedy: bool = False) -> Episodes:
     """Run `batch` episodes of ctx.task at once on the estimated MDP."""
@@ -70,15 +86,11 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
         with torch.no_grad():
             costs = cost_net.device_costs(dev_cost)
         logits = policy.logits(dev_policy, costs, policy_enc[t].expand(batch, -1))
-        legal = used + ctx.sizes[t] <= ctx.capacity
-        stuck = ~legal.any(dim=1)
+        action, step_log_prob, step_entropy, stuck = choose(logits, used + ctx.sizes[t] <= ctx.capacity, greedy,
+                                                            generator)
         dead |= stuck
-        legal = legal | stuck[:, None]  # a dead episode continues only to keep the batch shape
-        logits = logits.masked_fill(~legal, -torch.inf)
-        dist = torch.distributions.Categorical(logits=logits)
-        action = logits.argmax(dim=1) if greedy else torch.multinomial(dist.probs, 1, generator=generator).squeeze(1)
-        log_prob = log_prob + dist.log_prob(action)
-        entropy = entropy + torch.where(legal.sum(1) > 1, dist.entropy(), torch.zeros(batch))
+        log_prob = log_prob + step_log_prob
+        entropy = entropy + step_entropy
         onehot = torch.nn.functional.one_hot(action, n_dev)
         dev_cost = dev_cost + onehot[..., None] * ctx.cost_enc[t]
         dev_policy = dev_policy + onehot[..., None] * policy_enc[t]

@@ -33,7 +33,7 @@ from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
 from dreamshard.hardware.base import CostBackend
 from dreamshard.learning.cost_model import mlp
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, table_features
-from dreamshard.learning.mdp import Episodes, reinforce_loss
+from dreamshard.learning.mdp import Episodes, choose, reinforce_loss
 from dreamshard.plan import Plan
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.sharders.placement import PlacementState, place_tables
@@ -143,15 +143,11 @@ def rollout(policy: RnnPolicy, ctx: RnnContext, batch: int, generator: torch.Gen
     entropy = torch.zeros(batch)
     for t in range(len(ctx.task.tables)):
         logits = policy.logits(hidden[t].expand(batch, -1), dev_sum, (used / ctx.capacity).float())
-        legal = used + ctx.sizes[t] <= ctx.capacity
-        stuck = ~legal.any(dim=1)
+        action, step_log_prob, step_entropy, stuck = choose(logits, used + ctx.sizes[t] <= ctx.capacity, greedy,
+                                                            generator)
         dead |= stuck
-        legal = legal | stuck[:, None]  # a dead episode continues only to keep the batch shape
-        logits = logits.masked_fill(~legal, -torch.inf)
-        dist = torch.distributions.Categorical(logits=logits)
-        action = logits.argmax(dim=1) if greedy else torch.multinomial(dist.probs, 1, generator=generator).squeeze(1)
-        log_prob = log_prob + dist.log_prob(action)
-        entropy = entropy + torch.where(legal.sum(1) > 1, dist.entropy(), torch.zeros(batch))
+        log_prob = log_prob + step_log_prob
+        entropy = entropy + step_entropy
         onehot = torch.nn.functional.one_hot(action, n_dev)
         dev_sum = dev_sum + onehot[..., None] * enc[t]
         used = used + onehot * ctx.sizes[t]
