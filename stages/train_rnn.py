@@ -47,7 +47,7 @@ def run(params: dict[str, Any]) -> None:
 
     model, logs = train_rnn(tasks, backend, scaler, config, policy, meta, report)
     model.save(section(params, "paths.rnn_model"))
-    plot_path = Path(section(params, "paths.plots")) / "train_rnn.csv"
+    plot_path = Path(section(params, "paths.plots")) / "rnn_updates.csv"  # no cost network: not a train_*.csv curve
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     write_text(pd.DataFrame([vars(log) for log in logs]).to_csv(index=False), plot_path)
     summary = {"algorithm": "rnn", "real_plan_measurements": {"training_loop": model.meta["measurements"],
