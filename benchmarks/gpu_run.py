@@ -77,27 +77,30 @@ def gpu_params(params: dict[str, Any], root: Path, device: str, settings: list[s
     return out
 
 
-def fusion_regime(device: str, batch_size: int, warmup: int, iterations: int, repeats: int = 5,
-                  tables: int = 20) -> dict[str, Any]:
-    """Fused operator of the reference tables vs the sum of single-table operators, `repeats` times."""
+def reference_backend(device: str, batch_size: int, warmup: int, iterations: int, tables: int, seed: int, name: str):
+    """A one-device task of `tables` reference tables (benchmarks/cpu_kernels.py's, drawn with `seed`) and the
+    fbgemm backend that measures them on `device`, thread count pinned."""
     from benchmarks.cpu_kernels import reference_tables
     from dreamshard.data.lookups import GeneratedLookups
-    from dreamshard.evaluation.bounds import regime_of
     from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, pin_threads
-    from dreamshard.plan import Shard
     from dreamshard.tasks import Task
 
-    refs = reference_tables(tables, 0)
-    task = Task.uniform("fusion", refs, 1, 64.0)
+    task = Task.uniform(name, reference_tables(tables, seed), 1, 64.0)
     backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=batch_size, device=device, warmup=warmup,
                                                                    iterations=iterations, memory_budget_gb=16.0))
     pin_threads(backend)
-    everything = [Shard(t.name, 0, 0, t.dim) for t in refs]
-    fused, singles = [], []
-    for _ in range(repeats):
-        fused.append(backend.compute_cost(task, everything).total_ms)
-        singles.append(sum(backend.compute_cost(task, [s]).total_ms for s in everything))
-    ratios = [f / s for f, s in zip(fused, singles)]
+    return task, backend
+
+
+def fusion_regime(device: str, batch_size: int, warmup: int, iterations: int, repeats: int = 5,
+                  tables: int = 20) -> dict[str, Any]:
+    """Fused operator of the reference tables vs the sum of single-table operators, `repeats` times."""
+    from dreamshard.evaluation.bounds import fusion_probe, regime_of
+
+    task, backend = reference_backend(device, batch_size, warmup, iterations, tables, 0, "fusion")
+    probes = [fusion_probe(backend, task, tables) for _ in range(repeats)]
+    fused, singles = [p.fused_ms for p in probes], [sum(p.single_ms) for p in probes]
+    ratios = [p.additivity for p in probes]
     return {"tables": tables, "repeats": repeats, "batch_size": batch_size, "warmup": warmup, "iterations": iterations,
             "fused_ms": fused, "sum_of_singles_ms": singles, "ratios": ratios,
             "median_ratio": statistics.median(fused) / statistics.median(singles), "regime": regime_of(ratios)}
@@ -106,18 +109,11 @@ def fusion_regime(device: str, batch_size: int, warmup: int, iterations: int, re
 def measurement_noise(device: str, batch_size: int, warmup: int, iterations: int, repeats: int = 5,
                       tables: int = 8) -> dict[str, Any]:
     """Coefficient of variation (std / mean) over `repeats` fresh measurements of each single table and of all fused."""
-    from benchmarks.cpu_kernels import cv, reference_tables
-    from dreamshard.data.lookups import GeneratedLookups
-    from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, pin_threads
-    from dreamshard.plan import Shard
-    from dreamshard.tasks import Task
+    from benchmarks.cpu_kernels import cv
+    from dreamshard.evaluation.bounds import whole_shards
 
-    refs = reference_tables(tables, 1)
-    task = Task.uniform("noise", refs, 1, 64.0)
-    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=batch_size, device=device, warmup=warmup,
-                                                                   iterations=iterations, memory_budget_gb=16.0))
-    pin_threads(backend)
-    shards = [Shard(t.name, 0, 0, t.dim) for t in refs]
+    task, backend = reference_backend(device, batch_size, warmup, iterations, tables, 1, "noise")
+    shards = whole_shards(task)
     singles = [[backend.compute_cost(task, [s]).total_ms for _ in range(repeats)] for s in shards]
     fused = [backend.compute_cost(task, shards).total_ms for _ in range(repeats)]
     return {"tables": tables, "repeats": repeats, "batch_size": batch_size, "warmup": warmup, "iterations": iterations,

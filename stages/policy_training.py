@@ -18,14 +18,14 @@ from typing import Any
 
 import pandas as pd
 
-from dreamshard.data.bins import META_KEY, fit_tables_file
 from dreamshard.evaluation.figures import training_curves_figure
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import load_cost_net
 from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_autoshard, train_dreamshard
 from stages.backend import make_stage_backend
-from stages.common import ParamsError, build, section
+from stages.common import build, section
 from stages.cost_data import load_scaler_and_data
+from stages.learners import family_tasks, learner_meta
 
 LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
 
@@ -33,24 +33,14 @@ LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
 def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_path: Path) -> None:
     """Train `algorithm` with `train_policy.common` overridden by `own` (its params group); save it to
     `model_path`, and each iteration's checkpoint in the folder of the same name without the suffix."""
-    families = section(params, "train_policy.families")
     options = {**(section(params, "train_policy.common") or {}), **(own or {})}
     config = build(TrainConfig, options, f"train_policy.{algorithm}")
     _, data, tasks = load_scaler_and_data(params)
-    # bins for users' tables without histograms: the Zipf exponent that best fits the training tables' bins
-    bins = fit_tables_file(section(params, "paths.tables"), sorted({t.name for task in tasks for t in task.tables}))
-    if families:
-        unknown = set(families) - {t.family for t in tasks}
-        if unknown:
-            raise ParamsError(f"params.yaml: train_policy.families: no training tasks of {sorted(unknown)}")
-        tasks = [t for t in tasks if t.family in families]
+    tasks, bins = family_tasks(params, tasks)
     cost_net, scaler = load_cost_net(section(params, "paths.cost_model"))
     backend = make_stage_backend(params)
     trainer = Trainer(tasks, backend, scaler, config, data, cost_net)
-    meta = {"families": sorted({t.family for t in tasks}), "backend": backend.name,
-            "table_counts": sorted({len(t.tables) for t in tasks}),
-            "device_counts": sorted({t.num_devices for t in tasks}), META_KEY: bins.to_dict(),
-            "device": backend.device_name(), "collected_plans": data.num_plans}
+    meta = {**learner_meta(tasks, bins, backend), "collected_plans": data.num_plans}
 
     def save_iteration(log: IterationLog, tr: Trainer) -> None:
         tr.model(algorithm, meta).save(model_path.with_suffix("") / f"iter_{log.iteration:03d}.pt")

@@ -13,12 +13,12 @@ from typing import Any
 
 import pandas as pd
 
-from dreamshard.data.bins import META_KEY, fit_tables_file
 from dreamshard.io import write_text
 from dreamshard.learning.rnn import RnnPolicyConfig, RnnTrainConfig, RnnUpdateLog, train_rnn
 from stages.backend import make_stage_backend
-from stages.common import ParamsError, build, section
+from stages.common import build, section
 from stages.cost_data import load_tasks_and_scaler
+from stages.learners import family_tasks, learner_meta
 
 
 def run(params: dict[str, Any]) -> None:
@@ -28,18 +28,9 @@ def run(params: dict[str, Any]) -> None:
               "episodes": section(params, "train_policy.common.episodes")}
     config = build(RnnTrainConfig, {**budget, **own}, "train_rnn")
     tasks, scaler = load_tasks_and_scaler(params)
-    bins = fit_tables_file(section(params, "paths.tables"), sorted({t.name for task in tasks for t in task.tables}))
-    families = section(params, "train_policy.families")
-    if families:
-        unknown = set(families) - {t.family for t in tasks}
-        if unknown:
-            raise ParamsError(f"params.yaml: train_policy.families: no training tasks of {sorted(unknown)}")
-        tasks = [t for t in tasks if t.family in families]
+    tasks, bins = family_tasks(params, tasks)
     backend = make_stage_backend(params)
-    meta = {"families": sorted({t.family for t in tasks}), "backend": backend.name,
-            "table_counts": sorted({len(t.tables) for t in tasks}),
-            "device_counts": sorted({t.num_devices for t in tasks}), META_KEY: bins.to_dict(),
-            "device": backend.device_name()}
+    meta = learner_meta(tasks, bins, backend)
 
     def report(log: RnnUpdateLog) -> None:
         print(f"rnn: update {log.update}: loss {log.policy_loss:.4f}, measured {log.measured_ms:.3f} ms, "
