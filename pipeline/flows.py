@@ -32,6 +32,11 @@ def tasks_flow(params_file: str = "params.yaml") -> None:
     run_stage("tasks", params_file)
 
 
+@flow(name="collect_devices")
+def collect_devices_flow(params_file: str = "params.yaml") -> None:
+    run_stage("collect_devices", params_file)
+
+
 @flow(name="train_cost")
 def train_cost_flow(params_file: str = "params.yaml") -> None:
     run_stage("train_cost", params_file)
@@ -67,6 +72,7 @@ STAGE_FLOWS = {
     "process": process_flow,
     "tasks": tasks_flow,
     "collect": collect_flow,
+    "collect_devices": collect_devices_flow,
     "train_cost": train_cost_flow,
     "train_policy": train_policy_flow,
     "train_autoshard": train_autoshard_flow,

@@ -26,3 +26,5 @@ def load_scaler_and_data(params: dict[str, Any]) -> tuple[FeatureScaler, CostDat
     plans = pd.read_parquet(costs / "plans.parquet")
     devices = pd.read_parquet(costs / "devices.parquet")
     return scaler, cost_data_from_rows(plans, devices, tasks), tasks
+
+

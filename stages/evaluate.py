@@ -83,7 +83,8 @@ def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str
     models = model_paths_of(params)
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
-        "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes")},
+        "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes",
+                                                        "row_probe_ratio")},
         "neuroshard": section(params, "neuroshard"),
         "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
     }, sort_keys=True, default=str)
@@ -121,7 +122,8 @@ def run(params: dict[str, Any]) -> None:
     def evaluate(split: str, task) -> list[dict]:
         return [{"split": split, **result_row(r)}
                 for r in evaluate_task(backend, task, sharders, bound, batch_size, topology, int(cfg["rounds"]),
-                                       column_splits=column_splits, probes=probes)]
+                                       column_splits=column_splits, probes=probes,
+                                       row_probe_ratio=float(cfg["row_probe_ratio"]))]
 
     done = journal.journaled_count(splits)
     if done:

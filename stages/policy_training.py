@@ -25,6 +25,7 @@ from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_
 from stages.backend import make_stage_backend
 from stages.common import build, section
 from stages.cost_data import load_scaler_and_data
+from stages.fit_data import load_single_devices, training_plans
 from stages.learners import family_tasks, learner_meta
 
 LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
@@ -35,11 +36,13 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     `model_path`, and each iteration's checkpoint in the folder of the same name without the suffix."""
     options = {**(section(params, "train_policy.common") or {}), **(own or {})}
     config = build(TrainConfig, options, f"train_policy.{algorithm}")
-    _, data, tasks = load_scaler_and_data(params)
-    tasks, bins = family_tasks(params, tasks)
+    _, collected, all_tasks = load_scaler_and_data(params)
+    data = training_plans(params, collected)  # the plans train_cost learned from
+    single = load_single_devices(params, all_tasks)  # every refit learns from them too, as train_cost's fit did
+    tasks, bins = family_tasks(params, all_tasks)
     cost_net, scaler = load_cost_net(section(params, "paths.cost_model"))
     backend = make_stage_backend(params)
-    trainer = Trainer(tasks, backend, scaler, config, data, cost_net)
+    trainer = Trainer(tasks, backend, scaler, config, data, cost_net, single)
     meta = {**learner_meta(tasks, bins, backend), "collected_plans": data.num_plans}
 
     def save_iteration(log: IterationLog, tr: Trainer) -> None:
@@ -55,6 +58,8 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     training_curves_figure({algorithm: curve}, plot_path.with_suffix(".png"))
     summary = {"algorithm": algorithm, "real_plan_measurements": {
         "collect": data.num_plans, "training_loop": trainer.measurements,
-        "total": data.num_plans + trainer.measurements}, "iterations": len(logs),
+        "total": data.num_plans + trainer.measurements,
+        "collected_for_the_accuracy_report_only": collected.num_plans - data.num_plans},
+        "single_device_measurements": 0 if single is None else single.num_plans, "iterations": len(logs),
         "families": meta["families"]}
     write_text(json.dumps(summary, indent=2) + "\n", Path(section(params, "paths.metrics")) / f"train_{algorithm}.json")

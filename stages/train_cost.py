@@ -1,9 +1,16 @@
 """train_cost: fit the cost network on the collected costs; report held-out accuracy.
 
+With `device_data`, the fit also learns from the collect_devices stage's single-device
+measurements (counted apart from the plans in metrics/cost_model.json); `comm` says where a
+device's communication comes from (the comm head, or the backend's all-to-all model over
+`backend.topology` at `backend.batch_size`: dreamshard/learning/cost_model.py).
+
 The feature scaler is fitted on the training pool's tables (at every configured dim)
 and saved in the checkpoint with the network. A seeded `holdout_fraction` of the
 collected plans is kept out of the fit to measure accuracy (metrics/cost_model.json);
-the checkpoint is then refitted on all plans.
+with `learn_from_held_out` the checkpoint is then refitted on all plans, else it is the network
+fitted without them (and the policies' stages too learn from the fitted share only: the held-out
+plans then serve the report alone, outside the plan budget the models learn from).
 """
 from __future__ import annotations
 
@@ -11,11 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
 from dreamshard.evaluation.figures import cost_model_scatter
+from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import (
     CostNetConfig,
@@ -25,40 +32,50 @@ from dreamshard.learning.cost_model import (
     plan_predictions,
     save_cost_net,
 )
-from stages.common import ParamsError, section
+from stages.common import ParamsError, build, section
 from stages.cost_data import load_scaler_and_data
+from stages.fit_data import load_single_devices, plan_split, training_plans
 
 
 def run(params: dict[str, Any]) -> None:
     cfg = section(params, "train_cost")
     seed = int(section(params, "train_cost.seed"))
-    holdout = float(section(params, "train_cost.holdout_fraction"))
-    if not 0 < holdout < 1:
-        raise ParamsError(f"params.yaml: train_cost.holdout_fraction: expected in (0, 1), got {holdout}")
-    scaler, data, _ = load_scaler_and_data(params)
-    order = np.random.default_rng(seed).permutation(data.num_plans)
-    n_hold = max(1, int(round(holdout * data.num_plans)))
-    held, fit_on = data.subset(order[:n_hold]), data.subset(order[n_hold:])
+    scaler, data, tasks = load_scaler_and_data(params)
+    single = load_single_devices(params, tasks)
+    topology = build(Topology, section(params, "backend.topology"), "backend.topology")
+    batch_size = int(section(params, "backend.batch_size"))
+    held_idx, fit_idx = plan_split(params, data)
+    held, fit_on = data.subset(held_idx), data.subset(fit_idx)
+    learn_from = training_plans(params, data)
 
     def fit(d):
-        config = CostNetConfig(scale_ms=median_device_ms(d), plan_estimate=section(params, "train_cost.plan_estimate"))
+        try:
+            config = CostNetConfig.with_topology(topology, batch_size, scale_ms=median_device_ms(d),
+                                                 plan_estimate=section(params, "train_cost.plan_estimate"),
+                                                 comm=section(params, "train_cost.comm"))
+        except ValueError as exc:
+            raise ParamsError(f"params.yaml: train_cost: {exc}") from None
         net = config.build(torch.Generator().manual_seed(seed))
-        losses = fit_cost_net(net, scaler, d, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed)
+        losses = fit_cost_net(net, scaler, d, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed,
+                              single, int(cfg["batch_devices"]))
         return net, losses
 
     net, losses = fit(fit_on)
     metrics = {"held_out": evaluate_cost_net(net, scaler, held), "train": evaluate_cost_net(net, scaler, fit_on),
-               "holdout_fraction": holdout, "final_loss": losses[-1]}
-    # the held-out plans' predicted and measured costs, before the refit on every plan sees them
+               "holdout_fraction": float(section(params, "train_cost.holdout_fraction")), "final_loss": losses[-1],
+               "collected_plans": data.num_plans, "plans_learned_from": learn_from.num_plans,
+               "single_device_measurements": 0 if single is None else single.num_plans, "comm": net.config.comm}
+    # the held-out plans' predicted and measured costs (before a refit on every plan could see them)
     predicted, measured = plan_predictions(net, scaler, held)
     plots = Path(section(params, "paths.plots"))
-    points = pd.DataFrame({"plan": order[:n_hold], "predicted_ms": predicted, "measured_ms": measured,
+    points = pd.DataFrame({"plan": held_idx, "predicted_ms": predicted, "measured_ms": measured,
                            "estimate": net.plan_estimate})
     write_text(points.to_csv(index=False), plots / "cost_model_holdout.csv")
     cost_model_scatter(predicted, measured, plots / "cost_model_holdout.png",
                        title=f"Cost network on {len(points)} held-out plans ({net.plan_estimate} estimate; "
-                             f"trained on {data.num_plans - n_hold})")
-    net, losses = fit(data)  # the checkpoint learns from every measured plan
+                             f"trained on {fit_on.num_plans})")
+    if learn_from.num_plans != fit_on.num_plans:
+        net, losses = fit(learn_from)  # the checkpoint learns from every measured plan
     out = Path(section(params, "paths.cost_model"))
     save_cost_net(net, scaler, out)
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.cost_model_metrics"))

@@ -1,7 +1,9 @@
 """train_neuroshard: NeuroShard's pre-trained compute and communication models -> models/neuroshard.pt.
 
-Augmented data from the training pool's tables (see dreamshard/learning/neuroshard.py), measured
-with the backend of `backend`; a seeded share is held out for metrics/neuroshard.json.
+The compute model learns from the collect_devices stage's single-device measurements (the
+augmented data of dreamshard/learning/neuroshard.py: random sets of training tables at random
+dims), the communication model from cases costed by the backend; a seeded share of each is
+held out for metrics/neuroshard.json.
 """
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
+import pandas as pd
 
 from dreamshard.data.bins import META_KEY, fit_tables_file
+from dreamshard.evaluation import devices
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import evaluate_cost_net
 from dreamshard.learning.features import FeatureScaler, table_features
@@ -21,7 +24,6 @@ from dreamshard.learning.neuroshard import (
     NeuroShardModel,
     comm_dataset,
     comm_mape,
-    compute_dataset,
     fit_comm_net,
     fit_compute_net,
 )
@@ -42,8 +44,8 @@ def run(params: dict[str, Any]) -> None:
     pool = list({t.name: t for task in tasks for t in task.tables}.values())
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
     backend = make_stage_backend(params)
-    with tqdm(total=augment.compute_samples, desc="neuroshard data", unit="operator") as bar:
-        data = compute_dataset(backend, pool, augment, tasks[0], progress=bar.update)
+    measured = Path(section(params, "paths.single_devices")) / "devices.parquet"
+    data = devices.cost_data_from_rows(pd.read_parquet(measured), pool, tasks[0], str(measured))
     cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), augment.dims, augment)
     n_hold = max(1, int(round(holdout * data.num_plans)))
     order = np.random.default_rng(augment.seed).permutation(data.num_plans)

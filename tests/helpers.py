@@ -42,12 +42,13 @@ def tiny_params(paths_root: Path | None = None) -> dict:
     p["backend"].update(name="analytic", batch_size=512)
     p["backend"]["analytic"] = {"regime": "super_additive"}
     p["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)
-    p["train_cost"].update(steps=30, batch_plans=8)
+    p["collect_devices"].update(seed=0, samples=20, max_tables=4, chunk_size=8)
+    p["train_cost"].update(steps=30, batch_plans=8, batch_devices=8)
     p["train_policy"]["families"] = ["tiny-6-2"]
     p["train_policy"]["common"].update(cost_steps=10, cost_batch_plans=8, episodes=2)
     p["train_policy"]["dreamshard"].update(iterations=2, plans_per_iteration=2, policy_updates=2)
     p["train_policy"]["autoshard"].update(measurement_budget=4, refit_steps=2)
-    p["train_neuroshard"].update(compute_samples=20, max_tables=4, comm_samples=40,
+    p["train_neuroshard"].update(comm_samples=40,
                                  fit={"steps": 20, "lr": 0.001, "batch": 16, "comm_batch": 16})
     p["neuroshard"].update(beams=1, depth=2, candidates=2, scale_steps=2)
     p["evaluate"].update(train_tasks_per_family=0, additivity_probes=1, estimated_bins={"tasks_per_family": 1, "rounds": 1},

@@ -20,7 +20,7 @@ from dreamshard.cli import main
 from dreamshard.data.dlrm import TableProfile, generate_lookups
 from dreamshard.errors import DataFormatError, InfeasibleTaskError
 from dreamshard.evaluation.collect import CostJournal, collect, plans_to_measure
-from dreamshard.evaluation.evaluate import exhaustive_optimum
+from dreamshard.evaluation.evaluate import canonical_assignments, exhaustive_optimum
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.learning.cost_model import (
     CostData,
@@ -31,6 +31,7 @@ from dreamshard.learning.cost_model import (
     fit_cost_net,
     kendall_tau,
     median_device_ms,
+    plan_predictions,
     predict,
 )
 from dreamshard.learning.features import (
@@ -611,18 +612,73 @@ def test_training_rollout_and_the_sharder_decode_the_same_plan(world, model):
     assert checked >= 12
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: DreamShard reaches the brute-force optimum of 3 of these 10 small "
-                                       "tasks (1.00-1.99x, mean 1.34x), where the better of two greedy heuristics is "
-                                       "within 2.5% on all 10")
-def test_the_policy_finds_the_known_optimum_of_small_tasks(world, backend, model):
-    """Six unseen tables on two devices: every plan costed (exhaustive_optimum), the trained policy's against it."""
+def small_tasks(backend) -> list[tuple[Task, float]]:
+    """Ten tasks of six unseen tables on two devices, each with its brute-force optimum (every plan costed)."""
     pool = make_tables(2, 60, "te")
     rng = np.random.default_rng(0)
-    sharder, reached, greedy = make_sharder("dreamshard", model=model), 0, []
+    out = []
     for k in range(10):
         task = Task.uniform(f"small/{k}", [pool[int(i)] for i in rng.choice(len(pool), 6, replace=False)], 2, 1.0)
-        optimum = exhaustive_optimum(backend, task, BATCH, backend.config.topology, "super_additive").optimum.cost_ms
-        reached += backend.plan_cost(task, sharder.shard(task)).cost_ms <= optimum * (1 + 1e-9)
+        out.append((task, exhaustive_optimum(backend, task, BATCH, backend.config.topology,
+                                             "super_additive").optimum.cost_ms))
+    return out
+
+
+@pytest.fixture(scope="module")
+def single_devices(world, backend) -> CostData:
+    """300 single-device measurements of the training tables (as the collect_devices stage makes them)."""
+    pool = list({t.name: t for task in world["train"] for t in task.tables}.values())
+    cfg = AugmentConfig(compute_samples=300, max_tables=15, memory_cap_gb=1.0, seed=0)
+    return compute_dataset(backend, pool, cfg, world["train"][0])
+
+
+@pytest.fixture(scope="module")
+def product_model(world, backend, scaler, single_devices) -> LearnedModel:
+    """DreamShard as the pipeline trains it: communication from the all-to-all model, single devices in every fit."""
+    data = measured(backend, world["train"], 40, 0)
+    trainer = Trainer(world["train"], backend, scaler, TrainConfig(**TRAIN), data, devices=single_devices,
+                      cost_config=CostNetConfig.with_topology(backend.config.topology, BATCH, comm="model"))
+    train_dreamshard(trainer)
+    return trainer.model("dreamshard", {})
+
+
+def test_model_communication_and_single_devices_rank_the_plans_of_small_unseen_tasks(world, backend, scaler,
+                                                                                     single_devices):
+    """The cost network's plan ranking on tasks smaller than any it trained on, every plan costed. A comm head
+    reads one device and cannot see the wait for the slowest forward: its ranking is near chance; the all-to-all
+    model with single-device data ranks well, and its cheapest plan is near the optimum."""
+    data = measured(backend, world["train"], 40, 0)
+    tasks = small_tasks(backend)
+    plans = [(t, Plan.from_assignment(t, a)) for t, _ in tasks for a in canonical_assignments(6, 2)]
+    every = cost_data_from_plans([(t, p, backend.plan_cost(t, p)) for t, p in plans])
+    per_task = len(plans) // len(tasks)
+    result = {}
+    for name, comm, devices in (("head", "head", None), ("model", "model", single_devices)):
+        config = CostNetConfig.with_topology(backend.config.topology, BATCH, comm=comm, scale_ms=median_device_ms(data))
+        net = config.build(torch.Generator().manual_seed(0))
+        fit_cost_net(net, scaler, data, steps=300, lr=3e-3, batch_plans=32, seed=0, devices=devices)
+        predicted, cost = plan_predictions(net, scaler, every)
+        taus, found = [], []
+        for k, (_, optimum) in enumerate(tasks):
+            p, c = predicted[k * per_task:(k + 1) * per_task], cost[k * per_task:(k + 1) * per_task]
+            taus.append(kendall_tau(p, c))
+            found.append(c[int(np.argmin(p))] / optimum)
+        result[name] = (float(np.mean(taus)), float(np.mean(found)))
+    # observed: head tau 0.15, its cheapest-rated plans 1.21x the optimum; model 0.57 and 1.07x
+    assert result["model"][0] >= 0.5 and result["head"][0] <= 0.3
+    assert result["model"][1] < 1.1 < result["head"][1]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13: trained as the pipeline trains it (communication from the model, "
+                                       "single devices), DreamShard reaches the brute-force optimum of 6 of these 10 "
+                                       "small tasks (mean 1.03x; 3 of 10, mean 1.34x, with the comm head and no single "
+                                       "devices), where the better of two greedy heuristics is within 2.5% on all 10")
+def test_the_policy_finds_the_known_optimum_of_small_tasks(backend, product_model):
+    """Six unseen tables on two devices: every plan costed (exhaustive_optimum), the trained policy's against it."""
+    sharder, reached, greedy, ratios = make_sharder("dreamshard", model=product_model), 0, [], []
+    for task, optimum in small_tasks(backend):
+        ratios.append(backend.plan_cost(task, sharder.shard(task)).cost_ms / optimum)
+        reached += ratios[-1] <= 1 + 1e-9
         greedy.append(min(backend.plan_cost(task, make_sharder(h).shard(task)).cost_ms
                           for h in ("lookup_greedy", "size_lookup_greedy")) / optimum)
     assert max(greedy) < 1.03  # the bar is reachable: a plain heuristic is there

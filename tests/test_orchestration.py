@@ -39,7 +39,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 
-ALL_STAGES = {"download", "process", "tasks", "collect", "train_cost", "train_policy", "train_autoshard",
+ALL_STAGES = {"download", "process", "tasks", "collect", "collect_devices", "train_cost", "train_policy", "train_autoshard",
               "train_rnn", "train_neuroshard", "evaluate"}
 POLICY_STAGES = {"train_policy", "train_autoshard", "evaluate"}  # what train_policy.* reaches
 POOL = "dreamshard-gpu"  # the work pool prefect.yaml names for `retrain`

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
-from dreamshard.evaluation.bounds import LowerBound, column_splits_in, lower_bound, row_splits_of
+from dreamshard.evaluation.bounds import ROW_PROBE_RATIO, LowerBound, column_splits_in, lower_bound, row_splits_of
 from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
@@ -127,16 +127,18 @@ class ProbeCache:
 
 def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str,
                   batch_size: int, topology: Topology, rounds: int = 1,
-                  column_splits: bool = False, probes: ProbeCache | None = None) -> list[EvalResult]:
+                  column_splits: bool = False, probes: ProbeCache | None = None,
+                  row_probe_ratio: float = ROW_PROBE_RATIO) -> list[EvalResult]:
     """Each sharder's plan of `task`, measured in `rounds` interleaved rounds, and the lower bound (its
-    single-table probes from `probes` when given: reused across the tasks of an evaluation)."""
+    single-table probes from `probes` when given: reused across the tasks of an evaluation; `row_probe_ratio`:
+    bounds.lower_bound's, for the tables the plans cut into row ranges)."""
     planned = plan_with(sharders, task)
     plans = [p.plan for p in planned]
     costs = measure_interleaved(backend, task, plans, rounds)
     # a bound that holds for every evaluated plan: the cuts the sharders may make, and those they made
     bound = lower_bound(probes if probes is not None else backend, task, regime, batch_size, topology,  # type: ignore[arg-type]
                         column_splits=column_splits or column_splits_in(task, plans),
-                        row_splits=row_splits_of(task, plans) or None)
+                        row_splits=row_splits_of(task, plans) or None, row_probe_ratio=row_probe_ratio)
     return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound) for p, c in zip(planned, costs)]
 
 

@@ -64,7 +64,8 @@ def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> n
     return np.asarray(hosts)
 
 
-def _seconds_per_byte(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
+def seconds_per_byte(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
+    """[n, n] seconds per byte of each link d -> e (0 on the diagonal: a device's own share stays local)."""
     host = host_of(topology, n, hosts)
     same = host[:, None] == host[None, :]
     gbps = np.where(same, topology.intra_host_gbps, topology.inter_host_gbps)
@@ -80,7 +81,7 @@ def transfer_ms(dim_sums: Sequence[int], batch_size: int, topology: Topology,
     if n == 1:
         return np.zeros(1)
     block = batch_size / n * np.asarray(dim_sums, dtype=np.float64) * topology.output_bytes  # bytes d -> e
-    spb = _seconds_per_byte(topology, n, hosts)
+    spb = seconds_per_byte(topology, n, hosts)
     send = (spb * block[:, None]).sum(axis=1)  # d's blocks to every e
     recv = (spb.T * block[None, :]).sum(axis=1)  # every e's block to d
     return (topology.latency_us * 1e-6 + np.maximum(send, recv)) * 1e3

@@ -6,14 +6,22 @@ forward compute, backward compute and communication; the element-wise max over a
 devices goes through a fourth head predicting the plan's cost. Heads end in softplus
 times `scale_ms` (the median measured device cost, fixed at the first fit), so a cost
 grows about linearly with the summed encodings, as fused costs do. The loss compares
-log(ms + TARGET_EPS_MS), so sub-ms and tens-of-ms costs weigh alike.
+log(ms + TARGET_EPS_MS), so sub-ms and tens-of-ms costs weigh alike. Measurements of
+single devices (`DeviceData`: table sets measured as one fused operator, no
+communication) can join the fit: they train the encoder and the two compute heads.
+
+A device's communication (`CostNetConfig.comm`) comes from the comm head ("head", the
+paper's design) or from the all-to-all model of dreamshard/hardware/comm.py ("model"):
+the forward wait for the slowest device's predicted forward compute plus twice the
+transfer of the device's dim sum over the topology the config holds. The wait depends on
+the other devices, which a head reading one device cannot see: on small unseen tasks its
+plan estimates were off by 2-5x (analytic backend; the "model" estimate 0.19).
 
 The plan cost the rest of the system uses (`plan_cost`) is chosen by `plan_estimate`:
 "head" is the plan head; "device_max" is the max over devices of their predicted
 fwd + bwd + comm. Both are trained, and train_cost reports both on held-out plans
 (metrics/cost_model.json: plan_kendall_tau for the head, plan_device_max_kendall_tau
-for device_max). Which ranks better has changed between runs (10 held-out plans are few),
-so the choice is a param, `train_cost.plan_estimate`, default device_max.
+for device_max). The choice is a param, `train_cost.plan_estimate`.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ import torch
 from torch import nn
 
 from dreamshard.hardware.base import PlanCost
+from dreamshard.hardware.comm import Topology, seconds_per_byte
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
@@ -35,6 +44,7 @@ from dreamshard.tasks import Task
 TARGET_EPS_MS = 0.01
 DEVICE_TARGETS = ("fwd_ms", "bwd_ms", "comm_ms")
 PLAN_ESTIMATES = ("device_max", "head")
+COMM_SOURCES = ("head", "model")
 
 
 def linear(fan_in: int, fan_out: int, generator: torch.Generator) -> nn.Linear:
@@ -69,13 +79,52 @@ class CostNetConfig:
     head_hidden: int = 64
     scale_ms: float = 1.0  # heads output softplus x scale_ms: the median measured device cost
     plan_estimate: str = "device_max"
+    comm: str = "head"  # a device's communication: the comm head, or the all-to-all model (module docstring)
+    # the all-to-all the "model" communication assumes: samples per step and the topology (hardware/comm.py)
+    batch_size: int = 2048
+    devices_per_host: int = 8
+    intra_host_gbps: float = 150.0
+    inter_host_gbps: float = 12.5
+    latency_us: float = 10.0
+    output_bytes: int = 4
 
     def __post_init__(self) -> None:
         if self.plan_estimate not in PLAN_ESTIMATES:
             raise ValueError(f"plan_estimate: expected one of {PLAN_ESTIMATES}, got {self.plan_estimate!r}")
+        if self.comm not in COMM_SOURCES:
+            raise ValueError(f"comm: expected one of {COMM_SOURCES}, got {self.comm!r}")
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
+            raise ValueError(f"batch_size: expected an integer >= 1, got {self.batch_size!r}")
+        self.topology()  # checks the topology fields
+
+    @classmethod
+    def with_topology(cls, topology: Topology, batch_size: int, **fields) -> CostNetConfig:
+        """A config whose "model" communication is the all-to-all of `topology` at `batch_size`."""
+        return cls(batch_size=batch_size, devices_per_host=topology.devices_per_host,
+                   intra_host_gbps=topology.intra_host_gbps, inter_host_gbps=topology.inter_host_gbps,
+                   latency_us=topology.latency_us, output_bytes=topology.output_bytes, **fields)
+
+    def topology(self) -> Topology:
+        return Topology(self.devices_per_host, self.intra_host_gbps, self.inter_host_gbps, self.latency_us,
+                        self.output_bytes)
 
     def build(self, generator: torch.Generator) -> CostNet:
         return CostNet(self, generator)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What a plan estimate needs of a task's devices besides their tables."""
+
+    speed: torch.Tensor  # [D] relative compute speed (Device.speed): a device computes in reference cost / speed
+    seconds_per_byte: torch.Tensor  # [D, D] of each link (0 on the diagonal), hardware/comm.py
+
+    @classmethod
+    def of(cls, config: CostNetConfig, speeds, hosts=None) -> Cluster:
+        """The cluster of devices of `speeds` on `hosts` (Task.host_ids; None: consecutive devices per host)."""
+        n = len(speeds)
+        spb = seconds_per_byte(config.topology(), n, hosts)
+        return cls(torch.tensor(speeds, dtype=torch.float32), torch.from_numpy(spb).float())
 
 
 class CostNet(nn.Module):
@@ -93,15 +142,44 @@ class CostNet(nn.Module):
         """[..., 21] scaled features -> [..., embed]: sum these over a device's shards."""
         return torch.relu(self.encoder(x))
 
-    def device_costs(self, device_sum: torch.Tensor) -> torch.Tensor:
-        """[..., embed] -> [..., 3] predicted (fwd, bwd, comm) ms."""
+    def head_costs(self, device_sum: torch.Tensor) -> torch.Tensor:
+        """[..., embed] -> [..., 3] the heads' (fwd, bwd, comm) ms of a reference device: what the fit trains."""
         raw = torch.cat([h(device_sum) for h in self.device_heads], dim=-1)
         return nn.functional.softplus(raw) * self.scale_ms
 
-    def plan_cost(self, device_sums: torch.Tensor) -> torch.Tensor:
-        """[..., D, embed] -> [...] predicted plan cost ms, by `plan_estimate`."""
+    def transfer_ms(self, dims: torch.Tensor, cluster: Cluster) -> torch.Tensor:
+        """[..., D] dim sums -> [..., D] forward all-to-all transfer ms (hardware/comm.py transfer_ms)."""
+        n = dims.shape[-1]
+        if n == 1:
+            return torch.zeros_like(dims)
+        block = self.config.batch_size / n * dims * self.config.output_bytes  # bytes d -> e
+        send = block * cluster.seconds_per_byte.sum(dim=1)
+        recv = block @ cluster.seconds_per_byte  # [d] = sum_e block_e spb[e, d]
+        return (self.config.latency_us * 1e-6 + torch.maximum(send, recv)) * 1e3
+
+    def device_costs(self, device_sum: torch.Tensor, dims: torch.Tensor | None = None,
+                     cluster: Cluster | None = None) -> torch.Tensor:
+        """[..., D, embed] -> [..., D, 3] predicted (fwd, bwd, comm) ms of each device of a plan: compute at the
+        devices' speeds (`cluster`; None: all at the reference speed), communication by `config.comm` (the
+        "model" needs the devices' dim sums `dims` [..., D] and `cluster`)."""
+        costs = self.head_costs(device_sum)
+        compute = costs[..., :2] if cluster is None else costs[..., :2] / cluster.speed[:, None]
+        if self.config.comm == "head":
+            return torch.cat([compute, costs[..., 2:]], dim=-1)
+        if dims is None or cluster is None:
+            raise ValueError("a cost network with comm='model' needs the devices' dim sums and their cluster")
+        fwd = compute[..., 0]
+        if fwd.shape[-1] == 1:
+            return torch.cat([compute, torch.zeros_like(costs[..., 2:])], dim=-1)
+        # the forward exchange waits for the slowest forward; backward exchange the same bytes (comm.py)
+        comm = fwd.max(dim=-1, keepdim=True).values - fwd + 2 * self.transfer_ms(dims.to(fwd.dtype), cluster)
+        return torch.cat([compute, comm[..., None]], dim=-1)
+
+    def plan_cost(self, device_sums: torch.Tensor, dims: torch.Tensor | None = None,
+                  cluster: Cluster | None = None) -> torch.Tensor:
+        """[..., D, embed] -> [...] predicted plan cost ms, by `plan_estimate` (dims, cluster: device_costs')."""
         if self.plan_estimate == "device_max":
-            return self.device_costs(device_sums).sum(dim=-1).max(dim=-1).values
+            return self.device_costs(device_sums, dims, cluster).sum(dim=-1).max(dim=-1).values
         return self.plan_from_max(device_sums.max(dim=-2).values)
 
     def plan_from_max(self, max_embedding: torch.Tensor) -> torch.Tensor:
@@ -193,15 +271,36 @@ def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
 # ---------------------------------------------------------------- training
 
 
+def _device_sums(net: CostNet, scaler: FeatureScaler, data: CostData) -> torch.Tensor:
+    """[K, embed] the summed encodings of each device row's shards."""
+    enc = net.encode(torch.from_numpy(scaler.transform(data.shard_raw)))
+    return torch.zeros(len(data.device_plan), enc.shape[-1]).index_add(0, torch.from_numpy(data.shard_device), enc)
+
+
 def predict(net: CostNet, scaler: FeatureScaler, data: CostData) -> tuple[torch.Tensor, torch.Tensor]:
-    """Predicted (device [K, 3], plan [P]) costs, ms."""
-    x = torch.from_numpy(scaler.transform(data.shard_raw))
-    enc = net.encode(x)
-    dev = torch.zeros(len(data.device_plan), enc.shape[-1]).index_add(0, torch.from_numpy(data.shard_device), enc)
-    device_y = net.device_costs(dev)
+    """The heads' (device [K, 3], plan [P]) costs, ms: what the fit compares with the measurements."""
+    dev = _device_sums(net, scaler, data)
+    device_y = net.head_costs(dev)
     index = torch.from_numpy(data.device_plan)[:, None].expand(-1, dev.shape[-1])
     plan_emb = torch.full((data.num_plans, dev.shape[-1]), -torch.inf).scatter_reduce(0, index, dev, "amax")
     return device_y, net.plan_from_max(plan_emb)
+
+
+def device_predictions(net: CostNet, scaler: FeatureScaler, data: CostData) -> np.ndarray:
+    """[K, 3] predicted (fwd, bwd, comm) ms of each device row, communication by `net.config.comm` (the "model"
+    reads each plan's devices together: devices on consecutive hosts, all at the reference speed)."""
+    with torch.no_grad():
+        dev = _device_sums(net, scaler, data)
+        if net.config.comm == "head":
+            return net.head_costs(dev).numpy().astype(np.float64)
+        out = np.zeros((len(data.device_plan), 3))
+        dims = np.zeros(len(data.device_plan))
+        np.add.at(dims, data.shard_device, data.shard_raw[:, 0])  # feature 0: the shard's width
+        for p in range(data.num_plans):
+            rows = np.flatnonzero(data.device_plan == p)
+            cluster = Cluster.of(net.config, [1.0] * len(rows))
+            out[rows] = net.device_costs(dev[rows], torch.from_numpy(dims[rows]).float(), cluster).numpy()
+        return out
 
 
 def adam_fit(module: nn.Module, num_items: int, batch_loss: Callable[[np.ndarray], torch.Tensor],
@@ -227,16 +326,27 @@ def adam_fit(module: nn.Module, num_items: int, batch_loss: Callable[[np.ndarray
 
 
 def fit_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData, steps: int, lr: float,
-                 batch_plans: int, seed: int) -> list[float]:
-    """Sum of the four squared log errors (three device costs, the plan cost); loss per step."""
+                 batch_plans: int, seed: int, devices: CostData | None = None,
+                 batch_devices: int = 128) -> list[float]:
+    """Sum of the four squared log errors (three device costs, the plan cost) of a minibatch of plans, plus
+    with `devices` (single-device measurements: one device per plan, no communication) the two compute
+    errors of a minibatch of `batch_devices` of them; loss per step."""
+    device_rng = np.random.default_rng([seed, 1])  # the single-device minibatches
 
     def batch_loss(plans: np.ndarray) -> torch.Tensor:
         batch = data.subset(plans)
         device_y, plan_y = predict(net, scaler, batch)
         device_true = torch.from_numpy(batch.device_ms).float()
         plan_true = torch.from_numpy(batch.plan_cost_ms).float()
-        return ((log_cost(device_y) - log_cost(device_true)) ** 2).mean(dim=0).sum() + \
+        loss = ((log_cost(device_y) - log_cost(device_true)) ** 2).mean(dim=0).sum() + \
             ((log_cost(plan_y) - log_cost(plan_true)) ** 2).mean()
+        if devices is not None and devices.num_plans:
+            some = devices.subset(device_rng.choice(devices.num_plans, size=min(batch_devices, devices.num_plans),
+                                                    replace=False))
+            single_y, _ = predict(net, scaler, some)
+            single_true = torch.from_numpy(some.device_ms[:, :2]).float()
+            loss = loss + ((log_cost(single_y[:, :2]) - log_cost(single_true)) ** 2).mean(dim=0).sum()
+        return loss
 
     return adam_fit(net, data.num_plans, batch_loss, steps, lr, batch_plans, seed)
 
@@ -257,8 +367,8 @@ def evaluate_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData) -> di
     devices of their predicted costs (plan_device_max_*).
     """
     with torch.no_grad():
-        device_y, plan_y = predict(net, scaler, data)
-    pred = device_y.numpy()
+        _, plan_y = predict(net, scaler, data)
+    pred = device_predictions(net, scaler, data)
     compute_pred, compute_true = pred[:, :2].sum(axis=-1), data.device_ms[:, :2].sum(axis=-1)
     dev_pred, dev_true = pred.sum(axis=-1), data.device_ms.sum(axis=-1)
     keep = compute_true > 0  # devices without tables cost 0: no percentage error
@@ -289,13 +399,13 @@ def plan_predictions(net: CostNet, scaler: FeatureScaler, data: CostData,
     estimate = net.plan_estimate if estimate is None else estimate
     if estimate not in PLAN_ESTIMATES:
         raise ValueError(f"estimate: expected one of {PLAN_ESTIMATES}, got {estimate!r}")
-    with torch.no_grad():
-        device_y, plan_y = predict(net, scaler, data)
     if estimate == "head":
+        with torch.no_grad():
+            _, plan_y = predict(net, scaler, data)
         predicted = plan_y.numpy().astype(np.float64)
     else:
         predicted = np.full(data.num_plans, -np.inf)
-        np.maximum.at(predicted, data.device_plan, device_y.numpy().sum(axis=-1))
+        np.maximum.at(predicted, data.device_plan, device_predictions(net, scaler, data).sum(axis=-1))
     return predicted, np.asarray(data.plan_cost_ms, dtype=np.float64).copy()
 
 

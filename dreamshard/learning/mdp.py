@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dreamshard.learning.cost_model import CostNet
+from dreamshard.learning.cost_model import Cluster, CostNet
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.policy import PolicyNet
 from dreamshard.tasks import Task
@@ -31,17 +31,21 @@ class TaskContext:
     order: list[int]  # placement order: predicted single-table cost, descending
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
+    widths: torch.Tensor  # [T] columns: what a table adds to its device's dim sum
+    cluster: Cluster  # the devices' speeds and links, for the cost network's estimates
 
     @classmethod
     def build(cls, task: Task, cost_net: CostNet, scaler: FeatureScaler) -> TaskContext:
         x = torch.from_numpy(scaler.transform(table_features(task.tables, task.memory)))
         with torch.no_grad():
             enc = cost_net.encode(x)
-            single = cost_net.device_costs(enc)[:, :2].sum(dim=-1).numpy()
+            single = cost_net.head_costs(enc)[:, :2].sum(dim=-1).numpy()
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
         sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
         capacity = torch.tensor([d.memory_bytes for d in task.devices], dtype=torch.float64)
-        return cls(task, x, enc, order, sizes, capacity)
+        widths = torch.tensor([float(t.dim) for t in task.tables])
+        return cls(task, x, enc, order, sizes, capacity, widths,
+                   Cluster.of(cost_net.config, task.speeds(), task.host_ids()))
 
 
 @dataclass
@@ -78,13 +82,14 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
     dev_cost = torch.zeros(batch, n_dev, embed)
     dev_policy = torch.zeros(batch, n_dev, policy_enc.shape[-1])
     used = torch.zeros(batch, n_dev, dtype=torch.float64)
+    dims = torch.zeros(batch, n_dev)
     dead = torch.zeros(batch, dtype=torch.bool)
     assignment = torch.full((batch, len(ctx.order)), -1, dtype=torch.long)
     log_prob = torch.zeros(batch)
     entropy = torch.zeros(batch)
     for t in ctx.order:
         with torch.no_grad():
-            costs = cost_net.device_costs(dev_cost)
+            costs = cost_net.device_costs(dev_cost, dims, ctx.cluster)
         logits = policy.logits(dev_policy, costs, policy_enc[t].expand(batch, -1))
         action, step_log_prob, step_entropy, stuck = choose(logits, used + ctx.sizes[t] <= ctx.capacity, greedy,
                                                             generator)
@@ -95,9 +100,10 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
         dev_cost = dev_cost + onehot[..., None] * ctx.cost_enc[t]
         dev_policy = dev_policy + onehot[..., None] * policy_enc[t]
         used = used + onehot * ctx.sizes[t]
+        dims = dims + onehot * ctx.widths[t]
         assignment[:, t] = action
     with torch.no_grad():
-        predicted = cost_net.plan_cost(dev_cost)
+        predicted = cost_net.plan_cost(dev_cost, dims, ctx.cluster)
     return Episodes(assignment, log_prob, entropy, predicted, dead)
 
 

@@ -35,8 +35,7 @@ from dreamshard.learning.cost_model import (
     median_device_ms,
     mlp,
 )
-from dreamshard.learning.features import FeatureScaler, shard_features
-from dreamshard.plan import Shard
+from dreamshard.learning.features import FeatureScaler
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -104,35 +103,14 @@ class AugmentConfig:
 
 def compute_dataset(backend: CostBackend, tables: Sequence[Table],
                     cfg: AugmentConfig, task_template: Task, progress=None) -> CostData:
-    """Single-device CostData: random table sets at random dims, measured as one fused operator."""
-    rng = np.random.default_rng(cfg.seed)
-    cap = cfg.memory_cap_gb * 2**30
-    raw: list[np.ndarray] = []
-    shard_dev: list[int] = []
-    dev_ms: list[tuple[float, float, float]] = []
-    for k in range(cfg.compute_samples):
-        count = int(rng.integers(1, cfg.max_tables + 1))
-        chosen: list[Table] = []
-        used = 0
-        for i in rng.permutation(len(tables))[: count * 3]:
-            t = tables[int(i)].with_dim(int(rng.choice(cfg.dims)))
-            size = task_template.memory.shard_bytes(t.rows, t.dim)
-            if used + size <= cap and len(chosen) < count:
-                chosen.append(t)
-                used += size
-        if not chosen:
-            continue
-        task = Task(f"augment/{k}", tuple(chosen), task_template.devices[:1], task_template.memory)
-        cost = backend.compute_cost(task, [Shard(t.name, 0, 0, t.dim) for t in chosen])
-        for t in chosen:
-            raw.append(shard_features(t, t.dim, task.memory))
-            shard_dev.append(len(dev_ms))
-        dev_ms.append((cost.fwd_ms, cost.bwd_ms, 0.0))
-        if progress:
-            progress()
-    dev = np.asarray(dev_ms)
-    return CostData(np.asarray(raw), np.asarray(shard_dev, np.int64), np.arange(len(dev), dtype=np.int64),
-                    dev, dev[:, :2].sum(axis=1))
+    """Single-device CostData: random table sets at random dims, measured as one fused operator
+    (dreamshard/evaluation/devices.py, which the pipeline's collect_devices stage journals)."""
+    from dreamshard.evaluation.devices import cost_data_of, device_samples, measure_samples
+
+    samples = device_samples(tables, cfg.compute_samples, cfg.max_tables, cfg.memory_cap_gb, cfg.dims,
+                             task_template, cfg.seed)
+    rows = measure_samples(backend, samples, task_template, {}, on_sample=progress)
+    return cost_data_of(samples, [(r["fwd_ms"], r["bwd_ms"]) for r in rows], task_template)
 
 
 def comm_dataset(backend: CostBackend, device_counts: Sequence[int], dims: Sequence[int],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -73,6 +73,8 @@ class Trainer:
     config: TrainConfig
     data: CostData
     start_from: CostNet | None = None  # a fitted cost network to start from (copied); None: fit a new one first
+    devices: CostData | None = None  # single-device measurements every refit learns from too (fit_cost_net)
+    cost_config: CostNetConfig = field(default_factory=CostNetConfig)  # a new network's (scale_ms from the data)
     cost_net: CostNet = field(init=False)
     policy: PolicyNet = field(init=False)
     measurements: int = field(default=0, init=False)
@@ -85,7 +87,7 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(self.config.seed)  # rollouts
         self.fitted = self.start_from is not None
         if self.start_from is None:
-            self.cost_net = CostNetConfig(scale_ms=median_device_ms(self.data)).build(init)
+            self.cost_net = replace(self.cost_config, scale_ms=median_device_ms(self.data)).build(init)
         else:
             self.cost_net = copy.deepcopy(self.start_from)
         self.policy = PolicyNetConfig().build(init)
@@ -107,7 +109,7 @@ class Trainer:
         if self.data.num_plans == 0:
             return float("nan")
         losses = fit_cost_net(self.cost_net, self.scaler, self.data, steps, self.config.cost_lr,
-                              self.config.cost_batch_plans, int(self.rng.integers(2**31)))
+                              self.config.cost_batch_plans, int(self.rng.integers(2**31)), self.devices)
         self.contexts.clear()
         return losses[-1]
 

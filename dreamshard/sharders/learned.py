@@ -8,8 +8,8 @@ sampled (Gumbel noise on the logits = sampling from the softmax over legal devic
 the one the cost network rates best, greedy plan included, is returned.
 
 Devices of different speed (Device.speed): the cost network's device costs are a reference
-device's; the policy sees each device's compute divided by its speed, and sampled plans are
-rated by the device-max estimate at those speeds.
+device's; the policy sees each device's compute divided by its speed (CostNet.device_costs with
+the task's cluster), and sampled plans are rated by the device-max estimate at those speeds.
 
 Tables without access-count bins get them from `bins`, a `BinEstimator` (by default the
 one the model's metadata carries, if any: see dreamshard.data.bins); with none, such a
@@ -54,14 +54,14 @@ class PolicySharder:
         ctx = TaskContext.build(task, m.cost_net, m.scaler)
         policy_enc = m.policy.encode(ctx.x)
         embed = ctx.cost_enc.shape[-1]
-        weights = torch.cat([ctx.cost_enc, policy_enc], dim=1).double().numpy()
-        speed = torch.tensor(task.speeds(), dtype=torch.float32)
+        # what place_tables sums per device: cost encodings, policy encodings, dim sum
+        weights = torch.cat([ctx.cost_enc, policy_enc, ctx.widths[:, None]], dim=1).double().numpy()
 
         def decode(noise: np.random.Generator | None) -> list[int]:
             def rank(t: int, state: PlacementState) -> list[int]:
                 load = torch.from_numpy(state.load).float()
-                costs = device_costs(m, load[:, :embed], speed)
-                logits = m.policy.logits(load[:, embed:], costs, policy_enc[t]).numpy()
+                costs = m.cost_net.device_costs(load[:, :embed], load[:, -1], ctx.cluster)
+                logits = m.policy.logits(load[:, embed:-1], costs, policy_enc[t]).numpy()
                 if noise is not None:
                     logits = logits + noise.gumbel(size=logits.shape)
                 return np.argsort(-logits, kind="stable").tolist()
@@ -78,17 +78,8 @@ class PolicySharder:
     @torch.no_grad()
     def predicted_ms(self, ctx: TaskContext, assignment: list[int]) -> float:
         onehot = torch.nn.functional.one_hot(torch.tensor(assignment), ctx.task.num_devices).float()
-        sums = onehot.T @ ctx.cost_enc
-        speed = torch.tensor(ctx.task.speeds(), dtype=torch.float32)
-        if bool((speed == 1.0).all()):
-            return float(self.model.cost_net.plan_cost(sums))
-        return float(device_costs(self.model, sums, speed).sum(dim=-1).max())  # the device-max estimate
-
-
-def device_costs(model: LearnedModel, device_sums: torch.Tensor, speed: torch.Tensor) -> torch.Tensor:
-    """[D, embed] -> [D, 3] predicted (fwd, bwd, comm) ms of each device at its speed: the cost network predicts
-    the reference device's compute (speed 1), a device of speed s computes in 1/s of it; communication stays."""
-    costs = model.cost_net.device_costs(device_sums)
-    if bool((speed == 1.0).all()):
-        return costs
-    return torch.cat([costs[:, :2] / speed[:, None], costs[:, 2:]], dim=1)
+        sums, dims = onehot.T @ ctx.cost_enc, onehot.T @ ctx.widths
+        net = self.model.cost_net
+        if bool((ctx.cluster.speed == 1.0).all()):
+            return float(net.plan_cost(sums, dims, ctx.cluster))
+        return float(net.device_costs(sums, dims, ctx.cluster).sum(dim=-1).max())  # the device-max estimate

@@ -1,0 +1,182 @@
+"""Single-device measurements (dreamshard/evaluation/devices.py, stage collect_devices) and the cost network's
+communication from the all-to-all model (CostNetConfig.comm = "model"), on the analytic backend."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from dreamshard.errors import DataFormatError
+from dreamshard.evaluation.devices import (
+    DeviceJournal,
+    cost_data_from_rows,
+    device_samples,
+    measure_samples,
+    pending,
+)
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.comm import Topology, communication_ms
+from dreamshard.learning.cost_model import Cluster, CostNetConfig, cost_data_from_plans, device_predictions
+from dreamshard.plan import Plan
+from dreamshard.tasks import Task, read_tasks
+from helpers import tiny_params
+from stages import collect_devices, download, process
+from stages import tasks as tasks_stage
+from stages.fit_data import load_single_devices
+
+EXTRA = {"batch_size": 512, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("devices")
+    params = tiny_params(root)
+    download.run(params)
+    process.run(params)
+    tasks_stage.run(params)
+    tasks = read_tasks(Path(params["paths"]["tasks"]) / "train.parquet", params["paths"]["tables"])
+    pool = list({t.name: t for task in tasks for t in task.tables}.values())
+    return params, tasks, pool
+
+
+@pytest.fixture
+def analytic() -> AnalyticBackend:
+    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=512))
+
+
+class Crashing:
+    """Delegates to a backend; compute_cost raises once `fail_after` operators were measured."""
+
+    def __init__(self, inner, fail_after: int) -> None:
+        self.inner, self.fail_after, self.calls = inner, fail_after, 0
+        self.name, self.measured = inner.name, inner.measured
+
+    def device_name(self):
+        return self.inner.device_name()
+
+    def compute_cost(self, task, shards):
+        if self.calls >= self.fail_after:
+            raise RuntimeError("injected crash")
+        self.calls += 1
+        return self.inner.compute_cost(task, shards)
+
+
+def test_samples_are_seeded_fit_the_cap_and_use_the_dims(data):
+    _, tasks, pool = data
+    a = device_samples(pool, 30, 4, 0.01, [4, 8], tasks[0], seed=1)
+    assert a == device_samples(pool, 30, 4, 0.01, [4, 8], tasks[0], seed=1)
+    assert a != device_samples(pool, 30, 4, 0.01, [4, 8], tasks[0], seed=2)
+    names = {t.name for t in pool}
+    for s in a:
+        assert 1 <= len(s.tables) <= 4 and {t.dim for t in s.tables} <= {4, 8} and {t.name for t in s.tables} <= names
+        assert sum(tasks[0].memory.shard_bytes(t.rows, t.dim) for t in s.tables) <= 0.01 * 2**30
+
+
+def test_resume_after_a_crash_loses_and_repeats_nothing(data, analytic, tmp_path):
+    _, tasks, pool = data
+    samples = device_samples(pool, 12, 4, 1.0, [4, 8, 16], tasks[0], seed=0)
+    reference = measure_samples(analytic, samples, tasks[0], EXTRA)
+    journal = DeviceJournal(tmp_path / "journal")
+    crashing = Crashing(analytic, fail_after=7)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        for chunk in pending(samples, journal.done(), 3):
+            journal.write_chunk(measure_samples(crashing, chunk, tasks[0], EXTRA))
+    assert journal.done() == {s.index for s in samples[:6]}  # two whole chunks; the crashed one is not there
+    counter = Crashing(analytic, fail_after=10**9)
+    for chunk in pending(samples, journal.done(), 3):
+        journal.write_chunk(measure_samples(counter, chunk, tasks[0], EXTRA))
+    assert counter.calls == len(samples) - 6
+    pd.testing.assert_frame_equal(journal.read(samples), pd.DataFrame(reference))
+
+
+def test_rows_give_the_measured_costs_back_and_bad_rows_are_named(data, analytic):
+    _, tasks, pool = data
+    samples = device_samples(pool, 6, 3, 1.0, [4, 16], tasks[0], seed=0)
+    rows = pd.DataFrame(measure_samples(analytic, samples, tasks[0], EXTRA))
+    d = cost_data_from_rows(rows, pool, tasks[0], "devices.parquet")
+    assert d.num_plans == len(samples) and (d.device_plan == np.arange(len(samples))).all()
+    np.testing.assert_allclose(d.device_ms[:, :2], rows[["fwd_ms", "bwd_ms"]].to_numpy())
+    assert (d.device_ms[:, 2] == 0).all()
+    widths = np.zeros(len(samples))
+    np.add.at(widths, d.shard_device, d.shard_raw[:, 0])
+    assert widths.tolist() == [float(sum(s)) for s in rows["dims"]]
+    with pytest.raises(DataFormatError, match="devices.parquet: missing column"):
+        cost_data_from_rows(rows.drop(columns="dims"), pool, tasks[0], "devices.parquet")
+    with pytest.raises(DataFormatError, match=r"devices.parquet: sample \d+: table\(s\) t-other"):
+        cost_data_from_rows(rows.assign(tables=[["t-other"]] * len(rows)), pool, tasks[0], "devices.parquet")
+
+
+def test_collect_devices_stage_end_to_end_and_its_reader(data):
+    params, tasks, _ = data
+    params = copy.deepcopy(params)
+    collect_devices.run(params)
+    out = Path(params["paths"]["single_devices"])
+    assert sorted(p.name for p in out.iterdir()) == ["devices.parquet"]  # the journal is merged and gone
+    rows = pd.read_parquet(out / "devices.parquet")
+    assert len(rows) <= params["collect_devices"]["samples"] and rows["sample"].is_monotonic_increasing
+    assert set(rows["backend"]) == {"analytic"} and not rows["measured"].any() and (rows["batch_size"] == 512).all()
+    single = load_single_devices(params, tasks)
+    assert single is not None and single.num_plans == len(rows)
+    assert load_single_devices({**params, "train_cost": {**params["train_cost"], "device_data": False}}, tasks) is None
+    collect_devices.run(params)  # a rerun: the same rows
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "devices.parquet"), rows)
+    bad = copy.deepcopy(params)
+    bad["collect_devices"]["samples"] = 0
+    with pytest.raises(Exception, match="collect_devices.samples: expected an integer >= 1"):
+        collect_devices.run(bad)
+
+
+# ---------------------------------------------------------------- communication from the model
+
+
+def test_model_communication_is_the_all_to_all_of_the_predicted_forwards():
+    """The oracle: hardware/comm.py's communication_ms, given the network's own forward predictions."""
+    topology = Topology(devices_per_host=2, intra_host_gbps=100.0, inter_host_gbps=5.0, latency_us=20.0)
+    config = CostNetConfig.with_topology(topology, 1024, comm="model", scale_ms=3.0)
+    net = config.build(torch.Generator().manual_seed(0))
+    sums = torch.rand(2, 3, config.embed, generator=torch.Generator().manual_seed(1))  # 2 plans of 3 devices
+    dims = torch.tensor([[64.0, 8.0, 200.0], [0.0, 32.0, 32.0]])
+    cluster = Cluster.of(config, [1.0, 2.0, 1.0])
+    with torch.no_grad():
+        got = net.device_costs(sums, dims, cluster).double().numpy()
+        heads = net.head_costs(sums).double().numpy()
+        plan = net.plan_cost(sums, dims, cluster).double().numpy()
+    for p in range(2):
+        fwd = heads[p, :, 0] / [1.0, 2.0, 1.0]
+        f_comm, b_comm = communication_ms(fwd, dims[p].int().tolist(), 1024, topology)
+        np.testing.assert_allclose(got[p, :, 0], fwd, rtol=1e-5)
+        np.testing.assert_allclose(got[p, :, 2], f_comm + b_comm, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(plan[p], (got[p].sum(axis=1)).max(), rtol=1e-6)
+    with pytest.raises(ValueError, match="dim sums"):
+        net.device_costs(sums)
+    one = net.device_costs(sums[:, :1], dims[:, :1], Cluster.of(config, [1.0]))
+    assert (one[..., 2] == 0).all()  # a single device exchanges nothing
+
+
+def test_the_config_refuses_unknown_settings():
+    with pytest.raises(ValueError, match="comm: expected one of"):
+        CostNetConfig(comm="measured")
+    with pytest.raises(ValueError, match="batch_size"):
+        CostNetConfig(batch_size=0)
+
+
+def test_device_predictions_read_each_plan_on_its_own(analytic):
+    """device_predictions under the model: each plan's rows as device_costs sees that plan alone."""
+    from dreamshard.tables import Table
+
+    tables = [Table(f"t{i}", 1000 * (i + 1), 8 * (i + 1), 5.0 + i, tuple([1.0] + [0.0] * 16)) for i in range(5)]
+    task = Task.uniform("x", tables, 2, 1.0)
+    plans = [Plan.from_assignment(task, a) for a in ([0, 1, 0, 1, 0], [1, 1, 1, 0, 0])]
+    data = cost_data_from_plans([(task, p, analytic.plan_cost(task, p)) for p in plans])
+    from dreamshard.learning.features import FeatureScaler, table_features
+
+    scaler = FeatureScaler.fit(table_features(tables, task.memory))
+    net = CostNetConfig.with_topology(Topology(), 512, comm="model").build(torch.Generator().manual_seed(0))
+    all_rows = device_predictions(net, scaler, data)
+    for p in range(2):
+        alone = device_predictions(net, scaler, data.subset([p]))
+        np.testing.assert_allclose(all_rows[data.device_plan == p], alone, rtol=1e-6)
