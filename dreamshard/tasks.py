@@ -188,6 +188,11 @@ class Task:
         return cls(name, tuple(tables), devices, memory or MemoryModel(), family)
 
 
+def table_pool(tasks: Sequence[Task]) -> list[Table]:
+    """The distinct tables of `tasks` (by name), in order of first appearance."""
+    return list({t.name: t for task in tasks for t in task.tables}.values())
+
+
 def stats_table(row, dim: int) -> Table:
     """A `Table` from a row of data/tables.parquet, at dimension `dim`."""
     return Table(

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from dreamshard.errors import DreamShardError
 from dreamshard.evaluation.devices import DeviceJournal, device_samples, measure_samples, pending
 from dreamshard.io import write_parquet
-from dreamshard.tasks import read_tasks
+from dreamshard.tasks import read_tasks, table_pool
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, section
 
@@ -42,7 +42,7 @@ def run(params: dict[str, Any]) -> None:
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
         raise ParamsError(f"params.yaml: collect_devices.memory_cap_gb: expected a number > 0, got {cap!r}")
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
-    pool = list({t.name: t for task in tasks for t in task.tables}.values())
+    pool = table_pool(tasks)
     dims = [int(d) for d in section(params, "tasks.dims")]
     samples = device_samples(pool, cfg["samples"], cfg["max_tables"], float(cap), dims, tasks[0], cfg["seed"])
     backend = make_stage_backend(params)

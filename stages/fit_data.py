@@ -11,7 +11,7 @@ import pandas as pd
 
 from dreamshard.evaluation import devices
 from dreamshard.learning.cost_model import CostData
-from dreamshard.tasks import Task
+from dreamshard.tasks import Task, table_pool
 from stages.common import ParamsError, section
 
 
@@ -23,7 +23,7 @@ def load_single_devices(params: dict[str, Any], tasks: list[Task]) -> CostData |
     if not use:
         return None
     path = Path(section(params, "paths.single_devices")) / "devices.parquet"
-    pool = list({t.name: t for task in tasks for t in task.tables}.values())
+    pool = table_pool(tasks)
     return devices.cost_data_from_rows(pd.read_parquet(path), pool, tasks[0], str(path))
 
 

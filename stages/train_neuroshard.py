@@ -27,7 +27,7 @@ from dreamshard.learning.neuroshard import (
     fit_comm_net,
     fit_compute_net,
 )
-from dreamshard.tasks import read_tasks
+from dreamshard.tasks import read_tasks, table_pool
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, build, section
 
@@ -41,7 +41,7 @@ def run(params: dict[str, Any]) -> None:
         raise ParamsError(f"params.yaml: train_neuroshard.holdout_fraction: expected in (0, 1), got {holdout}")
     augment = build(AugmentConfig, {**cfg, "dims": tuple(section(params, "tasks.dims"))}, "train_neuroshard")
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
-    pool = list({t.name: t for task in tasks for t in task.tables}.values())
+    pool = table_pool(tasks)
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
     backend = make_stage_backend(params)
     measured = Path(section(params, "paths.single_devices")) / "devices.parquet"

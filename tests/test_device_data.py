@@ -26,6 +26,7 @@ from dreamshard.tasks import Task, read_tasks
 from helpers import tiny_params
 from stages import collect_devices, download, process
 from stages import tasks as tasks_stage
+from stages.common import ParamsError
 from stages.fit_data import load_single_devices
 
 EXTRA = {"batch_size": 512, "seed": 0}
@@ -126,7 +127,7 @@ def test_collect_devices_stage_end_to_end_and_its_reader(data):
     pd.testing.assert_frame_equal(pd.read_parquet(out / "devices.parquet"), rows)
     bad = copy.deepcopy(params)
     bad["collect_devices"]["samples"] = 0
-    with pytest.raises(Exception, match="collect_devices.samples: expected an integer >= 1"):
+    with pytest.raises(ParamsError, match="collect_devices.samples: expected an integer >= 1"):
         collect_devices.run(bad)
 
 

@@ -24,7 +24,7 @@ from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import CostBackend
 from dreamshard.io import write_parquet
 from dreamshard.learning.cost_model import CostData
-from dreamshard.learning.features import shard_features
+from dreamshard.learning.features import NUM_FEATURES, shard_features
 from dreamshard.memory import GB
 from dreamshard.plan import Shard
 from dreamshard.tables import Table
@@ -92,7 +92,7 @@ def cost_data_of(samples: Sequence[DeviceSample], fwd_bwd_ms: Sequence[tuple[flo
             raw.append(shard_features(t, t.dim, template.memory))
             shard_dev.append(k)
     dev = np.asarray([(f, b, 0.0) for f, b in fwd_bwd_ms], dtype=np.float64).reshape(-1, 3)
-    return CostData(np.asarray(raw).reshape(-1, len(raw[0]) if raw else 21), np.asarray(shard_dev, np.int64),
+    return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.arange(len(dev), dtype=np.int64), dev, dev[:, :2].sum(axis=1))
 
 

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
+from dreamshard.data.bins import BinEstimator
 from dreamshard.hardware.base import CostBackend
 from dreamshard.learning.cost_model import mlp
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, table_features
 from dreamshard.learning.mdp import Episodes, choose, reinforce_loss
 from dreamshard.plan import Plan
-from dreamshard.sharders.pieces import with_pieces
+from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
 
@@ -225,7 +225,7 @@ def train_rnn(tasks: Sequence[Task], backend: CostBackend, scaler: FeatureScaler
 
 
 @dataclass
-class RnnSharder:
+class RnnSharder(LearnedSharder):
     """Plans with a trained RnnModel: tables in the task's order, each onto the device with the best logit that
     has room (`place_tables`, which also keeps the task's constraints and backs up from memory dead ends)."""
 
@@ -233,13 +233,6 @@ class RnnSharder:
     name: str = "rnn"
     # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
     bins: BinEstimator | None = None
-
-    def __post_init__(self) -> None:
-        if self.bins is None:
-            self.bins = BinEstimator.from_meta(self.model.meta, f"{self.name} model metadata")
-
-    def shard(self, task: Task) -> Plan:
-        return with_pieces(task_with_estimated_bins(task, self.bins, self.name), self._shard)
 
     @torch.no_grad()
     def _shard(self, task: Task) -> Plan:

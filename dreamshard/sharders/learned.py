@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,14 +33,14 @@ from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
 
 
-@dataclass
-class PolicySharder:
+class LearnedSharder:
+    """What every sharder planning with a trained model does around its own `_shard`: tables without bins get
+    them from `bins` (None: the estimator the model's metadata carries, if any), and tables the task asks to be
+    cut are cut into pieces first (`with_pieces`). Subclasses are dataclasses with these three fields."""
+
     name: str
-    model: LearnedModel
-    samples: int = 0
-    seed: int = 0
-    # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
-    bins: BinEstimator | None = None
+    model: Any  # has .meta
+    bins: BinEstimator | None
 
     def __post_init__(self) -> None:
         if self.bins is None:
@@ -47,6 +48,19 @@ class PolicySharder:
 
     def shard(self, task: Task) -> Plan:
         return with_pieces(task_with_estimated_bins(task, self.bins, self.name), self._shard)
+
+    def _shard(self, task: Task) -> Plan:
+        raise NotImplementedError
+
+
+@dataclass
+class PolicySharder(LearnedSharder):
+    name: str
+    model: LearnedModel
+    samples: int = 0
+    seed: int = 0
+    # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
+    bins: BinEstimator | None = None
 
     @torch.no_grad()
     def _shard(self, task: Task) -> Plan:
