@@ -142,6 +142,37 @@ def test_another_thread_count_is_refused_and_never_changed(backend):
     assert torch.get_num_threads() == 1
 
 
+def test_an_allocator_setting_other_than_the_configs_is_refused(backend, monkeypatch):
+    """torch reads the huge-pages setting once per process: the backend measures only where it matches."""
+    from dreamshard.allocator import HUGE_PAGES_ENV
+
+    huge = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=256, warmup=1, iterations=3,
+                                                                huge_pages=True))
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    with pytest.raises(DreamShardError, match=rf"huge_pages=True, but this process has {HUGE_PAGES_ENV}=None"):
+        huge.compute_cost(tiny_task(), whole(tiny_task())[:1])
+    monkeypatch.setenv(HUGE_PAGES_ENV, "1")
+    with pytest.raises(DreamShardError, match=r"huge_pages=False.*=\'1\'.*backend.fbgemm.huge_pages"):
+        backend.compute_cost(tiny_task(), whole(tiny_task())[:1])
+    assert "huge pages" in huge.device_name() and "huge pages" not in backend.device_name()
+    with pytest.raises(ValueError, match="huge_pages: expected true or false"):
+        FbgemmConfig(huge_pages="yes")  # type: ignore[arg-type]
+
+
+def test_the_pipeline_sets_the_allocator_from_params_before_torch(tmp_path, monkeypatch):
+    from dreamshard.allocator import HUGE_PAGES_ENV, huge_pages_enabled
+    from pipeline.__main__ import huge_pages_from_params
+
+    params = tmp_path / "params.yaml"
+    monkeypatch.setenv(HUGE_PAGES_ENV, "1")  # the shell's setting loses to params
+    params.write_text("backend: {name: fbgemm, fbgemm: {huge_pages: false}}\n")
+    huge_pages_from_params(str(params))
+    assert not huge_pages_enabled()
+    params.write_text("backend: {name: fbgemm, fbgemm: {huge_pages: true}}\n")
+    huge_pages_from_params(str(params))
+    assert huge_pages_enabled()
+
+
 # ---------------------------------------------------------------- what the operator computes
 
 

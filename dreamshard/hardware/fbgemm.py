@@ -27,6 +27,7 @@ is refused on CPU rather than measured with another optimizer.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import statistics
 import time
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dreamshard.allocator import HUGE_PAGES_ENV, huge_pages_enabled
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
@@ -72,6 +74,7 @@ class FbgemmConfig:
     warmup: int = 3
     iterations: int = 15
     threads: int = 1  # CPU threads of a measurement: torch.get_num_threads() must equal it (see pin_threads)
+    huge_pages: bool = False  # CPU: torch allocates weights on transparent huge pages (dreamshard.allocator)
     device: str = "cpu"  # "cpu" or "cuda"
     memory_budget_gb: float = 4.0  # refuse to build an operator whose weights + optimizer state exceed this
     learning_rate: float = 0.01
@@ -82,6 +85,8 @@ class FbgemmConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+        if not isinstance(self.huge_pages, bool):
+            raise ValueError(f"huge_pages: expected true or false, got {self.huge_pages!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("memory_budget_gb", "learning_rate"):
@@ -148,7 +153,8 @@ class FbgemmBackend:
 
             return torch.cuda.get_device_name()
         n = self.config.threads
-        return f"cpu: {cpu_model_name()} ({n} thread{'s' if n != 1 else ''})"
+        pages = ", huge pages" if self.config.huge_pages else ""
+        return f"cpu: {cpu_model_name()} ({n} thread{'s' if n != 1 else ''}{pages})"
 
     def versions(self) -> dict[str, str]:
         import torch
@@ -200,6 +206,12 @@ class FbgemmBackend:
                 f"fbgemm backend: CPU timings need torch's thread count to be threads={self.config.threads}, "
                 f"but this process runs {torch.get_num_threads()}; set it once at the start of the process "
                 f"(dreamshard.hardware.fbgemm.pin_threads(backend) or torch.set_num_threads), never mid-measurement")
+        if self.config.device == "cpu" and huge_pages_enabled() != self.config.huge_pages:
+            raise DreamShardError(
+                f"fbgemm backend: huge_pages={self.config.huge_pages}, but this process has "
+                f"{HUGE_PAGES_ENV}={os.environ.get(HUGE_PAGES_ENV)!r}; torch reads it once, at its first allocation, "
+                f"so start the process with {HUGE_PAGES_ENV}={'1' if self.config.huge_pages else '0'} (python -m "
+                "pipeline sets it from params backend.fbgemm.huge_pages) or change huge_pages")
         fused = None
         try:
             fused = self.build_operator(task, shards)
