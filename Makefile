@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	test -d .dvc || $(BIN)/dvc init -q $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
 	$(BIN)/dvc config core.analytics false
-	$(BIN)/dvc repro
+	$(BIN)/python -m pipeline.serve -- $(BIN)/dvc repro  # one local Prefect server for every stage
 
 # lint and types first: seconds, and they fail before the suite's minutes
 test: lint

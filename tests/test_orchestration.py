@@ -427,3 +427,25 @@ def test_collect_failed_chunk_is_retried_reported_and_resumed(prefect_server, tm
     proc = run_collect(params, base, "tight", env, runner, ok=False)
     assert f"{failing} to measure in {failing} chunk(s)" in out(proc), out(proc)
     assert len(list(journal.glob("plans-*.parquet"))) == total - failing
+
+
+# ------------------------------------------------------------------ make run's shared server
+
+
+def test_make_run_serves_one_prefect_server_for_the_command_and_stops_it(tmp_path):
+    """pipeline.serve: the command sees a healthy server at PREFECT_API_URL, its exit status is kept, and
+    the server is gone when it ends."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    seen = tmp_path / "url"
+    probe = ("import os, sys, urllib.request; url = os.environ['PREFECT_API_URL']; "
+             f"open({str(seen)!r}, 'w').write(url); "
+             "sys.exit(3 if urllib.request.urlopen(url + '/health', timeout=5).read().strip() == b'true' else 4)")
+    proc = subprocess.run([sys.executable, "-m", "pipeline.serve", "--", sys.executable, "-c", probe],
+                          env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, out(proc)  # healthy during the command; the command's status comes back
+    url = seen.read_text()
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/api")
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/health", timeout=2)  # stopped
+    assert (tmp_path / "prefect" / "server.log").exists()
