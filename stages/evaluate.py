@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, fusion_probe, regime_of
-from dreamshard.evaluation.evaluate import ProbeCache, estimated_bins_check, evaluate_task
+from dreamshard.evaluation.evaluate import PlannedTask, ProbeCache, estimated_bins_check, evaluate_task, plan_with
 from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
 from dreamshard.evaluation.improve import ImproveConfig
 from dreamshard.evaluation.journal import EvalJournal, file_digest
@@ -41,7 +44,7 @@ from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_parquet, write_text
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
 from dreamshard.sharders.search import SearchConfig
-from dreamshard.tasks import read_tasks
+from dreamshard.tasks import Task, read_tasks
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, build, section
 
@@ -74,6 +77,44 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
         except ValueError as exc:
             raise ParamsError(f"params.yaml: evaluate.sharders: {exc}") from None
     return sharders
+
+
+def planning_workers(params: dict[str, Any]) -> int:
+    """params `orchestration.evaluate.planning_workers`: processes that plan the tasks before any is measured."""
+    value = ((params.get("orchestration") or {}).get("evaluate") or {}).get("planning_workers", 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ParamsError(f"params.yaml: orchestration.evaluate.planning_workers: expected an integer >= 1, got {value!r}")
+    return value
+
+
+_PLANNER: dict[str, list[Sharder]] = {}  # a planning worker's sharders (its process only; see plan_tasks)
+
+
+def _start_planner(params: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # a worker is a program: one thread per planning process, set once at its start
+    _PLANNER["sharders"] = make_sharders(params, int(section(params, "backend.batch_size")))
+
+
+def _plan_in_worker(task: Task) -> list[PlannedTask]:
+    return plan_with(_PLANNER["sharders"], task)
+
+
+def plan_tasks(params: dict[str, Any], sharders: list[Sharder], tasks: Sequence[Task],
+               workers: int) -> list[list[PlannedTask]]:
+    """Every sharder's plan of each task (plan_with), in `workers` processes at once when more than 1.
+
+    Planning happens before any measurement and never beside one: the processes share the machine's
+    cores with each other only. Each builds the sharders from `params` like this stage (the same seeds
+    and models), so the plans equal those planned here; planning times are each process's own.
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        return [plan_with(sharders, t) for t in tasks]
+    context = multiprocessing.get_context("spawn")  # not fork: the stage runs threads (Prefect)
+    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_start_planner,
+                             initargs=(params,)) as pool:
+        return list(tqdm(pool.map(_plan_in_worker, tasks), total=len(tasks), desc="plan", unit="task"))
 
 
 def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
@@ -119,13 +160,18 @@ def run(params: dict[str, Any]) -> None:
 
     probes = ProbeCache(backend)  # the bounds' single-table probes, measured once per table and width
 
+    pending = [(split, t) for split, t in splits if not journal.has(split, t)]
+    planned = dict(zip([journal.key(split, t) for split, t in pending],
+                       plan_tasks(params, sharders, [t for _, t in pending], planning_workers(params))))
+
     def evaluate(split: str, task) -> list[dict]:
         return [{"split": split, **result_row(r)}
                 for r in evaluate_task(backend, task, sharders, bound, batch_size, topology, int(cfg["rounds"]),
                                        column_splits=column_splits, probes=probes,
-                                       row_probe_ratio=float(cfg["row_probe_ratio"]))]
+                                       row_probe_ratio=float(cfg["row_probe_ratio"]),
+                                       planned=planned.pop(journal.key(split, task)))]
 
-    done = journal.journaled_count(splits)
+    done = len(splits) - len(pending)
     if done:
         print(f"evaluate: {done} of {len(splits)} tasks already journaled in {journal.folder}: continuing")
     with tqdm(total=len(splits), initial=done, desc="evaluate", unit="task") as bar:

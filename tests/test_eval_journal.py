@@ -67,6 +67,7 @@ def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
     params = tiny_params(tmp_path)
     params["evaluate"]["sharders"] = ["random", "size_greedy", "lookup_greedy"]  # no trained models needed
     params["evaluate"]["estimated_bins"] = {"tasks_per_family": 0, "rounds": 1}
+    params["orchestration"] = {"evaluate": {"planning_workers": 1}}
     for stage in ("download", "process", "tasks"):
         importlib.import_module(f"stages.{stage}").run(params)
     evaluate = importlib.import_module("stages.evaluate")
@@ -92,14 +93,26 @@ def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
     resumed = pd.read_parquet(Path(params["paths"]["eval"]) / "results.parquet")
     assert sorted(set(resumed["task"])) == test_tasks
     assert len(resumed) == 4 * 3
-    # the same results as one uninterrupted run (the analytic backend is deterministic; planning time is not)
+    # the same results as one uninterrupted run whose plans were made in other processes (the analytic
+    # backend is deterministic; planning time is not)
     fresh = tiny_params(tmp_path / "fresh")
     fresh["paths"] = {**params["paths"], "eval": str(tmp_path / "fresh_eval"),
                       "eval_journal": str(tmp_path / "fresh_journal"),
                       "eval_metrics": str(tmp_path / "fresh_eval.json"), "eval_plot": str(tmp_path / "fresh.csv")}
     fresh["evaluate"] = params["evaluate"]
+    fresh["orchestration"] = {"evaluate": {"planning_workers": 2}}  # planned in two processes beforehand
     evaluate.run(fresh)
     once = pd.read_parquet(tmp_path / "fresh_eval" / "results.parquet")
     cols = ["task", "algorithm", "cost_ms", "lower_bound_ms", "shards"]
     pd.testing.assert_frame_equal(resumed[cols], once[cols])
     assert json.loads(Path(params["paths"]["eval_metrics"]).read_text())["backend"] == AnalyticBackend.name
+
+
+def test_planning_workers_must_be_a_positive_integer():
+    evaluate = importlib.import_module("stages.evaluate")
+    from stages.common import ParamsError
+
+    assert evaluate.planning_workers({}) == 1
+    assert evaluate.planning_workers({"orchestration": {"evaluate": {"planning_workers": 2}}}) == 2
+    with pytest.raises(ParamsError, match=r"orchestration.evaluate.planning_workers: expected an integer >= 1, got 0"):
+        evaluate.planning_workers({"orchestration": {"evaluate": {"planning_workers": 0}}})

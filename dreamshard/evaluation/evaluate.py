@@ -128,11 +128,20 @@ class ProbeCache:
 def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str,
                   batch_size: int, topology: Topology, rounds: int = 1,
                   column_splits: bool = False, probes: ProbeCache | None = None,
-                  row_probe_ratio: float = ROW_PROBE_RATIO) -> list[EvalResult]:
+                  row_probe_ratio: float = ROW_PROBE_RATIO,
+                  planned: Sequence[PlannedTask] | None = None) -> list[EvalResult]:
     """Each sharder's plan of `task`, measured in `rounds` interleaved rounds, and the lower bound (its
     single-table probes from `probes` when given: reused across the tasks of an evaluation; `row_probe_ratio`:
-    bounds.lower_bound's, for the tables the plans cut into row ranges)."""
-    planned = plan_with(sharders, task)
+    bounds.lower_bound's, for the tables the plans cut into row ranges). `planned`: the sharders' plans made
+    beforehand (plan_with, e.g. in other processes), one per sharder in order; planned here when None."""
+    if planned is None:
+        planned = plan_with(sharders, task)
+    elif [p.algorithm for p in planned] != [s.name for s in sharders]:
+        raise ValueError(f"task {task.name!r}: plans of {[p.algorithm for p in planned]}, expected one of each of "
+                         f"{[s.name for s in sharders]} in that order")
+    else:
+        for p in planned:
+            validate_plan(task, p.plan)
     plans = [p.plan for p in planned]
     costs = measure_interleaved(backend, task, plans, rounds)
     # a bound that holds for every evaluated plan: the cuts the sharders may make, and those they made
