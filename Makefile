@@ -22,10 +22,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps torchrec==1.8.0
 	touch $(STAMP)
 
+# up to date: nothing to start (1 s); otherwise one local Prefect server for every stage that runs
 run: setup
 	test -d .dvc || $(BIN)/dvc init -q $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm)
 	$(BIN)/dvc config core.analytics false
-	$(BIN)/python -m pipeline.serve -- $(BIN)/dvc repro  # one local Prefect server for every stage
+	$(BIN)/dvc status -q || $(BIN)/python -m pipeline.serve -- $(BIN)/dvc repro
 
 # lint and types first: seconds, and they fail before the suite's minutes
 test: lint
