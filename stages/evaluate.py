@@ -79,15 +79,20 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
     return sharders
 
 
-def planning_workers(params: dict[str, Any]) -> int:
-    """params `orchestration.evaluate.planning_workers`: processes that plan the tasks before any is measured."""
-    value = ((params.get("orchestration") or {}).get("evaluate") or {}).get("planning_workers", 1)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ParamsError(f"params.yaml: orchestration.evaluate.planning_workers: expected an integer >= 1, got {value!r}")
-    return value
+def planning_settings(params: dict[str, Any]) -> tuple[int, int]:
+    """params `orchestration.evaluate`: `planning_workers`, processes that plan tasks while nothing is measured,
+    and `planning_chunk`, tasks planned together before they are measured (what an interruption can lose)."""
+    cfg = (params.get("orchestration") or {}).get("evaluate") or {}
+    values = []
+    for name in ("planning_workers", "planning_chunk"):
+        value = cfg.get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ParamsError(f"params.yaml: orchestration.evaluate.{name}: expected an integer >= 1, got {value!r}")
+        values.append(value)
+    return values[0], values[1]
 
 
-_PLANNER: dict[str, list[Sharder]] = {}  # a planning worker's sharders (its process only; see plan_tasks)
+_PLANNER: dict[str, list[Sharder]] = {}  # a planning worker's sharders (its process only; see Planner)
 
 
 def _start_planner(params: dict[str, Any]) -> None:
@@ -101,20 +106,34 @@ def _plan_in_worker(task: Task) -> list[PlannedTask]:
     return plan_with(_PLANNER["sharders"], task)
 
 
-def plan_tasks(params: dict[str, Any], sharders: list[Sharder], tasks: Sequence[Task],
-               workers: int) -> list[list[PlannedTask]]:
-    """Every sharder's plan of each task (plan_with), in `workers` processes at once when more than 1.
+class Planner:
+    """Every sharder's plan of tasks (plan_with): in `workers` processes when more than 1, here otherwise.
 
-    Planning happens before any measurement and never beside one: the processes share the machine's
-    cores with each other only. Each builds the sharders from `params` like this stage (the same seeds
-    and models), so the plans equal those planned here; planning times are each process's own.
+    The stage plans a chunk of tasks, then measures them: planning never runs beside a measurement, and
+    the processes share the machine's cores with each other only. They are started once (spawned, not
+    forked: the stage runs Prefect's threads) and wait idle while the stage measures. Each builds the
+    sharders from `params` like the stage (the same seeds and models), so the plans equal those planned
+    here; planning times are each process's own.
     """
-    if workers <= 1 or len(tasks) <= 1:
-        return [plan_with(sharders, t) for t in tasks]
-    context = multiprocessing.get_context("spawn")  # not fork: the stage runs threads (Prefect)
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_start_planner,
-                             initargs=(params,)) as pool:
-        return list(tqdm(pool.map(_plan_in_worker, tasks), total=len(tasks), desc="plan", unit="task"))
+
+    def __init__(self, params: dict[str, Any], sharders: list[Sharder], workers: int) -> None:
+        self.params, self.sharders, self.workers = params, sharders, workers
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Planner:
+        if self.workers > 1:
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_start_planner, initargs=(self.params,))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def plan(self, tasks: Sequence[Task]) -> list[list[PlannedTask]]:
+        if self.pool is None or len(tasks) <= 1:
+            return [plan_with(self.sharders, t) for t in tasks]
+        return list(self.pool.map(_plan_in_worker, tasks))
 
 
 def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
@@ -160,9 +179,7 @@ def run(params: dict[str, Any]) -> None:
 
     probes = ProbeCache(backend)  # the bounds' single-table probes, measured once per table and width
 
-    pending = [(split, t) for split, t in splits if not journal.has(split, t)]
-    planned = dict(zip([journal.key(split, t) for split, t in pending],
-                       plan_tasks(params, sharders, [t for _, t in pending], planning_workers(params))))
+    planned: dict[str, list[PlannedTask]] = {}  # by journal key: the chunk's plans, until measured
 
     def evaluate(split: str, task) -> list[dict]:
         return [{"split": split, **result_row(r)}
@@ -171,11 +188,19 @@ def run(params: dict[str, Any]) -> None:
                                        row_probe_ratio=float(cfg["row_probe_ratio"]),
                                        planned=planned.pop(journal.key(split, task)))]
 
-    done = len(splits) - len(pending)
+    done = journal.journaled_count(splits)
     if done:
         print(f"evaluate: {done} of {len(splits)} tasks already journaled in {journal.folder}: continuing")
-    with tqdm(total=len(splits), initial=done, desc="evaluate", unit="task") as bar:
-        rows = journal.run(splits, evaluate, lambda _s, _t, reused: None if reused else bar.update())
+    workers, chunk = planning_settings(params)
+    rows: list[dict] = []
+    with Planner(params, sharders, workers) as planner, \
+            tqdm(total=len(splits), initial=done, desc="evaluate", unit="task") as bar:
+        for start in range(0, len(splits), chunk):  # plan a chunk, then measure it: journaled task by task
+            part = splits[start:start + chunk]
+            pending = [(split, t) for split, t in part if not journal.has(split, t)]
+            planned.update(zip([journal.key(split, t) for split, t in pending],
+                               planner.plan([t for _, t in pending])))
+            rows += journal.run(part, evaluate, lambda _s, _t, reused: None if reused else bar.update())
     results = pd.DataFrame(rows)
     out = Path(section(params, "paths.eval"))
     write_parquet(pa.Table.from_pandas(results, preserve_index=False), out / "results.parquet")

@@ -67,7 +67,7 @@ def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
     params = tiny_params(tmp_path)
     params["evaluate"]["sharders"] = ["random", "size_greedy", "lookup_greedy"]  # no trained models needed
     params["evaluate"]["estimated_bins"] = {"tasks_per_family": 0, "rounds": 1}
-    params["orchestration"] = {"evaluate": {"planning_workers": 1}}
+    params["orchestration"] = {"evaluate": {"planning_workers": 1, "planning_chunk": 1}}
     for stage in ("download", "process", "tasks"):
         importlib.import_module(f"stages.{stage}").run(params)
     evaluate = importlib.import_module("stages.evaluate")
@@ -100,7 +100,7 @@ def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
                       "eval_journal": str(tmp_path / "fresh_journal"),
                       "eval_metrics": str(tmp_path / "fresh_eval.json"), "eval_plot": str(tmp_path / "fresh.csv")}
     fresh["evaluate"] = params["evaluate"]
-    fresh["orchestration"] = {"evaluate": {"planning_workers": 2}}  # planned in two processes beforehand
+    fresh["orchestration"] = {"evaluate": {"planning_workers": 2, "planning_chunk": 3}}  # in 2 processes, 3 at a time
     evaluate.run(fresh)
     once = pd.read_parquet(tmp_path / "fresh_eval" / "results.parquet")
     cols = ["task", "algorithm", "cost_ms", "lower_bound_ms", "shards"]
@@ -108,11 +108,14 @@ def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
     assert json.loads(Path(params["paths"]["eval_metrics"]).read_text())["backend"] == AnalyticBackend.name
 
 
-def test_planning_workers_must_be_a_positive_integer():
+def test_planning_settings_must_be_positive_integers():
     evaluate = importlib.import_module("stages.evaluate")
     from stages.common import ParamsError
 
-    assert evaluate.planning_workers({}) == 1
-    assert evaluate.planning_workers({"orchestration": {"evaluate": {"planning_workers": 2}}}) == 2
+    assert evaluate.planning_settings({}) == (1, 1)
+    assert evaluate.planning_settings({"orchestration": {"evaluate": {"planning_workers": 2,
+                                                                      "planning_chunk": 16}}}) == (2, 16)
     with pytest.raises(ParamsError, match=r"orchestration.evaluate.planning_workers: expected an integer >= 1, got 0"):
-        evaluate.planning_workers({"orchestration": {"evaluate": {"planning_workers": 0}}})
+        evaluate.planning_settings({"orchestration": {"evaluate": {"planning_workers": 0}}})
+    with pytest.raises(ParamsError, match=r"orchestration.evaluate.planning_chunk: expected an integer >= 1, got 'x'"):
+        evaluate.planning_settings({"orchestration": {"evaluate": {"planning_chunk": "x"}}})
