@@ -37,6 +37,7 @@ from dreamshard.evaluation.summary import (
     family_summary,
     first_per_family,
     generalisation,
+    interleave_families,
     result_row,
     with_ratios,
 )
@@ -174,7 +175,8 @@ def run(params: dict[str, Any]) -> None:
           f"{', '.join(f'{r:.3f}' for r in ratios)} -> {regime}; fused / costliest single = "
           f"{', '.join(f'{p.monotone:.3f}' for p in fusion)} -> bound {bound}")
 
-    splits = [("test", t) for t in tasks] + [("train", t) for t in train_tasks]
+    # families in turns: a long run stopped partway (journaled) has measured a like share of every family
+    splits = [("test", t) for t in interleave_families(tasks)] + [("train", t) for t in interleave_families(train_tasks)]
     column_splits = any(spec(s.name).splits_tables for s in sharders)
 
     probes = ProbeCache(backend)  # the bounds' single-table probes, measured once per table and width

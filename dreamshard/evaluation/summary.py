@@ -35,6 +35,16 @@ def first_per_family(tasks: Sequence[Task], count: int) -> list[Task]:
     return out
 
 
+def interleave_families(tasks: Sequence[Task]) -> list[Task]:
+    """The tasks in turns across families (each family's first, then each one's second, ...), each family's in
+    the order given: an evaluation stopped partway holds a like share of every family."""
+    by_family: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by_family[t.family].append(t)
+    queues = list(by_family.values())
+    return [q[i] for i in range(max((len(q) for q in queues), default=0)) for q in queues if i < len(q)]
+
+
 def result_row(r: EvalResult) -> dict[str, Any]:
     """One row of data/eval/results.parquet."""
     return {
