@@ -16,6 +16,7 @@ from dreamshard.evaluation.summary import (
     family_summary,
     first_per_family,
     generalisation,
+    interleave_families,
     paired_ratios,
     win_rate,
 )
@@ -217,6 +218,14 @@ def test_first_per_family_keeps_file_order_without_parsing_names():
              [("odd name", "a"), ("b/7", "b"), ("a/0", "a"), ("a/1", "a"), ("b/0", "b")]]
     assert [t.name for t in first_per_family(tasks, 2)] == ["odd name", "b/7", "a/0", "b/0"]
     assert first_per_family(tasks, 0) == []
+
+
+def test_interleave_families_takes_families_in_turns_and_keeps_every_task_once():
+    tables = [Table("x", 100, 4, 1.0)]
+    tasks = [Task.uniform(name, tables, 1, 1.0, family=fam) for name, fam in
+             [("a0", "a"), ("a1", "a"), ("a2", "a"), ("b0", "b"), ("c0", "c"), ("c1", "c")]]
+    assert [t.name for t in interleave_families(tasks)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    assert interleave_families([]) == []
 
 
 def test_estimated_bins_check_plans_twice_and_measures_both_plans():

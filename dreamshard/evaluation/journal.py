@@ -79,16 +79,23 @@ class EvalJournal:
             raise ValueError(f"task {task.name!r}: no rows to journal")
         write_parquet(pa.Table.from_pylist(list(rows)), self.path(split, task))
 
+    def once_path(self, name: str) -> Path:
+        key = hashlib.sha1(json.dumps([self.fingerprint, name]).encode()).hexdigest()[:20]
+        return self.folder / f"{name}-{key}.json"
+
     def once(self, name: str, compute: Callable[[], Any]) -> Any:
         """A JSON-able value measured once per evaluation (fingerprint): read if journaled, else computed and
         journaled."""
-        key = hashlib.sha1(json.dumps([self.fingerprint, name]).encode()).hexdigest()[:20]
-        path = self.folder / f"{name}-{key}.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        value = compute()
-        write_text(json.dumps(value), path)
+        value = self.peek(name)
+        if value is None:
+            value = compute()
+            write_text(json.dumps(value), self.once_path(name))
         return value
+
+    def peek(self, name: str) -> Any:
+        """`once`'s value if journaled, else None (nothing measured): for a reader of a run under way."""
+        path = self.once_path(name)
+        return json.loads(path.read_text()) if path.exists() else None
 
     def journaled_count(self, items: Sequence[tuple[str, Task]]) -> int:
         return sum(self.has(split, task) for split, task in items)

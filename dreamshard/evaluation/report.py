@@ -132,16 +132,26 @@ def generalisation_markdown(metrics: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(readme: Path, metrics: dict) -> None:
-    """Replace the summary block of README with the table of `metrics`."""
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme}: no summary block ({BEGIN} ... {END})")
+def summary_markdown(metrics: dict) -> str:
+    """eval_markdown, then the generalisation table where the metrics hold one."""
     gen = generalisation_markdown(metrics)
     if gen:
         gen = f"\nGeneralisation of the trained sharders (the same ratios, by what each family is new in):\n\n{gen}"
-    block = f"{BEGIN}\n{eval_markdown(metrics)}{gen}{END}"
-    readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+    return eval_markdown(metrics) + gen
+
+
+def replace_block(readme: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what lies between the markers `begin` and `end` of `readme` with `text`."""
+    old = readme.read_text()
+    if begin not in old or end not in old:
+        raise ValueError(f"{readme}: no block to replace ({begin} ... {end})")
+    block = f"{begin}\n{text}{end}"
+    readme.write_text(re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S))
+
+
+def update_readme(readme: Path, metrics: dict) -> None:
+    """Replace the summary block of README with the table of `metrics`."""
+    replace_block(readme, summary_markdown(metrics))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,370 @@
+"""The paper-scale run on the CPU kernels, kept in results/paper-cpu/: read where it stands, and continue it.
+
+The DreamShard paper's ten families, 50 test tasks each (`tasks.profile: paper`, 856 synthetic tables), take
+hours to evaluate on a 2-core machine, more than one session. The evaluate stage journals every task as soon
+as it is measured (dreamshard/evaluation/journal.py). But the journal's keys hold the bytes of the trained
+models and the processor's name, and the models learn from measurements, so a fresh clone cannot rebuild the
+same ones. This script keeps in git what a continuation needs, beside what a reader wants:
+
+    python -m benchmarks.paper_cpu save [--root DIR] [--out results/paper-cpu] [--readme README.md]
+
+        In the run's workspace, while evaluate runs or after it stopped (it reads, it measures nothing):
+        params.yaml; the checkpoints evaluate loads; the journal; the training metrics; digests of the
+        deterministic data; provenance.json (processor, versions, commit, every stage's Prefect flow runs with
+        their wall times, progress); eval.json, summary.md and eval_cost_ratio.png over the tasks journaled so
+        far (partial: true), or the stage's own metrics once it finished. --readme replaces README's
+        paper-cpu block with the summary.
+
+    python -m benchmarks.paper_cpu restore [--root DIR] [--from results/paper-cpu]
+
+        In a fresh clone whose code (dreamshard/, stages/, pipeline/) is the saved commit's, on the same
+        processor: params.yaml into place, the deterministic stages rebuilt (`dvc repro tasks`) and checked
+        against the saved digests, the checkpoints and the journal into place. Then
+
+            python -m pipeline.serve -- dvc repro -s evaluate
+
+        continues the evaluation where it stopped; `save` again records the progress. Each refusal (other
+        code, other processor, other data) says why: the journal would not match, and the run would start
+        over or, worse, mix plans of other code into it.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dreamshard.errors import DreamShardError
+from stages.common import load_params, section
+
+PROFILE_KEYS = ("tasks.profile", "data.synthetic.num_tables", "data.source")
+CODE = ("dreamshard", "stages", "pipeline")  # what decides the rows besides params and models
+DATA = ("paths.tables", "paths.requests", "paths.tasks")  # rebuilt by `dvc repro tasks`, checked by digest
+STAGES = ("download", "process", "tasks", "collect", "collect_devices", "train_cost", "train_policy",
+          "train_autoshard", "train_rnn", "train_neuroshard", "evaluate")
+TRAINING_METRICS = ("cost_model.json", "train_dreamshard.json", "train_autoshard.json", "train_rnn.json",
+                    "neuroshard.json")
+BEGIN = "<!-- paper-cpu:begin (python -m benchmarks.paper_cpu save --readme README.md) -->"
+END = "<!-- paper-cpu:end -->"
+
+
+class RunError(DreamShardError):
+    pass
+
+
+# ---------------------------------------------------------------- what the run's journal holds
+
+
+def _evaluation(params: dict[str, Any]):
+    """The evaluate stage's backend, sharders, journal and (split, task) list for `params`, as the stage builds
+    them (nothing measured: the backend gets no lookups)."""
+    from dreamshard.data.lookups import RecordedLookups
+    from dreamshard.evaluation.journal import EvalJournal
+    from dreamshard.evaluation.summary import first_per_family
+    from dreamshard.tasks import read_tasks
+    from stages.backend import make_stage_backend
+    from stages.evaluate import fingerprint, make_sharders
+
+    backend = make_stage_backend(params, lookups=RecordedLookups({}))
+    sharders = make_sharders(params, int(section(params, "backend.batch_size")))
+    journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
+    tasks_dir, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
+    test = read_tasks(tasks_dir / "test.parquet", tables)
+    train = first_per_family(read_tasks(tasks_dir / "train.parquet", tables),
+                             int(section(params, "evaluate.train_tasks_per_family")))
+    return backend, sharders, journal, [("test", t) for t in test] + [("train", t) for t in train]
+
+
+def progress_of(journal, splits) -> dict[str, Any]:
+    """Tasks journaled of all the run evaluates, in all and per split and family."""
+    done = Counter((s, t.family) for s, t in splits if journal.has(s, t))
+    total = Counter((s, t.family) for s, t in splits)
+    return {"journaled": sum(done.values()), "total": sum(total.values()),
+            "per_family": {f"{s}/{f}": [done[(s, f)], n] for (s, f), n in total.items()}}
+
+
+def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits) -> dict[str, Any]:
+    """metrics/eval.json's comparisons over the tasks journaled so far (`partial`: true): families and
+    training families with their bootstrap intervals, the fusion regime the run measured. The checks that run
+    after the last task (exhaustive, best known, estimated bins) are not in it."""
+    import pandas as pd
+
+    from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, regime_of
+    from dreamshard.evaluation.summary import bootstrap_meta, family_summary, generalisation, with_ratios
+
+    cfg = section(params, "evaluate")
+    rows = [r for s, t in splits if journal.has(s, t) for r in journal.read(s, t)]
+    results = pd.DataFrame(rows)
+    seed = int(cfg["seed"])
+    probes = journal.peek("fusion_probes")
+    fusion = [FusionProbe.from_dict(d) for d in probes] if probes else []
+    ratios = [p.additivity for p in fusion]
+    bound = bound_regime(fusion) if fusion else None
+    test = results[results["split"] == "test"] if len(results) else results
+    train = results[results["split"] == "train"] if len(results) else results
+    families = family_summary(test, seed=seed) if len(test) else {}
+    train_families = family_summary(train, seed=seed) if len(train) else {}
+    return {
+        "partial": True,
+        "progress": progress_of(journal, splits),
+        "backend": backend.name, "device": backend.device_name(), "measured": backend.measured,
+        "versions": backend.versions(), "batch_size": int(section(params, "backend.batch_size")),
+        "additivity": {"fused_over_sum_of_singles": ratios, "regime": regime_of(ratios) if ratios else "not measured",
+                       "fused_over_costliest_single": [p.monotone for p in fusion], "bound": bound,
+                       "lower_bound": BOUND_USED[bound] if bound else "not measured"},
+        "rounds": int(cfg["rounds"]),
+        "bootstrap": bootstrap_meta(seed),
+        "families": families,
+        "train_families": train_families,
+        "generalisation": with_ratios(generalisation(sharders, [t for s, t in splits if s == "test"]),
+                                      families, train_families),
+    }
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def file_sha1(path: Path) -> str:
+    h = hashlib.sha1()
+    for f in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode() if f != path else b"")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def data_digests(params: dict[str, Any]) -> dict[str, str]:
+    """sha1 of each deterministic artifact (a folder: of its files' names and bytes)."""
+    out = {}
+    for key in DATA:
+        path = Path(section(params, key))
+        if not path.exists():
+            raise RunError(f"{path} ({key}): not found; run `dvc repro tasks` first")
+        out[key] = file_sha1(path)
+    return out
+
+
+def flow_runs(prefect_db: Path) -> list[dict[str, Any]]:
+    """Every stage's Prefect flow runs in the database at `prefect_db` (Prefect's own record): id, stage, state,
+    start, end and wall seconds. Empty when there is no database."""
+    if not prefect_db.exists():
+        return []
+    con = sqlite3.connect(f"file:{prefect_db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT fr.id, f.name, fr.state_type, fr.start_time, fr.end_time FROM flow_run fr "
+                           "JOIN flow f ON f.id = fr.flow_id ORDER BY fr.start_time").fetchall()
+    finally:
+        con.close()
+    out = []
+    for run_id, stage, state, start, end in rows:
+        if stage not in STAGES:
+            continue  # subflows (collect-measure) are inside their stage's time
+        wall = None
+        if start and end:
+            from datetime import datetime
+
+            wall = round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 1)
+        out.append({"id": run_id, "stage": stage, "state": state, "start": start, "end": end, "wall_s": wall})
+    return out
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------- save
+
+
+def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
+         prefect_db: Path | None = None) -> dict[str, Any]:
+    """Keep the run of `params_file` (paths relative to the working directory) in `out`; returns the provenance."""
+    from dreamshard.evaluation.figures import cost_ratio_figure
+    from dreamshard.evaluation.report import replace_block, summary_markdown
+    from dreamshard.io import write_text
+    from stages.evaluate import model_paths_of
+
+    params = load_params(params_file)
+    backend, sharders, journal, splits = _evaluation(params)
+    progress = progress_of(journal, splits)
+    stage_metrics = Path(section(params, "paths.eval_metrics"))
+    newest = max((p.stat().st_mtime for p in journal.folder.glob("*")), default=0.0)
+    finished = (progress["journaled"] == progress["total"] and stage_metrics.exists()
+                and stage_metrics.stat().st_mtime >= newest)
+    if finished:
+        metrics = {**json.loads(stage_metrics.read_text()), "partial": False, "progress": progress}
+    else:
+        metrics = journal_metrics(params, backend, sharders, journal, splits)
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = out / "state"
+    shutil.copyfile(params_file, out / "params.yaml")
+    models = {name: Path(path) for name, path in model_paths_of(params).items()
+              if any(s.name == name for s in sharders)}
+    for path in models.values():
+        (state / "models").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, state / "models" / path.name)
+    kept = state / "eval_journal"
+    kept.mkdir(parents=True, exist_ok=True)
+    for f in sorted(journal.folder.glob("*")):
+        if f.is_file() and not (kept / f.name).exists():
+            shutil.copyfile(f, kept / f.name)
+    metrics_dir = Path(section(params, "paths.metrics"))
+    (out / "metrics").mkdir(exist_ok=True)
+    for name in TRAINING_METRICS:
+        if (metrics_dir / name).exists():
+            shutil.copyfile(metrics_dir / name, out / "metrics" / name)
+
+    previous = json.loads((out / "provenance.json").read_text()) if (out / "provenance.json").exists() else {}
+    runs = {r["id"]: r for r in previous.get("flow_runs", [])}
+    commit = _git(root, "rev-parse", "HEAD")
+    for r in flow_runs(prefect_db if prefect_db is not None else root / ".prefect" / "prefect.db"):
+        runs[r["id"]] = {**r, "commit": commit, "device": backend.device_name()}
+    ordered = sorted(runs.values(), key=lambda r: r["start"] or "")
+    completed: dict[str, float] = {}
+    for r in ordered:
+        if r["wall_s"] is not None:
+            completed[r["stage"]] = round(completed.get(r["stage"], 0.0) + r["wall_s"], 1)
+    provenance = {
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "processor": backend.device_name(),
+        "measured": backend.measured,
+        "versions": {**backend.versions(), "python": sys.version.split()[0],
+                     **{d: _version(d) for d in ("torchrec", "prefect", "dvc")}},
+        "commit": commit,
+        "code_dirty": bool(_git(root, "status", "--porcelain", "--", *CODE)),
+        "profile": {k: section(params, k) for k in PROFILE_KEYS},
+        "finished": finished,
+        "progress": progress,
+        "stage_wall_s": completed,  # summed over the stage's flow runs (a continued evaluate runs more than once)
+        "flow_runs": ordered,
+        "data_digests": data_digests(params),
+        "model_digests": {name: file_sha1(path) for name, path in models.items()},
+    }
+    write_text(json.dumps(provenance, indent=2) + "\n", out / "provenance.json")
+    write_text(json.dumps(metrics, indent=2) + "\n", out / "eval.json")
+    done, total = progress["journaled"], progress["total"]
+    head = ("Finished" if finished else f"Partial: {done} of {total} tasks journaled") + \
+        f" (commit {commit[:10]}, {backend.device_name()}, saved {provenance['saved_at']})."
+    summary = f"{head}\n\n{summary_markdown(metrics) if metrics['families'] else 'No task journaled yet.'}\n"
+    write_text(summary, out / "summary.md")
+    if metrics["families"]:
+        cost_ratio_figure(metrics["families"], out / "eval_cost_ratio.png", backend=backend.name,
+                          device=f"{backend.device_name()}; paper scale" + ("" if finished else f", {done}/{total} tasks"),
+                          measured=backend.measured)
+    if readme is not None:
+        replace_block(readme, summary, BEGIN, END)
+    return provenance
+
+
+# ---------------------------------------------------------------- restore
+
+
+def check_code(root: Path, commit: str) -> None:
+    """Refuse code that differs from the run's in what decides its rows."""
+    try:
+        changed = _git(root, "diff", "--name-only", commit, "--", *CODE)
+    except subprocess.CalledProcessError as exc:
+        raise RunError(f"commit {commit} (provenance.json: commit) is not in this clone: {exc.stderr.strip()}") from None
+    if changed:
+        files = ", ".join(changed.splitlines()[:8])
+        raise RunError(f"this clone's code differs from the run's commit {commit[:10]} in {files}: its plans would "
+                       f"mix with the journal's; continue from a checkout of that commit (git worktree add DIR {commit[:10]})")
+
+
+def rebuild_with_dvc(root: Path) -> None:
+    """The deterministic stages (download, process, tasks) through DVC, with one Prefect server."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    subprocess.run([sys.executable, "-m", "pipeline.serve", "--", str(bin_dir / "dvc"), "repro", "tasks"],
+                   cwd=root, env=env, check=True)
+
+
+def restore(src: Path, params_file: Path, root: Path,
+            rebuild: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Put the saved run in `src` back in place for `python -m pipeline.serve -- dvc repro -s evaluate`.
+    `rebuild(params)`: makes the deterministic data (default: `dvc repro tasks` in `root`)."""
+    from dreamshard.hardware.fbgemm import cpu_model_name
+    from stages.evaluate import model_paths_of
+
+    prov_path = src / "provenance.json"
+    if not prov_path.exists():
+        raise RunError(f"{prov_path}: not found (expected a run saved by `python -m benchmarks.paper_cpu save`)")
+    provenance = json.loads(prov_path.read_text())
+    check_code(root, provenance["commit"])
+    processor = cpu_model_name()
+    if provenance["measured"] and f"cpu: {processor} (" not in provenance["processor"]:
+        raise RunError(f"{prov_path}: processor: the run measured on {provenance['processor']!r}, this machine is "
+                       f"{processor!r}; its journal would not match (and timings of two processors must not mix)")
+    shutil.copyfile(src / "params.yaml", params_file)
+    params = load_params(params_file)
+    (rebuild or (lambda _p: rebuild_with_dvc(root)))(params)
+    digests = data_digests(params)
+    for key, digest in provenance["data_digests"].items():
+        if digests.get(key) != digest:
+            raise RunError(f"{section(params, key)} ({key}): rebuilt data differs from the run's (sha1 {digest[:12]}, "
+                           f"here {digests.get(key, 'none')[:12]}); the journal's tasks would not match")
+    for name, path in model_paths_of(params).items():
+        saved = src / "state" / "models" / Path(path).name
+        if name in provenance["model_digests"]:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(saved, path)
+    journal = Path(section(params, "paths.eval_journal"))
+    journal.mkdir(parents=True, exist_ok=True)
+    for f in sorted((src / "state" / "eval_journal").glob("*")):
+        if not (journal / f.name).exists():
+            shutil.copyfile(f, journal / f.name)
+    return provenance
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.paper_cpu", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=("save", "restore"))
+    ap.add_argument("--root", type=Path, default=Path("."), help="the run's workspace (a clone of this project)")
+    ap.add_argument("--out", "--from", dest="folder", type=Path, default=None,
+                    help="where the run is kept (default: ROOT/results/paper-cpu)")
+    ap.add_argument("--readme", type=Path, default=None, help="save: replace this README's paper-cpu block")
+    args = ap.parse_args(argv)
+    root = args.root.resolve()
+    folder = (args.folder or root / "results" / "paper-cpu").resolve()
+    readme = args.readme.resolve() if args.readme else None
+    from pipeline.__main__ import huge_pages_from_params
+
+    huge_pages_from_params(str(root / "params.yaml"))  # the backend's allocator setting, before torch starts
+    os.chdir(root)  # params' paths are relative to the workspace, as in the stages
+    try:
+        if args.command == "save":
+            prov = save(root / "params.yaml", folder, root, readme)
+            p = prov["progress"]
+            print(f"saved to {folder}: {p['journaled']} of {p['total']} tasks journaled"
+                  f"{' (finished)' if prov['finished'] else ''}; stage wall times {prov['stage_wall_s']}")
+        else:
+            prov = restore(folder, root / "params.yaml", root)
+            p = prov["progress"]
+            print(f"restored the run of {prov['commit'][:10]} ({p['journaled']} of {p['total']} tasks journaled); "
+                  "continue it with: python -m pipeline.serve -- dvc repro -s evaluate")
+    except DreamShardError as exc:
+        print(f"paper_cpu {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

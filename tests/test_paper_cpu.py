@@ -1,0 +1,139 @@
+"""A long run kept in a folder and continued elsewhere (benchmarks/paper_cpu.py), on the tiny analytic pipeline."""
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from benchmarks import paper_cpu
+from dreamshard.evaluation.evaluate import evaluate_task
+from dreamshard.evaluation.summary import interleave_families
+from tests.helpers import tiny_params
+
+SHARDERS = ["random", "size_greedy", "neuroshard"]  # one trained model: its checkpoint travels too
+
+
+class Killed(Exception):
+    pass
+
+
+def git_repo(path: Path) -> Path:
+    """A repository standing for the project at the run's commit (its code folders empty: nothing differs)."""
+    path.mkdir()
+    (path / "stages").mkdir()
+    (path / "stages" / "placeholder.py").write_text("# the run's code\n")
+    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "run"]):
+        subprocess.run(["git", *cmd], cwd=path, check=True)
+    return path
+
+
+def data_stages(params):
+    for stage in ("download", "process", "tasks"):
+        importlib.import_module(f"stages.{stage}").run(params)
+
+
+def counting_evaluate(monkeypatch, crash_on: set[str]) -> list[str]:
+    evaluate = importlib.import_module("stages.evaluate")
+    seen: list[str] = []
+
+    def counting(backend, task, *args, **kwargs):
+        if task.name in crash_on:
+            raise Killed(task.name)
+        seen.append(task.name)
+        return evaluate_task(backend, task, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "evaluate_task", counting)
+    return seen
+
+
+@pytest.fixture
+def stopped_run(tmp_path, monkeypatch):
+    """A run of the tiny pipeline whose evaluate was killed at its third task, saved to kept/."""
+    root = git_repo(tmp_path / "project")
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    params = tiny_params()  # relative paths, as in params.yaml
+    params["evaluate"].update(sharders=SHARDERS, estimated_bins={"tasks_per_family": 0, "rounds": 1})
+    params["orchestration"] = {"evaluate": {"planning_workers": 1, "planning_chunk": 1}}
+    Path("params.yaml").write_text(yaml.safe_dump(params))
+    data_stages(params)
+    for stage in ("collect_devices", "train_neuroshard"):
+        importlib.import_module(f"stages.{stage}").run(params)
+    from dreamshard.tasks import read_tasks
+
+    order = [t.name for t in interleave_families(read_tasks(Path(params["paths"]["tasks"]) / "test.parquet",
+                                                            params["paths"]["tables"]))]
+    seen = counting_evaluate(monkeypatch, {order[2]})
+    with pytest.raises(Killed):
+        importlib.import_module("stages.evaluate").run(params)
+    assert seen == order[:2]
+    prov = paper_cpu.save(Path("params.yaml"), tmp_path / "kept", root, prefect_db=tmp_path / "none.db")
+    return {"root": root, "kept": tmp_path / "kept", "order": order, "provenance": prov, "params": params}
+
+
+def test_a_stopped_run_is_saved_with_its_progress_and_a_partial_summary(stopped_run):
+    kept, prov = stopped_run["kept"], stopped_run["provenance"]
+    assert prov["progress"]["journaled"] == 2 and prov["progress"]["total"] == len(stopped_run["order"])
+    assert not prov["finished"]
+    assert prov["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=stopped_run["root"], text=True,
+                                            capture_output=True, check=True).stdout.strip()
+    metrics = json.loads((kept / "eval.json").read_text())
+    assert metrics["partial"] is True
+    # the two journaled tasks are the first of each family (families in turns), each with every sharder
+    counts = {f: {a: v["num_tasks"] for a, v in algos.items() if isinstance(v, dict)}
+              for f, algos in metrics["families"].items()}
+    assert counts == {f: {s: 1 for s in SHARDERS} for f in ("tiny-6-2", "tiny-8-4")}
+    assert metrics["additivity"]["fused_over_sum_of_singles"]  # the run's fusion probe, read not measured
+    assert (kept / "state" / "models" / "neuroshard.pt").exists()
+    assert len(list((kept / "state" / "eval_journal").glob("task-*.parquet"))) == 2
+    assert "Partial: 2 of" in (kept / "summary.md").read_text()
+    assert (kept / "eval_cost_ratio.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_path, monkeypatch):
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    monkeypatch.chdir(clone)
+    paper_cpu.restore(stopped_run["kept"], Path("params.yaml"), stopped_run["root"], rebuild=data_stages)
+    params = paper_cpu.load_params("params.yaml")
+    assert params == stopped_run["params"]
+    seen = counting_evaluate(monkeypatch, set())
+    importlib.import_module("stages.evaluate").run(params)
+    order = stopped_run["order"]
+    assert seen == order[2:]  # the journaled tasks are read, not measured again
+    results = pd.read_parquet(Path(params["paths"]["eval"]) / "results.parquet")
+    assert sorted(set(results["task"])) == sorted(order)
+    # saved again: finished, the stage's own metrics
+    prov = paper_cpu.save(Path("params.yaml"), stopped_run["kept"], stopped_run["root"], prefect_db=tmp_path / "none.db")
+    assert prov["finished"] and prov["progress"]["journaled"] == prov["progress"]["total"]
+    assert json.loads((stopped_run["kept"] / "eval.json").read_text())["partial"] is False
+
+
+def test_restore_refuses_other_code_other_processor_and_other_data(stopped_run, tmp_path, monkeypatch):
+    kept, root = stopped_run["kept"], stopped_run["root"]
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    monkeypatch.chdir(clone)
+    (root / "stages" / "placeholder.py").write_text("# changed since the run\n")
+    with pytest.raises(paper_cpu.RunError, match=r"differs from the run's commit .* stages/placeholder.py"):
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
+    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=root, check=True)
+
+    prov = json.loads((kept / "provenance.json").read_text())
+    (kept / "provenance.json").write_text(json.dumps({**prov, "measured": True, "processor": "cpu: Other CPU (1 thread)"}))
+    with pytest.raises(paper_cpu.RunError, match="processor: the run measured on 'cpu: Other CPU"):
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
+    (kept / "provenance.json").write_text(json.dumps(prov))
+
+    def other_data(params):
+        params["data"]["synthetic"]["seed"] = 1
+        data_stages(params)
+
+    with pytest.raises(paper_cpu.RunError, match=r"paths.tables\): rebuilt data differs"):
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=other_data)
