@@ -17,14 +17,15 @@ same ones. This script keeps in git what a continuation needs, beside what a rea
 
     python -m benchmarks.paper_cpu restore [--root DIR] [--from results/paper-cpu]
 
-        In a fresh clone whose code (dreamshard/, stages/, pipeline/) is the saved commit's, on the same
-        processor: params.yaml into place, the deterministic stages rebuilt (`dvc repro tasks`) and checked
-        against the saved digests, the checkpoints and the journal into place. Then
+        In a fresh clone, on the same processor: params.yaml into place, the deterministic stages rebuilt
+        (`dvc repro tasks`) and checked against the saved digests, one journaled task of each family planned
+        again by every sharder and checked against the journal's plans (code that plans otherwise is
+        refused), then the checkpoints and the journal into place. Then
 
             python -m pipeline.serve -- dvc repro -s evaluate
 
         continues the evaluation where it stopped; `save` again records the progress. Each refusal (other
-        code, other processor, other data) says why: the journal would not match, and the run would start
+        plans, other processor, other data) says why: the journal would not match, and the run would start
         over or, worse, mix plans of other code into it.
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ from stages.common import load_params, section
 
 PROFILE_KEYS = ("tasks.profile", "data.synthetic.num_tables", "data.source")
 CODE = ("dreamshard", "stages", "pipeline")  # what decides the rows besides params and models
+MODEL_PATHS = ("dreamshard_model", "autoshard_model", "rnn_model", "neuroshard_model")  # params paths evaluate loads
 DATA = ("paths.tables", "paths.requests", "paths.tasks")  # rebuilt by `dvc repro tasks`, checked by digest
 STAGES = ("download", "process", "tasks", "collect", "collect_devices", "train_cost", "train_policy",
           "train_autoshard", "train_rnn", "train_neuroshard", "evaluate")
@@ -277,16 +279,33 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
 # ---------------------------------------------------------------- restore
 
 
-def check_code(root: Path, commit: str) -> None:
-    """Refuse code that differs from the run's in what decides its rows."""
-    try:
-        changed = _git(root, "diff", "--name-only", commit, "--", *CODE)
-    except subprocess.CalledProcessError as exc:
-        raise RunError(f"commit {commit} (provenance.json: commit) is not in this clone: {exc.stderr.strip()}") from None
-    if changed:
-        files = ", ".join(changed.splitlines()[:8])
-        raise RunError(f"this clone's code differs from the run's commit {commit[:10]} in {files}: its plans would "
-                       f"mix with the journal's; continue from a checkout of that commit (git worktree add DIR {commit[:10]})")
+def replay_check(params: dict[str, Any], src: Path, per_family: int = 1) -> int:
+    """Plan journaled tasks again, with this clone's code and the saved checkpoints (the first `per_family` of
+    each family's journaled test tasks), and refuse if any sharder's plan differs from the journal's: code
+    that plans otherwise would mix its plans into the run. Returns how many tasks were replayed."""
+    import copy
+
+    from dreamshard.evaluation.evaluate import plan_with
+
+    saved = copy.deepcopy(params)
+    for key in MODEL_PATHS:
+        saved["paths"][key] = str(src / "state" / "models" / Path(section(params, f"paths.{key}")).name)
+    saved["paths"]["eval_journal"] = str(src / "state" / "eval_journal")
+    _backend, sharders, journal, splits = _evaluation(saved)
+    taken: Counter = Counter()
+    replayed = 0
+    for split, task in splits:
+        if split != "test" or taken[task.family] >= per_family or not journal.has(split, task):
+            continue
+        taken[task.family] += 1
+        journaled = {r["algorithm"]: json.loads(r["shards"]) for r in journal.read(split, task)}
+        for p in plan_with(sharders, task):
+            if json.loads(json.dumps(p.plan.to_dict()["shards"])) != journaled.get(p.algorithm):
+                raise RunError(f"{journal.folder}: task {task.name!r}: this clone's {p.algorithm} plans it otherwise "
+                               f"than the journal holds; continue from a checkout of the run's commit "
+                               f"(provenance.json: commit), whose code made the journaled plans")
+        replayed += 1
+    return replayed
 
 
 def rebuild_with_dvc(root: Path) -> None:
@@ -308,7 +327,6 @@ def restore(src: Path, params_file: Path, root: Path,
     if not prov_path.exists():
         raise RunError(f"{prov_path}: not found (expected a run saved by `python -m benchmarks.paper_cpu save`)")
     provenance = json.loads(prov_path.read_text())
-    check_code(root, provenance["commit"])
     processor = cpu_model_name()
     if provenance["measured"] and f"cpu: {processor} (" not in provenance["processor"]:
         raise RunError(f"{prov_path}: processor: the run measured on {provenance['processor']!r}, this machine is "
@@ -321,6 +339,7 @@ def restore(src: Path, params_file: Path, root: Path,
         if digests.get(key) != digest:
             raise RunError(f"{section(params, key)} ({key}): rebuilt data differs from the run's (sha1 {digest[:12]}, "
                            f"here {digests.get(key, 'none')[:12]}); the journal's tasks would not match")
+    provenance["replayed_tasks"] = replay_check(params, src)
     for name, path in model_paths_of(params).items():
         saved = src / "state" / "models" / Path(path).name
         if name in provenance["model_digests"]:

@@ -55,7 +55,8 @@ def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
     return {"dreamshard": section(params, "paths.dreamshard_model"),
             "autoshard": section(params, "paths.autoshard_model"),
             "rnn": section(params, "paths.rnn_model"),
-            "neuroshard": section(params, "paths.neuroshard_model")}
+            "neuroshard": section(params, "paths.neuroshard_model"),
+            "neuroshard_tw": section(params, "paths.neuroshard_model")}  # the same model, table-wise
 
 
 def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:

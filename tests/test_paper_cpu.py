@@ -100,7 +100,8 @@ def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_p
     clone = tmp_path / "clone"
     clone.mkdir()
     monkeypatch.chdir(clone)
-    paper_cpu.restore(stopped_run["kept"], Path("params.yaml"), stopped_run["root"], rebuild=data_stages)
+    restored = paper_cpu.restore(stopped_run["kept"], Path("params.yaml"), stopped_run["root"], rebuild=data_stages)
+    assert restored["replayed_tasks"] == 2  # one journaled task of each family planned again, the same plans
     params = paper_cpu.load_params("params.yaml")
     assert params == stopped_run["params"]
     seen = counting_evaluate(monkeypatch, set())
@@ -115,15 +116,23 @@ def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_p
     assert json.loads((stopped_run["kept"] / "eval.json").read_text())["partial"] is False
 
 
-def test_restore_refuses_other_code_other_processor_and_other_data(stopped_run, tmp_path, monkeypatch):
+def test_restore_refuses_other_plans_other_processor_and_other_data(stopped_run, tmp_path, monkeypatch):
     kept, root = stopped_run["kept"], stopped_run["root"]
     clone = tmp_path / "clone"
     clone.mkdir()
     monkeypatch.chdir(clone)
-    (root / "stages" / "placeholder.py").write_text("# changed since the run\n")
-    with pytest.raises(paper_cpu.RunError, match=r"differs from the run's commit .* stages/placeholder.py"):
+    # a journaled plan that this code would not make (as code changed since the run would)
+    first = sorted((kept / "state" / "eval_journal").glob("task-*.parquet"))[0]
+    original = pd.read_parquet(first)
+    changed = original.copy()
+    shards = json.loads(changed.loc[0, "shards"])
+    shards[0]["device"] = (shards[0]["device"] + 1) % 2
+    changed.loc[0, "shards"] = json.dumps(shards)
+    changed.to_parquet(first)
+    with pytest.raises(paper_cpu.RunError, match=f"this clone's {changed.loc[0, 'algorithm']} plans it otherwise"):
         paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
-    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=root, check=True)
+    assert not Path("data/eval_journal").exists()  # refused before anything was put in place
+    original.to_parquet(first)
 
     prov = json.loads((kept / "provenance.json").read_text())
     (kept / "provenance.json").write_text(json.dumps({**prov, "measured": True, "processor": "cpu: Other CPU (1 thread)"}))

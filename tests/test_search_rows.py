@@ -273,3 +273,18 @@ def test_search_config_checks_the_row_options():
         with pytest.raises(ValueError, match="max_row_ranges must be an integer >= 1"):
             SearchConfig(max_row_ranges=bad)  # type: ignore[arg-type]
     assert SearchConfig(max_row_ranges=None).max_row_ranges is None
+
+
+def test_table_wise_neuroshard_keeps_tables_whole_and_is_the_grid_search_alone(neuro, test_tasks):
+    """neuroshard_tw: the same model and grid search, no moves (the peer of the table-wise learned sharders)."""
+    config = SearchConfig(**SEARCH, row_splits=True)
+    tw, full = (make_sharder(n, model=neuro, search=config) for n in ("neuroshard_tw", "neuroshard"))
+    assert tw.name == "neuroshard_tw" and full.name == "neuroshard"
+    cut = 0
+    for task in test_tasks:
+        plan = tw.shard(task)
+        validate_plan(task, plan)
+        assert len(plan.shards) == len(task.tables)  # every table whole, on one device
+        assert plan == search(neuro, depth=0).shard(task)
+        cut += len(full.shard(task).shards) > len(task.tables)
+    assert cut > 0  # where the full search cuts tables, the table-wise one does not

@@ -314,4 +314,5 @@ def test_options_are_typed_and_checked():
     with pytest.raises(TypeError, match=r"model must be a LearnedModel \(load_model\('dreamshard', path\)\), got str"):
         make_sharder("dreamshard", model="models/dreamshard.pt")
     assert {n for n, s in SHARDERS.items() if s.splits_tables} == {"neuroshard", "torchrec_full"}
-    assert {n for n, s in SHARDERS.items() if s.needs_model} == {"dreamshard", "autoshard", "rnn", "neuroshard"}
+    assert {n for n, s in SHARDERS.items() if s.needs_model} == {"dreamshard", "autoshard", "rnn", "neuroshard",
+                                                                  "neuroshard_tw"}

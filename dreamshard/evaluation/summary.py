@@ -61,7 +61,9 @@ def result_row(r: EvalResult) -> dict[str, Any]:
 BEST_HEURISTIC = "best_heuristic"  # the reference name that means: per family, the best heuristic
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_LEVEL = 0.95
-TORCHREC_REFERENCES = ("torchrec", "torchrec_full")  # compared with when present: vs_torchrec, vs_torchrec_full
+# compared with when present (vs_torchrec, ...): TorchRec's planner, and NeuroShard table-wise, the peer of the
+# table-wise learned sharders
+REFERENCES = ("torchrec", "torchrec_full", "neuroshard_tw")
 
 
 def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -171,8 +173,8 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
     over random and over the family's best heuristic (key "best_heuristic", see best_heuristics).
 
     With a `task` column, each algorithm also gets paired per-task comparisons (compare, bootstrap
-    seeded with `seed`): "vs_best_heuristic", and "vs_torchrec" / "vs_torchrec_full" where that
-    algorithm was measured on the same tasks of the family."""
+    seeded with `seed`): "vs_best_heuristic", and "vs_torchrec" / "vs_torchrec_full" / "vs_neuroshard_tw" where
+    that algorithm was measured on the same tasks of the family."""
     out: dict[str, dict] = defaultdict(dict)
     for (family, algo), g in results.groupby(["family", "algorithm"], sort=False):
         out[family][algo] = {
@@ -192,7 +194,7 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
         if "task" in results.columns:
             rows = results[results["family"] == family]
             references = ([(BEST_HEURISTIC, "vs_best_heuristic")] if best else []) + \
-                [(r, f"vs_{r}") for r in TORCHREC_REFERENCES if r in algos]
+                [(r, f"vs_{r}") for r in REFERENCES if r in algos]
             for algo, v in algos.items():
                 for reference, key in references:
                     if not paired_ratios(rows, algo, reference).empty:

@@ -88,16 +88,24 @@ def _rnn(model: Any) -> Sharder:
     return RnnSharder(model)
 
 
-def _neuroshard(model: Any, search: Any = None) -> Sharder:
-    from dreamshard.learning.neuroshard import NeuroShardModel  # imports torch
-    from dreamshard.sharders.search import NeuroShardSharder, SearchConfig
+def _neuroshard(name: str, table_wise: bool) -> Callable[..., Sharder]:
+    def factory(model: Any, search: Any = None) -> Sharder:
+        from dataclasses import replace
 
-    if not isinstance(model, NeuroShardModel):
-        raise TypeError(f"sharder 'neuroshard': model must be a NeuroShardModel (load_model('neuroshard', path)), "
-                        f"got {type(model).__name__}")
-    if search is not None and not isinstance(search, SearchConfig):
-        raise TypeError(f"sharder 'neuroshard': search must be a SearchConfig, got {type(search).__name__}")
-    return NeuroShardSharder(model, search or SearchConfig())
+        from dreamshard.learning.neuroshard import NeuroShardModel  # imports torch
+        from dreamshard.sharders.search import NeuroShardSharder, SearchConfig
+
+        if not isinstance(model, NeuroShardModel):
+            raise TypeError(f"sharder {name!r}: model must be a NeuroShardModel (load_model({name!r}, path)), "
+                            f"got {type(model).__name__}")
+        if search is not None and not isinstance(search, SearchConfig):
+            raise TypeError(f"sharder {name!r}: search must be a SearchConfig, got {type(search).__name__}")
+        config = search or SearchConfig()
+        if table_wise:  # the greedy grid search alone: no moves, so no column or row cuts
+            config = replace(config, depth=0, row_splits=False)
+        return NeuroShardSharder(model, config, name=name)
+
+    return factory
 
 
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
@@ -123,8 +131,11 @@ _SPECS = (
                 doc="policy trained on real measurements"),
     SharderSpec("rnn", "rnn", _rnn, ("model",), needs_model=True,
                 doc="the RNN baseline: an LSTM over the tables in order, trained on real measurements"),
-    SharderSpec("neuroshard", "search", _neuroshard, ("model", "search"), needs_model=True, splits_tables=True,
-                doc="beam search over column splits with pre-trained cost models"),
+    SharderSpec("neuroshard", "search", _neuroshard("neuroshard", False), ("model", "search"), needs_model=True,
+                splits_tables=True, doc="beam search over column splits with pre-trained cost models"),
+    SharderSpec("neuroshard_tw", "search", _neuroshard("neuroshard_tw", True), ("model", "search"), needs_model=True,
+                doc="NeuroShard table-wise: its greedy grid search on whole tables (the peer of the table-wise "
+                    "learned sharders), the neuroshard model"),
     SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size",),
                 doc="TorchRec's planner, table-wise (greedy: may give up on feasible tasks)"),
     SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True), ("batch_size", "sharding_types"),
