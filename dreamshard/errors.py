@@ -15,3 +15,12 @@ class InvalidPlanError(DreamShardError, ValueError):
 
 class InfeasibleTaskError(DreamShardError):
     """No placement of the task's tables respects the devices' memory."""
+
+
+class OverBudgetError(DreamShardError):
+    """A backend was asked to hold more bytes in one operator than it may (nothing was allocated)."""
+
+    def __init__(self, message: str, needed_bytes: int, budget_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.budget_bytes = budget_bytes

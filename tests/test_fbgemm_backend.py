@@ -401,3 +401,37 @@ def test_weights_are_filled_with_a_seeded_uniform_block_repeated():
     ops = [backend.build_operator(task, [Shard(t.name, 0, 0, t.dim) for t in task.tables]) for _ in range(2)]
     a, b = ([w.clone() for w in op.op.split_embedding_weights()] for op in ops)
     assert all(torch.equal(x, y) for x, y in zip(a, b))  # seeded: the same weights every time
+
+
+def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():
+    """A task whose tables do not fit one operator of the backend (the paper profile's largest tasks) still gets
+    its lower bound: the fused cost of the costliest tables that fit bounds the fused cost of all (monotone
+    fusion); where the probes refuted monotone fusion there is no such bound and the refusal stands."""
+    from dreamshard.errors import OverBudgetError
+    from dreamshard.evaluation.bounds import EITHER, NON_MONOTONE, lower_bound
+
+    task = tiny_task()
+    size = {t.name: task.memory.shard_bytes(t.rows, t.dim) for t in task.tables}
+    budget = size["c"] + size["a"]  # the two largest fit together, not all four
+    real = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=256, warmup=1, iterations=3,
+                                                                memory_budget_gb=budget / GB))
+    with pytest.raises(OverBudgetError) as err:
+        real.compute_cost(task, whole(task))
+    assert err.value.needed_bytes == sum(size.values()) and err.value.budget_bytes == budget
+
+    class Recording:  # the real backend; remembers the operators of several tables it was asked for
+        name, measured = real.name, real.measured
+        fused: list[set[str]] = []
+
+        def compute_cost(self, task, shards):
+            if len(shards) > 1:
+                self.fused.append({s.table for s in shards})
+            return real.compute_cost(task, shards)
+
+    spy = Recording()
+    bound = lower_bound(spy, task, EITHER, 256, Topology())  # type: ignore[arg-type]
+    assert positive_finite(bound.total_ms) and positive_finite(bound.compute_mean_ms)
+    assert spy.fused[0] == set(size) != spy.fused[-1] and "c" in spy.fused[-1]  # all refused, then the costliest that fit
+    assert sum(size[t] for t in spy.fused[-1]) <= budget
+    with pytest.raises(OverBudgetError, match="non-monotone"):
+        lower_bound(real, task, NON_MONOTONE, 256, Topology())

@@ -22,6 +22,9 @@ never assumed from the kind of processor:
     choice, so that one bound holds on processors of both kinds): the smaller of the two, which
     holds when either assumption does. Where fusion is super-additive, compute(all fused) / N is
     at least the first bound, so taking the smaller costs nothing there.
+    Where all tables do not fit one operator of the backend (its measurement budget), compute(all fused)
+    is bounded below by the fused cost of the costliest tables that fit: adding tables never makes an
+    operator cheaper, the assumption of the per-table term below (`fused_all_bound`).
   non_monotone (a set of tables measured cheaper fused than its costliest table alone: fused(S) <
     max_t c(t), `fusion_probe(...).monotone` below 1; measured for FBGEMM's CUDA kernels on an H100
     at batch 2048, where each operator's cost is the host launching its kernels, 0.6-1.0 ms whatever
@@ -114,6 +117,7 @@ from typing import Any
 
 import numpy as np
 
+from dreamshard.errors import OverBudgetError
 from dreamshard.hardware.base import CostBackend
 from dreamshard.hardware.comm import Topology
 from dreamshard.plan import Plan, Shard
@@ -297,6 +301,29 @@ def _min_piece_rows(task: Task, row_splits: Mapping[str, int] | None) -> list[in
             for t in task.tables]
 
 
+def fused_all_bound(backend: CostBackend, task: Task, singles: Sequence[float], regime: str) -> float:
+    """A lower bound on compute(all tables fused): that cost measured, or, where the backend cannot hold every
+    table in one operator (OverBudgetError: the paper profile's 200 tables, 20 GB), the fused cost of the
+    costliest tables (by `singles`) it can hold. Adding tables to an operator never makes it cheaper is the
+    assumption the per-table term makes already, checked by the fusion probes; where they refuted it
+    (NON_MONOTONE) there is no such bound, and the error stands."""
+    try:
+        return backend.compute_cost(task, whole_shards(task)).total_ms
+    except OverBudgetError as exc:
+        if regime == NON_MONOTONE:
+            raise OverBudgetError(f"task {task.name!r}: the lower bound needs the cost of all its tables fused, "
+                                  f"and the probes showed fusion non-monotone, so no subset bounds it: {exc}",
+                                  exc.needed_bytes, exc.budget_bytes) from None
+        room, held = exc.budget_bytes, []
+        for i in sorted(range(len(task.tables)), key=lambda i: -singles[i]):
+            t = task.tables[i]
+            need = task.memory.shard_bytes(t.rows, t.dim)
+            if need <= room:
+                held.append(i)
+                room -= need
+        return backend.compute_cost(task, whole_shards(task, sorted(held))).total_ms
+
+
 def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, topology: Topology,
                 column_splits: bool = False, row_splits: Mapping[str, int] | None = None,
                 row_probe_ratio: float = ROW_PROBE_RATIO) -> LowerBound:
@@ -325,7 +352,7 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
         # fused(all) / N holds if fusion never costs more than any split, the conservative term if it saves at
         # most the fixed cost per table joined: the smaller holds if either does (probes that showed both
         # behaviours, MIXED, or no assumption at all, EITHER)
-        compute_mean = min(backend.compute_cost(task, whole_shards(task)).total_ms / total_speed, conservative)
+        compute_mean = min(fused_all_bound(backend, task, singles, regime) / total_speed, conservative)
     else:
         compute_mean = conservative
     # per table: the transfer of a device holding a shard of it: its full width or, for a table cut

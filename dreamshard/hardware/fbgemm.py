@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dreamshard.allocator import HUGE_PAGES_ENV, huge_pages_enabled
-from dreamshard.errors import DreamShardError, InvalidPlanError
+from dreamshard.errors import DreamShardError, InvalidPlanError, OverBudgetError
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import GB
@@ -268,12 +268,11 @@ class FbgemmBackend:
         if needed > budget:
             devices = sorted({s.device for s in shards})
             names = ", ".join(s.label() for s in shards)
-            raise DreamShardError(
+            raise OverBudgetError(
                 f"fbgemm backend: device {', '.join(map(str, devices))} holds {len(shards)} shard(s) ({names}) needing "
                 f"{needed} bytes ({needed / GB:.2f} GB) of {task.memory.weights_precision} weights and "
                 f"{task.memory.optimizer} state, over the measurement budget of {self.config.memory_budget_gb} GB "
-                "(FbgemmConfig.memory_budget_gb); nothing was allocated"
-            )
+                "(FbgemmConfig.memory_budget_gb); nothing was allocated", needed, int(budget))
 
     def _inputs(self, shards: Sequence[Shard], specs):
         """Table-major int64 indices and offsets (T*B+1) over the shards, as in the DLRM format.
