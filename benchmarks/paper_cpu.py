@@ -41,6 +41,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -157,9 +158,17 @@ def data_digests(params: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def flow_runs(prefect_db: Path) -> list[dict[str, Any]]:
+def _utc(stamp: str) -> datetime:
+    """A Prefect database time (UTC, written without a zone)."""
+    t = datetime.fromisoformat(stamp)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def flow_runs(prefect_db: Path, journal_folder: Path | None = None) -> list[dict[str, Any]]:
     """Every stage's Prefect flow runs in the database at `prefect_db` (Prefect's own record): id, stage, state,
-    start, end and wall seconds. Empty when there is no database."""
+    start, end and wall seconds. A run with no end (still running, or killed with its server) gets the time of
+    the last file it journaled in `journal_folder` as its end, marked `"end_from": "journal"`. Empty when there
+    is no database."""
     if not prefect_db.exists():
         return []
     con = sqlite3.connect(f"file:{prefect_db}?mode=ro", uri=True)
@@ -168,16 +177,21 @@ def flow_runs(prefect_db: Path) -> list[dict[str, Any]]:
                            "JOIN flow f ON f.id = fr.flow_id ORDER BY fr.start_time").fetchall()
     finally:
         con.close()
+    written = sorted(f.stat().st_mtime for f in journal_folder.glob("*")) if journal_folder else []
     out = []
     for run_id, stage, state, start, end in rows:
-        if stage not in STAGES:
+        if stage not in STAGES or not start:
             continue  # subflows (collect-measure) are inside their stage's time
-        wall = None
-        if start and end:
-            from datetime import datetime
-
-            wall = round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 1)
-        out.append({"id": run_id, "stage": stage, "state": state, "start": start, "end": end, "wall_s": wall})
+        run = {"id": run_id, "stage": stage, "state": state, "start": start, "end": end, "wall_s": None}
+        if end:
+            run["wall_s"] = round((_utc(end) - _utc(start)).total_seconds(), 1)
+        else:
+            began = _utc(start).timestamp()
+            mine = [t for t in written if t >= began]
+            if mine:
+                run.update(end=datetime.fromtimestamp(mine[-1], UTC).strftime("%Y-%m-%d %H:%M:%S.%f"),
+                           end_from="journal", wall_s=round(mine[-1] - began, 1))
+        out.append(run)
     return out
 
 
@@ -237,7 +251,7 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
     previous = json.loads((out / "provenance.json").read_text()) if (out / "provenance.json").exists() else {}
     runs = {r["id"]: r for r in previous.get("flow_runs", [])}
     commit = _git(root, "rev-parse", "HEAD")
-    for r in flow_runs(prefect_db if prefect_db is not None else root / ".prefect" / "prefect.db"):
+    for r in flow_runs(prefect_db if prefect_db is not None else root / ".prefect" / "prefect.db", journal.folder):
         runs[r["id"]] = {**r, "commit": commit, "device": backend.device_name()}
     ordered = sorted(runs.values(), key=lambda r: r["start"] or "")
     completed: dict[str, float] = {}
@@ -255,7 +269,8 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
         "profile": {k: section(params, k) for k in PROFILE_KEYS},
         "finished": finished,
         "progress": progress,
-        "stage_wall_s": completed,  # summed over the stage's flow runs (a continued evaluate runs more than once)
+        # summed over the stage's flow runs: a continued evaluate runs more than once, and a failed run counts too
+        "stage_wall_s": completed,
         "flow_runs": ordered,
         "data_digests": data_digests(params),
         "model_digests": {name: file_sha1(path) for name, path in models.items()},
