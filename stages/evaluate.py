@@ -68,11 +68,19 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
     model_paths = model_paths_of(params)
     settings = {"seed": int(cfg["seed"]), "batch_size": batch_size,
                 "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard")}
+    decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
+    if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
+        raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "
+                          f"got {decoding!r}")
+    unused = sorted(set(decoding) - set(names))
+    if unused:
+        raise ParamsError(f"params.yaml: evaluate.decoding: {', '.join(unused)} not in evaluate.sharders")
     sharders = []
     for name in names:
         try:
             s = spec(name)
-            options = s.taken_from(settings)
+            options = {**s.taken_from(settings), **{k: tuple(v) if isinstance(v, list) else v
+                                                    for k, v in decoding.get(name, {}).items()}}
             if s.needs_model:
                 options["model"] = load_model(name, model_paths[name])
             sharders.append(make_sharder(name, **options))
@@ -145,8 +153,9 @@ def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str
     models = model_paths_of(params)
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
-        "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes",
-                                                        "row_probe_ratio")},
+        # decoding: only where params have it, so that runs journaled before it existed keep their keys
+        "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio",
+                                         "decoding") if k in cfg or k != "decoding"},
         "neuroshard": section(params, "neuroshard"),
         "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
     }, sort_keys=True, default=str)

@@ -121,3 +121,29 @@ def test_planning_settings_must_be_positive_integers():
         evaluate.planning_settings({"orchestration": {"evaluate": {"planning_workers": 0}}})
     with pytest.raises(ParamsError, match=r"orchestration.evaluate.planning_chunk: expected an integer >= 1, got 'x'"):
         evaluate.planning_settings({"orchestration": {"evaluate": {"planning_chunk": "x"}}})
+
+
+def test_decoding_options_reach_their_sharder_and_the_fingerprint_only_where_given():
+    """evaluate.decoding: per sharder options (a policy's samples and rivals); they decide the plans, so they are
+    in the journal's fingerprint, which stays what it was for params written before the key existed (a long run's
+    journal keeps its keys)."""
+    evaluate = importlib.import_module("stages.evaluate")
+    from dreamshard.data.lookups import RecordedLookups
+    from stages.backend import make_stage_backend
+    from stages.common import ParamsError
+
+    params = tiny_params()
+    params["evaluate"]["sharders"] = ["random", "size_greedy"]
+    params["evaluate"].pop("decoding", None)
+    backend = make_stage_backend(params, lookups=RecordedLookups({}))
+    before = evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512))
+    params["evaluate"]["decoding"] = {"random": {"seed": 5}}
+    sharders = evaluate.make_sharders(params, 512)
+    assert sharders[0].seed == 5
+    assert evaluate.fingerprint(params, backend, sharders) != before
+    params["evaluate"]["decoding"] = {"dreamshard": {"samples": 4}}
+    with pytest.raises(ParamsError, match=r"evaluate.decoding: dreamshard not in evaluate.sharders"):
+        evaluate.make_sharders(params, 512)
+    params["evaluate"]["decoding"] = {"size_greedy": {"samples": 4}}
+    with pytest.raises(ParamsError, match=r"evaluate.sharders: sharder 'size_greedy': unknown option\(s\) samples"):
+        evaluate.make_sharders(params, 512)

@@ -393,6 +393,31 @@ def test_sampling_keeps_the_plan_the_cost_network_rates_best(world, model):
     assert strictly_better >= 1  # sampling finds something the greedy decode does not, somewhere
 
 
+def test_rivals_join_the_candidates_and_the_best_rated_plan_is_kept(world, model):
+    """rivals: the greedy heuristics' plans are rated beside the policy's; the kept plan is rated no worse than
+    any of them, and is a heuristic's only where the network rates it strictly better than the policy's."""
+    heuristics = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+    plain = PolicySharder("dreamshard", model)
+    rivalled = make_sharder("dreamshard", model=model, rivals=heuristics)
+    taken = 0
+    for task in world["test2"] + world["test4"] + world["tight"]:
+        ctx = TaskContext.build(task, model.cost_net, model.scaler)
+        plan = rivalled.shard(task)
+        validate_plan(task, plan)
+        with torch.no_grad():
+            kept = plain.predicted_ms(ctx, _assignment(task, plan))
+            own = plain.predicted_ms(ctx, _assignment(task, plain.shard(task)))
+            others = [plain.predicted_ms(ctx, _assignment(task, make_sharder(h).shard(task))) for h in heuristics]
+        assert kept <= min([own, *others]) * (1 + 1e-6)
+        if plan != plain.shard(task):
+            taken += 1
+            assert kept < own
+    assert taken >= 1  # somewhere a heuristic's plan is rated better than the policy's
+    for bad in (("random",), "size_greedy", ("no_such",)):
+        with pytest.raises(ValueError, match="rivals: expected greedy heuristics"):
+            make_sharder("dreamshard", model=model, rivals=bad)
+
+
 def test_autoshard_respects_the_measurement_budget(world, backend, scaler):
     data = measured(backend, world["train"], 20, 0)
     trainer = Trainer(world["train"], backend, scaler,

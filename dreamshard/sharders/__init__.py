@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dreamshard.plan import Plan
-from dreamshard.sharders.heuristics import (
-    GreedySharder,
-    RandomSharder,
-    dim_key,
-    lookup_key,
-    size_key,
-    size_lookup_key,
-)
+from dreamshard.sharders.heuristics import GREEDY_KEYS, GreedySharder, RandomSharder
 from dreamshard.tasks import Task
 
 
@@ -56,9 +49,9 @@ class SharderSpec:
         return {k: v for k, v in offered.items() if k in self.options}
 
 
-def _greedy(name: str, key: Callable[[Task, int], float]) -> Callable[[], Sharder]:
+def _greedy(name: str) -> Callable[[], Sharder]:
     def factory() -> Sharder:
-        return GreedySharder(name, key)
+        return GreedySharder(name, GREEDY_KEYS[name])
 
     return factory
 
@@ -68,14 +61,20 @@ def _random(seed: int = 0) -> Sharder:
 
 
 def _policy(name: str) -> Callable[..., Sharder]:
-    def factory(model: Any, samples: int = 0, seed: int = 0) -> Sharder:
+    def factory(model: Any, samples: int = 0, seed: int = 0, rivals: tuple[str, ...] = ()) -> Sharder:
         from dreamshard.learning.policy import LearnedModel  # imports torch
         from dreamshard.sharders.learned import PolicySharder
 
         if not isinstance(model, LearnedModel):
             raise TypeError(f"sharder {name!r}: model must be a LearnedModel (load_model({name!r}, path)), "
                             f"got {type(model).__name__}")
-        return PolicySharder(name, model, samples, seed)
+        unknown = sorted(set(rivals) - set(GREEDY_KEYS))
+        if isinstance(rivals, str) or unknown:
+            raise ValueError(f"sharder {name!r}: rivals: expected greedy heuristics among {', '.join(GREEDY_KEYS)}, "
+                             f"got {rivals!r}")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"sharder {name!r}: samples: expected an integer >= 0, got {samples!r}")
+        return PolicySharder(name, model, samples, seed, tuple(rivals))
 
     return factory
 
@@ -119,15 +118,15 @@ def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
 
 _SPECS = (
     SharderSpec("random", "heuristic", _random, ("seed",), doc="each table onto a random device with room"),
-    SharderSpec("size_greedy", "heuristic", _greedy("size_greedy", size_key), (), doc="greedy, key = table bytes"),
-    SharderSpec("dim_greedy", "heuristic", _greedy("dim_greedy", dim_key), (), doc="greedy, key = dim"),
-    SharderSpec("lookup_greedy", "heuristic", _greedy("lookup_greedy", lookup_key), (),
+    SharderSpec("size_greedy", "heuristic", _greedy("size_greedy"), (), doc="greedy, key = table bytes"),
+    SharderSpec("dim_greedy", "heuristic", _greedy("dim_greedy"), (), doc="greedy, key = dim"),
+    SharderSpec("lookup_greedy", "heuristic", _greedy("lookup_greedy"), (),
                 doc="greedy, key = dim x pooling factor"),
-    SharderSpec("size_lookup_greedy", "heuristic", _greedy("size_lookup_greedy", size_lookup_key), (),
+    SharderSpec("size_lookup_greedy", "heuristic", _greedy("size_lookup_greedy"), (),
                 doc="greedy, key = dim x pooling factor x log10(rows)"),
-    SharderSpec("dreamshard", "policy", _policy("dreamshard"), ("model", "samples", "seed"), needs_model=True,
+    SharderSpec("dreamshard", "policy", _policy("dreamshard"), ("model", "samples", "seed", "rivals"), needs_model=True,
                 doc="policy trained on the estimated MDP"),
-    SharderSpec("autoshard", "policy", _policy("autoshard"), ("model", "samples", "seed"), needs_model=True,
+    SharderSpec("autoshard", "policy", _policy("autoshard"), ("model", "samples", "seed", "rivals"), needs_model=True,
                 doc="policy trained on real measurements"),
     SharderSpec("rnn", "rnn", _rnn, ("model",), needs_model=True,
                 doc="the RNN baseline: an LSTM over the tables in order, trained on real measurements"),

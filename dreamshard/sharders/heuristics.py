@@ -39,6 +39,17 @@ def size_lookup_key(task: Task, i: int) -> float:
     return t.dim * t.pooling_factor * math.log10(t.rows)
 
 
+GREEDY_KEYS: dict[str, TableKey] = {"size_greedy": size_key, "dim_greedy": dim_key, "lookup_greedy": lookup_key,
+                                    "size_lookup_greedy": size_lookup_key}
+
+
+def greedy_assignment(task: Task, key: TableKey) -> list[int]:
+    """The greedy's device per table of `task` (module docstring), as place_tables finds it."""
+    keys = [key(task, i) for i in range(len(task.tables))]
+    order = sorted(range(len(keys)), key=lambda i: (-keys[i], i))
+    return place_tables(task, order, by_least_load, weights=keys)
+
+
 @dataclass(frozen=True)
 class GreedySharder:
     name: str
@@ -48,9 +59,7 @@ class GreedySharder:
         return with_pieces(task, self._shard)
 
     def _shard(self, task: Task) -> Plan:
-        keys = [self.key(task, i) for i in range(len(task.tables))]
-        order = sorted(range(len(keys)), key=lambda i: (-keys[i], i))
-        return Plan.from_assignment(task, place_tables(task, order, by_least_load, weights=keys))
+        return Plan.from_assignment(task, greedy_assignment(task, self.key))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ Decoding walks the tables in the policy's order and ranks the devices by the pol
 logits; the first with room is taken, which is the arg-max over the legal devices. The
 ranking goes through `place_tables`, so a plan is found whenever one exists (it backs
 up from memory dead ends instead of failing). With `samples = k > 0`, k plans are also
-sampled (Gumbel noise on the logits = sampling from the softmax over legal devices) and
-the one the cost network rates best, greedy plan included, is returned.
+sampled (Gumbel noise on the logits = sampling from the softmax over legal devices), and with
+`rivals` (names of greedy heuristics) their plans join the candidates; the one the cost
+network rates best, the policy's greedy plan included, is returned (ties: the policy's).
 
 Devices of different speed (Device.speed): the cost network's device costs are a reference
 device's; the policy sees each device's compute divided by its speed (CostNet.device_costs with
@@ -28,6 +29,7 @@ from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.plan import Plan
+from dreamshard.sharders.heuristics import GREEDY_KEYS, greedy_assignment
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
@@ -59,6 +61,7 @@ class PolicySharder(LearnedSharder):
     model: LearnedModel
     samples: int = 0
     seed: int = 0
+    rivals: tuple[str, ...] = ()  # greedy heuristics (GREEDY_KEYS) whose plans the cost network rates beside the policy's
     # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
     bins: BinEstimator | None = None
 
@@ -83,10 +86,11 @@ class PolicySharder(LearnedSharder):
             return place_tables(task, ctx.order, rank, weights)
 
         best = decode(None)
-        if self.samples:
+        if self.samples or self.rivals:
             rng = np.random.default_rng([self.seed, zlib.crc32(task.name.encode())])
             candidates = [best] + [decode(rng) for _ in range(self.samples)]
-            best = min(candidates, key=lambda a: self.predicted_ms(ctx, a))
+            candidates += [greedy_assignment(task, GREEDY_KEYS[name]) for name in self.rivals]
+            best = min(candidates, key=lambda a: self.predicted_ms(ctx, a))  # the first of equals: the policy's
         return Plan.from_assignment(task, best)
 
     @torch.no_grad()
