@@ -68,7 +68,7 @@ class RunError(DreamShardError):
 # ---------------------------------------------------------------- what the run's journal holds
 
 
-def _evaluation(params: dict[str, Any]):
+def evaluation_of(params: dict[str, Any]):
     """The evaluate stage's backend, sharders, journal and (split, task) list for `params`, as the stage builds
     them (nothing measured: the backend gets no lookups)."""
     from dreamshard.data.lookups import RecordedLookups
@@ -218,7 +218,7 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
     from stages.evaluate import model_paths_of
 
     params = load_params(params_file)
-    backend, sharders, journal, splits = _evaluation(params)
+    backend, sharders, journal, splits = evaluation_of(params)
     progress = progress_of(journal, splits)
     stage_metrics = Path(section(params, "paths.eval_metrics"))
     newest = max((p.stat().st_mtime for p in journal.folder.glob("*")), default=0.0)
@@ -306,7 +306,7 @@ def replay_check(params: dict[str, Any], src: Path, per_family: int = 1) -> int:
     for key in MODEL_PATHS:
         saved["paths"][key] = str(src / "state" / "models" / Path(section(params, f"paths.{key}")).name)
     saved["paths"]["eval_journal"] = str(src / "state" / "eval_journal")
-    _backend, sharders, journal, splits = _evaluation(saved)
+    _backend, sharders, journal, splits = evaluation_of(saved)
     taken: Counter = Counter()
     replayed = 0
     for split, task in splits:
