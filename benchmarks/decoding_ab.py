@@ -32,6 +32,11 @@ def plan_key(shards: list[dict[str, Any]]) -> tuple:
     return tuple(sorted(tuple(sorted(s.items())) for s in shards))
 
 
+def plan_key_of(shards_json: str) -> tuple:
+    """plan_key of a result row's `shards` (JSON)."""
+    return plan_key(json.loads(shards_json))
+
+
 def counterfactual(params: dict[str, Any], sharder: str, rivals: tuple[str, ...]) -> tuple[pd.DataFrame, dict[str, int]]:
     """The journaled rows plus one row per task for the variant (the evaluated row of the plan it picks, renamed),
     and counts: tasks, kept (the policy's own plan), picked per heuristic, missing (its plan not evaluated)."""
