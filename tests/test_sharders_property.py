@@ -24,7 +24,7 @@ from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
 from dreamshard.learning.rnn import RnnModel, RnnPolicyConfig
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import validate_plan
-from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
+from dreamshard.sharders import HEURISTICS, LEARNED, SHARDERS, make_sharder
 from dreamshard.sharders.pieces import cut_oversized
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
@@ -46,7 +46,7 @@ RNN_MODEL = RnnModel(RnnPolicyConfig().build(torch.Generator().manual_seed(3)), 
 
 def model_for(name: str):
     """The untrained model of learned sharder `name`."""
-    return {"neuroshard": NEUROSHARD_MODEL, "rnn": RNN_MODEL}.get(name, MODEL)
+    return {"search": NEUROSHARD_MODEL, "rnn": RNN_MODEL}.get(SHARDERS[name].kind, MODEL)
 
 MEMORY_MODELS = [MemoryModel(), MemoryModel("fp16"), MemoryModel("fp32", "exact_row_wise_adagrad"),
                  MemoryModel("fp16", "adam")]
