@@ -58,15 +58,15 @@ def counterfactual(params: dict[str, Any], sharder: str, rivals: tuple[str, ...]
             continue
         mine = journal.read(split, task)
         rows += mine
-        by_plan = {plan_key(json.loads(r["shards"])): r for r in mine}
-        plan = variant.shard(task)
-        picked = by_plan.get(plan_key(plan.to_dict()["shards"]))
+        by_plan = {plan_key_of(r["shards"]): r for r in mine}
+        key = plan_key(variant.shard(task).to_dict()["shards"])
+        picked = by_plan.get(key)
         counts["tasks"] += 1
         if picked is None:
             counts["missing"] += 1
             continue
         own = next(r for r in mine if r["algorithm"] == sharder)
-        if plan_key(json.loads(own["shards"])) == plan_key(plan.to_dict()["shards"]):
+        if plan_key_of(own["shards"]) == key:
             counts["kept"] += 1
         else:
             counts[picked["algorithm"]] = counts.get(picked["algorithm"], 0) + 1

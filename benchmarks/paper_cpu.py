@@ -73,19 +73,13 @@ def evaluation_of(params: dict[str, Any]):
     them (nothing measured: the backend gets no lookups)."""
     from dreamshard.data.lookups import RecordedLookups
     from dreamshard.evaluation.journal import EvalJournal
-    from dreamshard.evaluation.summary import first_per_family
-    from dreamshard.tasks import read_tasks
     from stages.backend import make_stage_backend
-    from stages.evaluate import fingerprint, make_sharders
+    from stages.evaluate import evaluated_tasks, fingerprint, make_sharders
 
     backend = make_stage_backend(params, lookups=RecordedLookups({}))
     sharders = make_sharders(params, int(section(params, "backend.batch_size")))
     journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
-    tasks_dir, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
-    test = read_tasks(tasks_dir / "test.parquet", tables)
-    train = first_per_family(read_tasks(tasks_dir / "train.parquet", tables),
-                             int(section(params, "evaluate.train_tasks_per_family")))
-    return backend, sharders, journal, [("test", t) for t in test] + [("train", t) for t in train]
+    return backend, sharders, journal, evaluated_tasks(params)[1]
 
 
 def progress_of(journal, splits) -> dict[str, Any]:
@@ -96,7 +90,8 @@ def progress_of(journal, splits) -> dict[str, Any]:
             "per_family": {f"{s}/{f}": [done[(s, f)], n] for (s, f), n in total.items()}}
 
 
-def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits) -> dict[str, Any]:
+def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits,
+                    progress: dict[str, Any]) -> dict[str, Any]:
     """metrics/eval.json's comparisons over the tasks journaled so far (`partial`: true): families and
     training families with their bootstrap intervals, the fusion regime the run measured. The checks that run
     after the last task (exhaustive, best known, estimated bins) are not in it."""
@@ -119,7 +114,7 @@ def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits) 
     train_families = family_summary(train, seed=seed) if len(train) else {}
     return {
         "partial": True,
-        "progress": progress_of(journal, splits),
+        "progress": progress,
         "backend": backend.name, "device": backend.device_name(), "measured": backend.measured,
         "versions": backend.versions(), "batch_size": int(section(params, "backend.batch_size")),
         "additivity": {"fused_over_sum_of_singles": ratios, "regime": regime_of(ratios) if ratios else "not measured",
@@ -227,7 +222,7 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
     if finished:
         metrics = {**json.loads(stage_metrics.read_text()), "partial": False, "progress": progress}
     else:
-        metrics = journal_metrics(params, backend, sharders, journal, splits)
+        metrics = journal_metrics(params, backend, sharders, journal, splits, progress)
 
     out.mkdir(parents=True, exist_ok=True)
     state = out / "state"

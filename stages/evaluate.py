@@ -79,8 +79,7 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
     for name in names:
         try:
             s = spec(name)
-            options = {**s.taken_from(settings), **{k: tuple(v) if isinstance(v, list) else v
-                                                    for k, v in decoding.get(name, {}).items()}}
+            options = {**s.taken_from(settings), **decoding.get(name, {})}
             if s.needs_model:
                 options["model"] = load_model(name, model_paths[name])
             sharders.append(make_sharder(name, **options))
@@ -146,16 +145,29 @@ class Planner:
         return list(self.pool.map(_plan_in_worker, tasks))
 
 
+def evaluated_tasks(params: dict[str, Any]) -> tuple[list[Task], list[tuple[str, Task]]]:
+    """The test tasks in file order, and every (split, task) the stage evaluates in its order: the test tasks and
+    `evaluate.train_tasks_per_family` training tasks of each family, each split with the families in turns (a
+    long run stopped partway, journaled, has measured a like share of every family)."""
+    tasks_dir, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
+    tasks = read_tasks(tasks_dir / "test.parquet", tables)
+    train_tasks = first_per_family(read_tasks(tasks_dir / "train.parquet", tables),
+                                   int(section(params, "evaluate.train_tasks_per_family")))
+    return tasks, ([("test", t) for t in interleave_families(tasks)]
+                   + [("train", t) for t in interleave_families(train_tasks)])
+
+
 def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
     settings), the evaluation settings, the search settings and the bytes of every model the sharders load."""
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
+    evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
+    if "decoding" in cfg:  # only where params have it, so that runs journaled before it existed keep their keys
+        evaluate["decoding"] = cfg["decoding"]
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
-        # decoding: only where params have it, so that runs journaled before it existed keep their keys
-        "evaluate": {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio",
-                                         "decoding") if k in cfg or k != "decoding"},
+        "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),
         "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
     }, sort_keys=True, default=str)
@@ -166,10 +178,7 @@ def run(params: dict[str, Any]) -> None:
     backend = make_stage_backend(params)
     batch_size = int(section(params, "backend.batch_size"))
     topology = build(Topology, section(params, "backend").get("topology", {}), "backend.topology")
-    tasks_dir = Path(section(params, "paths.tasks"))
-    tasks = read_tasks(tasks_dir / "test.parquet", section(params, "paths.tables"))
-    train_tasks = first_per_family(read_tasks(tasks_dir / "train.parquet", section(params, "paths.tables")),
-                                   int(cfg["train_tasks_per_family"]))
+    tasks, splits = evaluated_tasks(params)
     sharders = make_sharders(params, batch_size)
     journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
 
@@ -185,8 +194,6 @@ def run(params: dict[str, Any]) -> None:
           f"{', '.join(f'{r:.3f}' for r in ratios)} -> {regime}; fused / costliest single = "
           f"{', '.join(f'{p.monotone:.3f}' for p in fusion)} -> bound {bound}")
 
-    # families in turns: a long run stopped partway (journaled) has measured a like share of every family
-    splits = [("test", t) for t in interleave_families(tasks)] + [("train", t) for t in interleave_families(train_tasks)]
     column_splits = any(spec(s.name).splits_tables for s in sharders)
 
     probes = ProbeCache(backend)  # the bounds' single-table probes, measured once per table and width
