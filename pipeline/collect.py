@@ -89,12 +89,12 @@ def make_task_runner(cfg: RunnerConfig) -> TaskRunner:
 
 @task(name="measure-chunk", task_run_name="measure-chunk-{index}", cache_policy=NO_CACHE, persist_result=False)
 def measure_chunk_task(index: int, backend: CostBackend, chunk: list[PlanToMeasure],
-                       extra: dict) -> tuple[list[dict], list[dict]]:
-    """The rows of one chunk, measured wherever the task runner put this task."""
+                       extra: dict, rounds: int) -> tuple[list[dict], list[dict]]:
+    """The rows of one chunk, each plan measured `rounds` times, wherever the task runner put this task."""
     from dreamshard.hardware.fbgemm import pin_threads
 
     pin_threads(backend)  # a worker process starts with torch's default thread count
-    return measure_chunk(backend, chunk, extra)
+    return measure_chunk(backend, chunk, extra, rounds)
 
 
 @flow(name="collect-measure")
@@ -116,9 +116,9 @@ def measure_flow(params_file: str = "params.yaml") -> dict[str, int]:
         import dask
 
         with dask.annotate(resources={"GPU": cfg.gpus_per_chunk}):
-            futures = measure.map(indices, backends, job.chunks, unmapped(job.extra))
+            futures = measure.map(indices, backends, job.chunks, unmapped(job.extra), unmapped(job.rounds))
     else:
-        futures = measure.map(indices, backends, job.chunks, unmapped(job.extra))
+        futures = measure.map(indices, backends, job.chunks, unmapped(job.extra), unmapped(job.rounds))
     index_of = {f.task_run_id: i for i, f in zip(indices, futures, strict=True)}
     failed: dict[int, BaseException] = {}
     with tqdm(total=job.missing, desc="collect", unit="plan") as bar:

@@ -43,6 +43,7 @@ class CollectJob:
     chunks: list[list[PlanToMeasure]]  # the plans not yet journaled, in deterministic chunks
     extra: dict  # columns added to every row
     out: Path
+    rounds: int  # measurements of each plan, in turns within its chunk (collect.measure_chunk)
 
     @property
     def missing(self) -> int:
@@ -65,7 +66,7 @@ class CollectJob:
 
 def prepare(params: dict[str, Any]) -> CollectJob:
     cfg = section(params, "collect")
-    for key in ("num_plans", "chunk_size", "seed"):
+    for key in ("num_plans", "chunk_size", "seed", "rounds"):
         if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] < (0 if key == "seed" else 1):
             raise ParamsError(f"params.yaml: collect.{key}: expected a positive integer, got {cfg.get(key)!r}")
     backend = make_stage_backend(params)
@@ -73,15 +74,15 @@ def prepare(params: dict[str, Any]) -> CollectJob:
     extra = {"batch_size": int(section(params, "backend.batch_size")), "seed": cfg["seed"]}
     # plans measured with other backend settings must not be reused
     fingerprint = json.dumps({"backend": section(params, "backend"), "versions": backend.versions(),
-                              "device": backend.device_name()}, sort_keys=True)
+                              "device": backend.device_name(), "rounds": cfg["rounds"]}, sort_keys=True)
     perturb = float(section(params, "collect.perturb_fraction"))
     items = plans_to_measure(tasks, cfg["num_plans"], perturb, cfg["seed"], fingerprint)
     out = Path(section(params, "paths.costs"))
     journal = CostJournal(out / "journal")
     chunks = pending_chunks(items, journal.done_ids(), cfg["chunk_size"])
-    job = CollectJob(backend, items, journal, chunks, extra, out)
+    job = CollectJob(backend, items, journal, chunks, extra, out, cfg["rounds"])
     print(f"collect: {len(items)} plans on {len(tasks)} training tasks, {job.missing} to measure "
-          f"in {len(chunks)} chunk(s) with {backend.name} on {backend.device_name()}")
+          f"in {len(chunks)} chunk(s), {cfg['rounds']} round(s) each, with {backend.name} on {backend.device_name()}")
     return job
 
 
@@ -104,5 +105,5 @@ def run(params: dict[str, Any]) -> None:
     job = prepare(params)
     with tqdm(total=job.missing, desc="collect", unit="plan") as bar:
         for chunk in job.chunks:
-            job.journal.write_chunk(*measure_chunk(job.backend, chunk, job.extra, on_plan=bar.update))
+            job.journal.write_chunk(*measure_chunk(job.backend, chunk, job.extra, job.rounds, on_plan=bar.update))
     finish(job)

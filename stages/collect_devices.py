@@ -29,7 +29,7 @@ from dreamshard.tasks import read_tasks, table_pool
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, section
 
-KEYS = {"seed": 0, "samples": 1, "max_tables": 1, "chunk_size": 1}  # integer params and their least values
+KEYS = {"seed": 0, "samples": 1, "max_tables": 1, "chunk_size": 1, "rounds": 1}  # integer params and their least values
 
 
 def run(params: dict[str, Any]) -> None:
@@ -56,10 +56,11 @@ def run(params: dict[str, Any]) -> None:
     chunks = pending(samples, journal.done(), cfg["chunk_size"])
     todo = sum(len(c) for c in chunks)
     print(f"collect_devices: {len(samples)} samples of up to {cfg['max_tables']} tables, {todo} to measure "
+          f"({cfg['rounds']} round(s) each, in turns within a chunk) "
           f"with {backend.name} on {backend.device_name()}")
     with tqdm(total=todo, desc="collect_devices", unit="device") as bar:
         for chunk in chunks:
-            journal.write_chunk(measure_samples(backend, chunk, tasks[0], extra, on_sample=bar.update))
+            journal.write_chunk(measure_samples(backend, chunk, tasks[0], extra, cfg["rounds"], on_sample=bar.update))
     rows = journal.read(samples)
     if len(rows) != len(samples):
         raise DreamShardError(f"collect_devices: {len(samples) - len(rows)} sample(s) have no rows in "

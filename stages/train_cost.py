@@ -7,8 +7,10 @@ device's communication comes from (the comm head, or the backend's all-to-all mo
 
 The feature scaler is fitted on the training pool's tables (at every configured dim)
 and saved in the checkpoint with the network. A seeded `holdout_fraction` of the
-collected plans is kept out of the fit to measure accuracy (metrics/cost_model.json);
-with `learn_from_held_out` the checkpoint is then refitted on all plans, else it is the network
+collected plans is kept out of the fit to measure accuracy (metrics/cost_model.json),
+beside the floor under that accuracy: how far one measurement of those plans lies from
+the median of their rounds (`held_out_measurement_noise`, from collect.rounds). With
+`learn_from_held_out` the checkpoint is then refitted on all plans, else it is the network
 fitted without them (and the policies' stages too learn from the fitted share only: the held-out
 plans then serve the report alone, outside the plan budget the models learn from).
 """
@@ -28,6 +30,7 @@ from dreamshard.learning.cost_model import (
     CostNetConfig,
     evaluate_cost_net,
     fit_cost_net,
+    measurement_noise,
     median_device_ms,
     plan_predictions,
     save_cost_net,
@@ -45,6 +48,8 @@ def run(params: dict[str, Any]) -> None:
     topology = build(Topology, section(params, "backend.topology"), "backend.topology")
     batch_size = int(section(params, "backend.batch_size"))
     held_idx, fit_idx = plan_split(params, data)
+    costs = Path(section(params, "paths.costs"))  # the rows behind `data`, in its plan order: each round kept
+    collected_plans, collected_devices = pd.read_parquet(costs / "plans.parquet"), pd.read_parquet(costs / "devices.parquet")
     held, fit_on = data.subset(held_idx), data.subset(fit_idx)
     learn_from = training_plans(params, data)
 
@@ -61,7 +66,11 @@ def run(params: dict[str, Any]) -> None:
         return net, losses
 
     net, losses = fit(fit_on)
+    held_ids = set(collected_plans["plan_id"].iloc[held_idx])
+    noise = measurement_noise(collected_plans[collected_plans["plan_id"].isin(held_ids)],
+                              collected_devices[collected_devices["plan_id"].isin(held_ids)])
     metrics = {"held_out": evaluate_cost_net(net, scaler, held), "train": evaluate_cost_net(net, scaler, fit_on),
+               "held_out_measurement_noise": noise,
                "holdout_fraction": float(section(params, "train_cost.holdout_fraction")), "final_loss": losses[-1],
                "collected_plans": data.num_plans, "plans_learned_from": learn_from.num_plans,
                "single_device_measurements": 0 if single is None else single.num_plans, "comm": net.config.comm}

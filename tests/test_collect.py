@@ -18,11 +18,14 @@ import pytest
 from dreamshard.evaluation.collect import (
     CostJournal,
     collect,
+    measure_chunk,
     perturb,
     plan_id,
     plans_to_measure,
 )
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.base import ComputeCost
+from dreamshard.learning.cost_model import measurement_noise
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
 from dreamshard.tasks import read_tasks
@@ -51,7 +54,8 @@ def analytic() -> AnalyticBackend:
 
 
 class FailingBackend:
-    """Delegates to a backend; its plan_cost raises once `fail_after` plans were measured (fault injection)."""
+    """Delegates to a backend; its compute_cost raises once `fail_after` device operators were measured (fault
+    injection). A plan measurement is one compute_cost per device of the plan (collect.measure_chunk)."""
 
     def __init__(self, inner, fail_after: int) -> None:
         self.inner, self.fail_after, self.calls = inner, fail_after, 0
@@ -64,21 +68,27 @@ class FailingBackend:
         return self.inner.versions()
 
     def compute_cost(self, task, shards):
+        if self.calls >= self.fail_after:
+            raise RuntimeError(f"injected crash after {self.calls} device operators")
+        self.calls += 1
         return self.inner.compute_cost(task, shards)
 
     def communication_cost(self, fwd_ms, dim_sums):
         return self.inner.communication_cost(fwd_ms, dim_sums)
 
-    def plan_cost(self, task, plan):
-        if self.calls >= self.fail_after:
-            raise RuntimeError(f"injected crash after {self.calls} plans")
-        self.calls += 1
-        return self.inner.plan_cost(task, plan)
+    def plan_cost_from(self, task, plan, compute):
+        return self.inner.plan_cost_from(task, plan, compute)
 
 
 def counting_backend(inner):
-    """A FailingBackend that never fails: counts plan measurements."""
+    """A FailingBackend that never fails: counts device operators measured."""
     return FailingBackend(inner, fail_after=10**9)
+
+
+def operators(items, ids) -> int:
+    """Device operators of one measurement of each plan of `ids`."""
+    by_id = {it.plan_id: it for it in items}
+    return sum(by_id[i].plan.num_devices for i in ids)
 
 
 # ---------------------------------------------------------------- which plans
@@ -191,7 +201,7 @@ def test_resume_after_a_crash_loses_and_repeats_nothing(data, analytic, tmp_path
     collect(analytic, items, reference, chunk, EXTRA)
 
     journal = CostJournal(tmp_path / "journal")
-    failing = FailingBackend(analytic, fail_after)
+    failing = FailingBackend(analytic, operators(items, ids[:fail_after]))  # fails as plan fail_after starts
     with pytest.raises(RuntimeError, match="injected crash"):
         collect(failing, items, journal, chunk, EXTRA)
     completed = fail_after // chunk  # chunks written before the crash; the crashed chunk is not
@@ -201,7 +211,7 @@ def test_resume_after_a_crash_loses_and_repeats_nothing(data, analytic, tmp_path
 
     counter = counting_backend(analytic)
     collect(counter, items, journal, chunk, EXTRA)
-    assert counter.calls == len(ids) - len(done)  # only the missing plans are measured
+    assert counter.calls == operators(items, set(ids) - done)  # only the missing plans are measured
 
     plans, ref_plans = journal.read("plans", ids), reference.read("plans", ids)
     assert plans["plan_id"].tolist() == ids and plans["plan_id"].is_unique
@@ -224,7 +234,7 @@ def test_crash_between_the_devices_and_the_plans_part_is_redone(data, analytic, 
     assert journal.done_ids() == set(ids) - lost
     counter = counting_backend(analytic)
     collect(counter, items, journal, 4, EXTRA)
-    assert counter.calls == len(lost)
+    assert counter.calls == operators(items, lost)
     assert journal.read("plans", ids)["plan_id"].tolist() == ids
     pd.testing.assert_frame_equal(journal.read("devices", ids), reference_devices)
 
@@ -284,3 +294,53 @@ def test_collect_stage_rejects_bad_params(data):
     bad["backend"]["name"] = "abacus"
     with pytest.raises(ParamsError, match="backend.name"):
         collect_stage.run(bad)
+
+
+class DriftingBackend(FailingBackend):
+    """A machine whose speed changes from one operator to the next: the k-th operator costs factors[k] x the
+    analytic cost (cycling). Records the task of every operator it measures."""
+
+    def __init__(self, inner, factors) -> None:
+        super().__init__(inner, fail_after=10**9)
+        self.factors, self.tasks = factors, []
+
+    def compute_cost(self, task, shards):
+        cost = super().compute_cost(task, shards)
+        self.tasks.append(task.name)
+        f = self.factors[(self.calls - 1) % len(self.factors)]
+        return ComputeCost(cost.fwd_ms * f, cost.bwd_ms * f)
+
+
+def test_rounds_measure_a_chunk_in_turns_and_keep_every_round_and_the_medians(data, analytic, tmp_path):
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 3, 0.0, seed=0, fingerprint="fp")
+    ids = _unique(items)
+    assert len(ids) == 3 and len({it.task.name for it in items}) == 3
+    drifting = DriftingBackend(analytic, [1.0, 1.7, 0.6, 1.2, 0.9])
+    plans, devices = measure_chunk(drifting, items, EXTRA, rounds=3)
+    assert drifting.calls == 3 * operators(items, ids)  # every plan three times
+    # in turns: A B C, then B C A, then C A B
+    turns = [name for k, name in enumerate(drifting.tasks) if k == 0 or drifting.tasks[k - 1] != name]
+    a, b, c = (it.task.name for it in items)
+    assert turns == [a, b, c, b, c, a, c, a, b]
+    steady = {p["plan_id"]: p for p in measure_chunk(analytic, items, EXTRA)[0]}
+    for row in devices:
+        assert len(row["fwd_ms_rounds"]) == len(row["bwd_ms_rounds"]) == 3
+        assert row["fwd_ms"] == pytest.approx(float(np.median(row["fwd_ms_rounds"])))
+        assert row["bwd_ms"] == pytest.approx(float(np.median(row["bwd_ms_rounds"])))
+    for row in plans:
+        assert row["rounds"] == 3 and len(set(row["cost_ms_rounds"])) > 1  # the drift is kept, not averaged away
+        assert min(row["cost_ms_rounds"]) <= row["cost_ms"] <= max(row["cost_ms_rounds"])
+        assert steady[row["plan_id"]]["cost_ms_rounds"] == [steady[row["plan_id"]]["cost_ms"]]
+    # the plan's cost is the max over its devices of their medians (plus communication), as collect journals it
+    frame = pd.DataFrame(devices)
+    totals = frame[["fwd_ms", "bwd_ms", "fwd_comm_ms", "bwd_comm_ms"]].sum(axis=1).groupby(frame["plan_id"]).max()
+    np.testing.assert_allclose([totals[p["plan_id"]] for p in plans], [p["cost_ms"] for p in plans], rtol=1e-12)
+    # the floor under a cost model's error against these rows: one round against the medians
+    noise = measurement_noise(pd.DataFrame(plans), frame)
+    assert noise is not None and noise["rounds"] == 3 and noise["plans"] == 3
+    assert noise["single_round_compute_mape"] > 0.1 and -1 <= noise["single_round_plan_kendall_tau"] <= 1
+    steady_rows = measure_chunk(analytic, items, EXTRA)
+    assert measurement_noise(pd.DataFrame(steady_rows[0]), pd.DataFrame(steady_rows[1])) is None
+    with pytest.raises(ValueError, match="rounds"):
+        measure_chunk(analytic, items, EXTRA, rounds=0)

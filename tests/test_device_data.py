@@ -19,6 +19,7 @@ from dreamshard.evaluation.devices import (
     pending,
 )
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.base import ComputeCost
 from dreamshard.hardware.comm import Topology, communication_ms
 from dreamshard.learning.cost_model import Cluster, CostNetConfig, cost_data_from_plans, device_predictions
 from dreamshard.plan import Plan
@@ -181,3 +182,32 @@ def test_device_predictions_read_each_plan_on_its_own(analytic):
     for p in range(2):
         alone = device_predictions(net, scaler, data.subset([p]))
         np.testing.assert_allclose(all_rows[data.device_plan == p], alone, rtol=1e-6)
+
+
+def test_samples_are_measured_in_rounds_and_keep_their_medians_and_every_round(data, analytic):
+    _, tasks, pool = data
+    samples = device_samples(pool, 4, 3, 1.0, [4, 8], tasks[0], seed=0)
+    inner = analytic
+
+    class Drifting:
+        """A machine whose speed changes from round to round: the r-th round costs factors[r] x the analytic cost."""
+        name, measured, factors, calls = inner.name, inner.measured, (1.0, 1.6, 0.7), 0
+
+        def device_name(self):
+            return inner.device_name()
+
+        def compute_cost(self, task, shards):
+            cost = inner.compute_cost(task, shards)
+            f = self.factors[self.calls // len(samples)]
+            self.calls += 1
+            return ComputeCost(cost.fwd_ms * f, cost.bwd_ms * f)
+
+    drifting = Drifting()
+    rows = measure_samples(drifting, samples, tasks[0], EXTRA, rounds=3)
+    steady = measure_samples(inner, samples, tasks[0], EXTRA)
+    assert drifting.calls == 3 * len(samples)
+    for row, once in zip(rows, steady, strict=True):
+        assert len(row["fwd_ms_rounds"]) == 3 and len(set(row["fwd_ms_rounds"])) > 1
+        assert row["fwd_ms"] == pytest.approx(np.median(row["fwd_ms_rounds"]))
+        assert row["bwd_ms"] == pytest.approx(np.median(row["bwd_ms_rounds"]))
+        assert once["fwd_ms_rounds"] == [once["fwd_ms"]]

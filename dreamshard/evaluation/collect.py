@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dreamshard.hardware.base import CostBackend
+from dreamshard.hardware.base import ComputeCost, CostBackend, turns
 from dreamshard.io import write_parquet
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
@@ -78,22 +79,41 @@ def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: fl
     return out
 
 
-def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict) -> tuple[dict, list[dict]]:
-    """One plan row and one row per device of `item`, measured by `backend`."""
-    cost = backend.plan_cost(item.task, item.plan)
+def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict,
+                 rounds: Sequence[Sequence[ComputeCost]]) -> tuple[dict, list[dict]]:
+    """One plan row and one row per device of `item` from its measurements `rounds` (what `measure_chunk` takes
+    in turns), each the reference device's compute cost of every device of the plan.
+
+    A device's fwd and bwd are the medians of its rounds; the rows keep every round (cost_ms_rounds; fwd_ms_rounds
+    and bwd_ms_rounds, at the devices' speeds).
+    """
+    if not rounds:
+        raise ValueError(f"plan {item.plan_id}: no measurements to make rows of")
+    each = [backend.plan_cost_from(item.task, item.plan, r) for r in rounds]
+    cost = backend.plan_cost_from(item.task, item.plan, [
+        ComputeCost(statistics.median(r[d].fwd_ms for r in rounds), statistics.median(r[d].bwd_ms for r in rounds))
+        for d in range(item.plan.num_devices)])
     common = {"plan_id": item.plan_id, "task_id": item.task.name, "family": item.task.family,
               "backend": cost.backend, "device_name": cost.device_name, "measured": cost.measured,
               "comm": cost.comm, **extra}
     plan_row = {**common, "source": item.source, "num_devices": item.plan.num_devices,
-                "shards": json.dumps(item.plan.to_dict()["shards"]), "cost_ms": cost.cost_ms}
+                "shards": json.dumps(item.plan.to_dict()["shards"]), "cost_ms": cost.cost_ms,
+                "rounds": len(rounds), "cost_ms_rounds": [c.cost_ms for c in each]}
     device_rows = []
     for d, dc in enumerate(cost.devices):
         shards = item.plan.device_shards(d)
         device_rows.append({**common, "device": d, "tables": [s.table for s in shards],
                             "col_starts": [s.col_start for s in shards], "col_ends": [s.col_end for s in shards],
                             "fwd_ms": dc.fwd_ms, "bwd_ms": dc.bwd_ms,
-                            "fwd_comm_ms": dc.fwd_comm_ms, "bwd_comm_ms": dc.bwd_comm_ms})
+                            "fwd_comm_ms": dc.fwd_comm_ms, "bwd_comm_ms": dc.bwd_comm_ms,
+                            "fwd_ms_rounds": [c.devices[d].fwd_ms for c in each],
+                            "bwd_ms_rounds": [c.devices[d].bwd_ms for c in each]})
     return plan_row, device_rows
+
+
+def _device_computes(backend: CostBackend, item: PlanToMeasure) -> list[ComputeCost]:
+    """One measurement of a plan: each device's operator on the reference device (backend.compute_cost)."""
+    return [backend.compute_cost(item.task, item.plan.device_shards(d)) for d in range(item.plan.num_devices)]
 
 
 class CostJournal:
@@ -138,24 +158,30 @@ def pending_chunks(items: Sequence[PlanToMeasure], done: set[str], chunk_size: i
     return [todo[start:start + chunk_size] for start in range(0, len(todo), chunk_size)]
 
 
-def measure_chunk(backend: CostBackend, chunk: Sequence[PlanToMeasure], extra: dict,
+def measure_chunk(backend: CostBackend, chunk: Sequence[PlanToMeasure], extra: dict, rounds: int = 1,
                   on_plan: Callable[[], None] | None = None) -> tuple[list[dict], list[dict]]:
     """The plan rows and device rows of one chunk, in the chunk's order; writes nothing.
 
-    What a distributed worker runs: the caller journals the rows (CostJournal.write_chunk).
+    Each plan is measured `rounds` times, in turns (plans A, B, C, then B, C, A, ...) so that a slow
+    spell of the machine hits the chunk's plans alike; a device's costs are the medians of its rounds
+    (measure_rows). What a distributed worker runs: the caller journals the rows (CostJournal.write_chunk).
     """
+    measured: list[list[list[ComputeCost]]] = [[] for _ in chunk]
+    for r, i in turns(len(chunk), rounds):
+        measured[i].append(_device_computes(backend, chunk[i]))
+        if on_plan and r == rounds - 1:
+            on_plan()
     plan_rows, device_rows = [], []
-    for item in chunk:
-        p, ds = measure_rows(backend, item, extra)
+    for item, item_rounds in zip(chunk, measured, strict=True):
+        p, ds = measure_rows(backend, item, extra, item_rounds)
         plan_rows.append(p)
         device_rows += ds
-        if on_plan:
-            on_plan()
     return plan_rows, device_rows
 
 
 def collect(backend: CostBackend, items: Sequence[PlanToMeasure], journal: CostJournal, chunk_size: int,
-            extra: dict, on_plan: Callable[[], None] | None = None) -> None:
+            extra: dict, rounds: int = 1, on_plan: Callable[[], None] | None = None) -> None:
     """Measure every item not yet in the journal, chunk by chunk, journaling each chunk at once."""
     for chunk in pending_chunks(items, journal.done_ids(), chunk_size):
-        journal.write_chunk(*measure_chunk(backend, chunk, extra, on_plan))
+        journal.write_chunk(*measure_chunk(backend, chunk, extra, rounds, on_plan))
+

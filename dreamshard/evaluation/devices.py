@@ -12,6 +12,7 @@ samples. The merged rows (`merge`) follow the samples' order, whoever measured t
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dreamshard.errors import DataFormatError
-from dreamshard.hardware.base import CostBackend
+from dreamshard.hardware.base import ComputeCost, CostBackend, turns
 from dreamshard.io import write_parquet
 from dreamshard.learning.cost_model import CostData
 from dreamshard.learning.features import NUM_FEATURES, shard_features
@@ -69,17 +70,26 @@ def sample_task(sample: DeviceSample, template: Task) -> Task:
 
 
 def measure_samples(backend: CostBackend, samples: Sequence[DeviceSample], template: Task, extra: dict,
-                    on_sample: Callable[[], None] | None = None) -> list[dict]:
-    """One row per sample: its tables, their dims, the measured fused operator's medians, the backend and
-    device that measured it and `extra` (e.g. batch size, seed); writes nothing."""
-    rows = []
-    for s in samples:
-        cost = backend.compute_cost(sample_task(s, template), [Shard(t.name, 0, 0, t.dim) for t in s.tables])
-        rows.append({"sample": s.index, "tables": [t.name for t in s.tables], "dims": [t.dim for t in s.tables],
-                     "fwd_ms": cost.fwd_ms, "bwd_ms": cost.bwd_ms, "backend": backend.name,
-                     "device_name": backend.device_name(), "measured": backend.measured, **extra})
-        if on_sample:
+                    rounds: int = 1, on_sample: Callable[[], None] | None = None) -> list[dict]:
+    """One row per sample: its tables, their dims, the measured fused operator's costs, the backend and
+    device that measured it and `extra` (e.g. batch size, seed); writes nothing.
+
+    Each sample is measured `rounds` times, in turns (samples A, B, C, then B, C, A, ...) so that a slow
+    spell of the machine hits them alike; fwd_ms and bwd_ms are the medians of the rounds, and the rows keep
+    every round (fwd_ms_rounds, bwd_ms_rounds)."""
+    measured: list[list[ComputeCost]] = [[] for _ in samples]
+    for r, i in turns(len(samples), rounds):
+        s = samples[i]
+        measured[i].append(backend.compute_cost(sample_task(s, template), [Shard(t.name, 0, 0, t.dim) for t in s.tables]))
+        if on_sample and r == rounds - 1:
             on_sample()
+    rows = []
+    for s, costs in zip(samples, measured, strict=True):
+        fwd, bwd = [c.fwd_ms for c in costs], [c.bwd_ms for c in costs]
+        rows.append({"sample": s.index, "tables": [t.name for t in s.tables], "dims": [t.dim for t in s.tables],
+                     "fwd_ms": statistics.median(fwd), "bwd_ms": statistics.median(bwd),
+                     "fwd_ms_rounds": fwd, "bwd_ms_rounds": bwd, "backend": backend.name,
+                     "device_name": backend.device_name(), "measured": backend.measured, **extra})
     return rows
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.evaluation.bounds import ROW_PROBE_RATIO, LowerBound, column_splits_in, lower_bound, row_splits_of
-from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost
+from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, turns
 from dreamshard.hardware.comm import Topology, assemble_plan_cost
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import Sharder
@@ -74,22 +74,21 @@ def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan],
     first = {k: plans[keys.index(k)] for k in distinct}
     measured: dict[tuple, list[PlanCost]] = {k: [] for k in distinct}
     count = count if count is not None else MeasureCount()
-    for r in range(rounds):
-        shift = r % len(distinct)
-        this_round: dict[tuple, ComputeCost] = {}
-        for k in distinct[shift:] + distinct[:shift]:
-            plan = first[k]
-            compute = []
-            for d in range(plan.num_devices):
-                shards = plan.device_shards(d)
-                device = _device_key(shards)
-                if device in this_round:
-                    count.reused += 1
-                else:
-                    this_round[device] = backend.compute_cost(task, shards)
-                    count.measured += 1
-                compute.append(this_round[device])
-            measured[k].append(backend.plan_cost_from(task, plan, compute))
+    rounds_seen: dict[int, dict[tuple, ComputeCost]] = {}  # per round: its device operators, measured once
+    for r, i in turns(len(distinct), rounds):
+        this_round = rounds_seen.setdefault(r, {})
+        plan = first[distinct[i]]
+        compute = []
+        for d in range(plan.num_devices):
+            shards = plan.device_shards(d)
+            device = _device_key(shards)
+            if device in this_round:
+                count.reused += 1
+            else:
+                this_round[device] = backend.compute_cost(task, shards)
+                count.measured += 1
+            compute.append(this_round[device])
+        measured[distinct[i]].append(backend.plan_cost_from(task, plan, compute))
     return [sorted(measured[k], key=lambda c: c.cost_ms)[(rounds - 1) // 2] for k in keys]
 
 

@@ -75,3 +75,15 @@ class CostBackend(Protocol):
     def communication_cost(self, fwd_ms: Sequence[float] | np.ndarray,
                            dim_sums: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(fwd_comm_ms, bwd_comm_ms) per device, given each device's forward compute and dim sum."""
+
+
+def turns(count: int, rounds: int) -> list[tuple[int, int]]:
+    """(round, item) in the order that measures `count` items `rounds` times in turns: items 0, 1, 2, then 1, 2, 0,
+    then 2, 0, 1, ...; a slow spell of the machine then hits every item alike, not one item's every round."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected an integer >= 1, got {rounds!r}")
+    order = []
+    for r in range(rounds):
+        shift = r % count if count else 0
+        order += [(r, i) for i in [*range(shift, count), *range(shift)]]
+    return order

@@ -388,6 +388,28 @@ def evaluate_cost_net(net: CostNet, scaler: FeatureScaler, data: CostData) -> di
     }
 
 
+def measurement_noise(plans, devices) -> dict[str, float | int] | None:
+    """How far one measurement lies from the median of its rounds, over the collect stage's plans and devices
+    frames (rows of the same plans): the floor under any cost model's error against these rows. None when the
+    rows hold fewer than 2 rounds.
+
+    single_round_compute_mape: over devices with compute and over rounds, |fwd + bwd of the round - the row's
+    fwd + bwd (the medians)| / the row's; single_round_plan_kendall_tau: over rounds, Kendall's tau of the plans'
+    costs in that round against their costs (the medians' plan costs)."""
+    if "cost_ms_rounds" not in plans.columns or plans.empty or int(plans["rounds"].min()) < 2:
+        return None
+    rounds = int(plans["rounds"].min())
+    compute = (devices["fwd_ms"] + devices["bwd_ms"]).to_numpy()
+    each = np.stack([np.add(f[:rounds], b[:rounds]) for f, b in zip(devices["fwd_ms_rounds"], devices["bwd_ms_rounds"])])
+    keep = compute > 0
+    per_round = np.stack(plans["cost_ms_rounds"].map(lambda c: np.asarray(c[:rounds])).to_list())
+    cost = plans["cost_ms"].to_numpy()
+    return {"rounds": rounds, "plans": len(plans),
+            "single_round_compute_mape": float(np.mean(np.abs(each[keep] - compute[keep, None]) / compute[keep, None])),
+            "single_round_plan_kendall_tau": float(np.mean([kendall_tau(per_round[:, r], cost) for r in range(rounds)]))}
+
+
+
 def plan_predictions(net: CostNet, scaler: FeatureScaler, data: CostData,
                      estimate: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per plan of `data`, in its order: (predicted, measured) plan cost, ms.
