@@ -196,7 +196,8 @@ def run(params: dict[str, Any]) -> None:
 
     column_splits = any(spec(s.name).splits_tables for s in sharders)
 
-    probes = ProbeCache(backend)  # the bounds' single-table probes, measured once per table and width
+    # the bounds' probes: each the least of `rounds` readings, a single-table probe once per table and width
+    probes = ProbeCache(backend, int(cfg["rounds"]))
 
     planned: dict[str, list[PlannedTask]] = {}  # by journal key: the chunk's plans, until measured
 

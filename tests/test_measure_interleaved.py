@@ -63,3 +63,33 @@ def test_bound_probes_are_measured_once_per_table_and_width_across_tasks():
     # the second task's tables were probed with the first (whole at their dim, and as 4-column slices): only
     # big0 at dim 8 is new; s0 has dim 4, so its 4-column slice is the table itself (one probe)
     assert probes.hits >= 2 * len(tables[2:]) and len(probes.costs) == 2 * len(tables)
+
+
+class Spiky(Counting):
+    """The analytic backend read high on all but every third reading, as a machine in a noisy spell."""
+
+    def compute_cost(self, task, shards):
+        from dataclasses import replace
+
+        exact = super().compute_cost(task, shards)
+        if self.operators % 3 == 0:
+            return exact
+        return replace(exact, fwd_ms=exact.fwd_ms * 1.3, bwd_ms=exact.bwd_ms * 1.3)
+
+
+def test_bound_probes_keep_their_least_reading_so_a_noisy_spell_cannot_lift_the_bound():
+    from dreamshard.evaluation.bounds import lower_bound
+    from dreamshard.evaluation.evaluate import ProbeCache, exhaustive_optimum
+
+    task = Task("t", tuple(BIG[:2] + SMALL[:3]), (Device(2**34), Device(2**34)))
+    topology = analytic().config.topology
+    exact = lower_bound(analytic(), task, "either", 2048, topology)
+    spiky = Spiky()
+    assert lower_bound(spiky, task, "either", 2048, topology).total_ms > 1.1 * exact.total_ms  # one reading each
+    probes = ProbeCache(Spiky(), rounds=3)
+    assert lower_bound(probes, task, "either", 2048, topology).total_ms == pytest.approx(exact.total_ms)
+    assert probes.backend.operators == 3 * len(probes.costs) + 3  # the fused-all probe: 3 readings, not cached
+    ex = exhaustive_optimum(Spiky(), task, 2048, topology, "either", bound_rounds=3)
+    assert ex.bound.total_ms == pytest.approx(exact.total_ms)
+    with pytest.raises(ValueError, match="rounds: expected an integer >= 1"):
+        ProbeCache(analytic(), rounds=0)

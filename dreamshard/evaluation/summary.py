@@ -245,7 +245,8 @@ def exhaustive_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequ
     Every plan is measured once; the minimum of many single noisy measurements is biased low (the
     winner's curse), so the `top_plans` cheapest plans and every sharder's plan are then measured again
     in `rounds` interleaved rounds (measure_interleaved) and compared by their medians: `optimum_ms` is
-    the best re-measured whole-table plan, `optimum_single_ms` the minimum of the single measurements."""
+    the best re-measured whole-table plan, `optimum_single_ms` the minimum of the single measurements. The
+    bound's probes are read `rounds` times each, the least reading kept (ProbeCache)."""
     if num_tasks == 0:
         return {}
     if top_plans < 1 or rounds < 1:
@@ -255,7 +256,7 @@ def exhaustive_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequ
              for i, t in enumerate(tasks[:num_tasks])]
     per_task = []
     for task in tqdm(small, desc="exhaustive", unit="task"):
-        res = exhaustive_optimum(backend, task, batch_size, topology, regime)
+        res = exhaustive_optimum(backend, task, batch_size, topology, regime, bound_rounds=rounds)
         top = [Plan.from_assignment(task, list(a)) for a in sorted(res.costs, key=lambda a: res.costs[a])[:top_plans]]
         planned = [p.plan for p in plan_with(sharders, task)]
         remeasured = measure_interleaved(backend, task, top + planned, rounds)
