@@ -90,6 +90,24 @@ def test_dvc_repro_through_prefect(repo: Path, prefect_env: dict):
     assert skipped(out) == set(STAGES), out
     assert "Data and pipelines are up to date" in out
 
+    # ---- a test-only family added: the tasks stage reruns, the training tasks file keeps its bytes, and every
+    # stage but evaluate depends on that file alone, so no model is collected for or trained again
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tasks"]["profiles"]["tiny"].append({"name": "tiny-8-8", "num_tables": 8, "num_devices": 8,
+                                                "memory_gb": 0.01, "num_train": 0, "num_test": 1})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = run(REPRO, repo, env)
+    assert ran(out) == {"tasks"}, out
+    assert (repo / "data/tasks/train.parquet").read_bytes() == first_train
+    assert len(read_tasks(repo / "data/tasks/test.parquet", tables_path)) == len(tasks["test"]) + 1
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    on_tasks = {name: [d for d in s.get("deps", []) if str(d).startswith("${paths.tasks}")] for name, s in stages.items()}
+    assert on_tasks.pop("evaluate") == ["${paths.tasks}"] and on_tasks.pop("tasks") == []
+    assert {name: deps for name, deps in on_tasks.items() if deps} == {
+        name: ["${paths.tasks}/train.parquet"] for name in on_tasks if on_tasks[name]}
+    assert {"collect", "collect_devices", "train_cost", "train_policy", "train_neuroshard"} <= {
+        name for name, deps in on_tasks.items() if deps}
+
     # ---- a tasks parameter changes: only the tasks stage reruns
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["tasks"]["seed"] = 1
