@@ -1,0 +1,126 @@
+"""Do two groups of trained DreamShard models plan differently well? An A/B measured in one interleaved pass.
+
+    python -m benchmarks.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
+        [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json]
+
+Two pipeline runs measured an hour apart differ by machine state as much as by code (the fusion ratio of
+one 2-core AMD EPYC read 1.03-1.54 in one run, 0.74-1.17 in the next), so comparing their metrics/eval.json
+cannot say what a training change did. This plans each of the evaluate stage's tasks (its test tasks and
+training tasks, `stages.evaluate.evaluated_tasks`) with every model of both groups (each group: models of
+one setting, e.g. policy seeds) and with the `rivals` heuristics, measures all those plans of a task in
+`rounds` interleaved rounds on the project's backend (`measure_interleaved`: medians), and reports per
+family the groups' mean cost over the best rival, each model's, and the paired ratio group A / group B
+(per task: the mean over A's models over the mean over B's) with a 95% bootstrap interval over tasks.
+Each task's row is written to `--out` as measured (JSON lines beside the summary), labelled with the
+backend's device.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], seed: int) -> dict[str, dict[str, Any]]:
+    """Per family (training tasks under "train:<family>", and every test task under "test"): tasks, each
+    model's mean cost over the best rival, the groups' means, and the paired ratio A / B with its 95%
+    bootstrap interval over tasks."""
+    from dreamshard.evaluation.summary import bootstrap_ci
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        key = r["family"] if r["split"] == "test" else f"train:{r['family']}"
+        groups.setdefault(key, []).append(r)
+        if r["split"] == "test":
+            groups.setdefault("test", []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        best = np.array([r["best_rival_ms"] for r in rs])
+        per_model = {m: np.array([r["cost_ms"][m] for r in rs]) / best for m in a + b}
+        mean_a = np.mean([per_model[m] for m in a], axis=0)
+        mean_b = np.mean([per_model[m] for m in b], axis=0)
+        paired = mean_a / mean_b
+        low, high = bootstrap_ci(paired, seed)
+        out[key] = {"tasks": len(rs), "a_over_best_rival": float(mean_a.mean()),
+                    "b_over_best_rival": float(mean_b.mean()),
+                    "models_over_best_rival": {m: float(v.mean()) for m, v in per_model.items()},
+                    "a_over_b": float(paired.mean()), "a_over_b_ci": [low, high]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.model_ab", description=__doc__.split("\n")[0])
+    ap.add_argument("--a", required=True, help="comma-separated DreamShard checkpoints of group A")
+    ap.add_argument("--b", required=True, help="comma-separated DreamShard checkpoints of group B")
+    ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params and tasks are used")
+    ap.add_argument("--rivals", default="lookup_greedy,size_lookup_greedy")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None, help="write the rows (JSON lines) and the summary (JSON) here")
+    args = ap.parse_args(argv)
+    a, b = [Path(p).resolve() for p in args.a.split(",") if p], [Path(p).resolve() for p in args.b.split(",") if p]
+    rivals = [r for r in args.rivals.split(",") if r]
+    if not a or not b or not rivals or args.rounds < 1:
+        ap.error("--a, --b and --rivals need at least one entry each, --rounds at least 1")
+    from pipeline.__main__ import huge_pages_from_params
+
+    root = args.root.resolve()
+    out = args.out.resolve() if args.out else None
+    huge_pages_from_params(str(root / "params.yaml"))  # before torch is imported
+    os.chdir(root)
+    from dreamshard.errors import DreamShardError
+    from dreamshard.evaluation.evaluate import measure_interleaved
+    from dreamshard.sharders import make_sharder
+    from stages.backend import make_stage_backend
+    from stages.common import load_params, section
+    from stages.evaluate import evaluated_tasks, make_sharders
+
+    try:
+        params = load_params("params.yaml")
+        backend = make_stage_backend(params)
+        _, splits = evaluated_tasks(params)
+        batch_size = int(section(params, "backend.batch_size"))
+        names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]
+        sharders = {}
+        for name, path in zip(names, a + b):  # as the evaluate stage makes it, from this checkpoint
+            one = {**params, "paths": {**params["paths"], "dreamshard_model": str(path)},
+                   "evaluate": {**params["evaluate"], "sharders": ["dreamshard"], "decoding": {}}}
+            sharders[name] = make_sharders(one, batch_size)[0]
+        sharders.update({r: make_sharder(r) for r in rivals})
+    except (DreamShardError, ValueError, OSError) as exc:
+        print(f"model_ab: error: {exc}", file=sys.stderr)
+        return 1
+    rows = []
+    lines = out.with_suffix(".jsonl").open("w") if out else None
+    for split, task in splits:
+        keys = list(sharders)
+        costs = measure_interleaved(backend, task, [sharders[k].shard(task) for k in keys], args.rounds)
+        cost = {k: c.cost_ms for k, c in zip(keys, costs)}
+        row = {"split": split, "task": task.name, "family": task.family, "device": backend.device_name(),
+               "cost_ms": cost, "best_rival_ms": min(cost[r] for r in rivals)}
+        rows.append(row)
+        if lines:
+            lines.write(json.dumps(row) + "\n")
+            lines.flush()
+        print(f"{split} {task.name}: " + ", ".join(f"{k} {cost[k] / row['best_rival_ms']:.3f}" for k in names),
+              flush=True)
+    if lines:
+        lines.close()
+    summary = {"device": backend.device_name(), "measured": backend.measured, "rounds": args.rounds,
+               "a": [str(p) for p in a], "b": [str(p) for p in b], "rivals": rivals,
+               "families": group_rows(rows, names[:len(a)], names[len(a):], int(section(params, "evaluate.seed")))}
+    for key, v in summary["families"].items():
+        low, high = v["a_over_b_ci"]
+        print(f"{key}: {v['tasks']} tasks, A {v['a_over_best_rival']:.3f}, B {v['b_over_best_rival']:.3f} of the best "
+              f"rival; A / B {v['a_over_b']:.3f} [{low:.3f}, {high:.3f}]")
+    if out:
+        out.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
