@@ -41,7 +41,7 @@ from dreamshard.learning.features import (
     shard_features,
     table_features,
 )
-from dreamshard.learning.mdp import TaskContext, rollout
+from dreamshard.learning.mdp import Episodes, TaskContext, reinforce_loss, rollout
 from dreamshard.learning.neuroshard import (
     AugmentConfig,
     NeuroShardModel,
@@ -320,6 +320,34 @@ def test_trained_policy_is_valid_and_beats_random(world, backend, model):
     assert np.mean(ratios) < 0.95  # observed 0.79-0.85 over training seeds 0-4
 
 
+def test_the_self_critical_policy_beats_random_too(world, backend, scaler):
+    """baseline="greedy" (the pipeline's DreamShard): each episode against the policy's own greedy plan."""
+    trainer = train_once(world, backend, scaler, baseline="greedy")
+    sharder = make_sharder("dreamshard", model=trainer.model("dreamshard", {}))
+    ratios = []
+    for task in world["test2"] + world["test4"]:
+        mine = backend.plan_cost(task, sharder.shard(task)).cost_ms
+        ratios.append(mine / np.mean([backend.plan_cost(task, make_sharder("random", seed=s).shard(task)).cost_ms
+                                      for s in range(5)]))
+    print("self-critical dreamshard / random:", np.round(ratios, 3))
+    assert np.mean(ratios) < 0.95
+
+
+def test_an_episode_is_pushed_by_its_cost_against_the_baseline():
+    """d loss / d log p of an episode is -(baseline - cost) / spread / B: cheaper episodes than the baseline get
+    likelier, dearer ones less likely, one at the baseline is left alone (the entropy term off)."""
+    def grad(baseline):
+        log_prob = torch.zeros(3, requires_grad=True)
+        ep = Episodes(torch.zeros(3, 2, dtype=torch.long), log_prob, torch.zeros(3), torch.tensor([1.0, 2.0, 3.0]),
+                      torch.zeros(3, dtype=torch.bool))
+        reinforce_loss(ep, ep.predicted_ms, 0.0, baseline).backward()
+        return log_prob.grad
+    mean, greedy = grad(None), grad(1.0)  # the batch's mean (2.0), and a greedy plan as cheap as the best episode
+    assert mean[0] < 0 and mean[1] == 0 and mean[2] > 0
+    assert torch.allclose(mean, grad(2.0))
+    assert greedy[0] == 0 and 0 < greedy[1] < greedy[2]
+
+
 def test_training_is_reproducible(world, backend, scaler):
     first, again = train_once(world, backend, scaler, **SHORT), train_once(world, backend, scaler, **SHORT)
     for (k, v), (k2, v2) in zip(first.policy.state_dict().items(), again.policy.state_dict().items()):
@@ -439,6 +467,13 @@ def test_trainer_rejects_bad_configs(world, backend, scaler):
         TrainConfig(measurement_budget=-1)
     with pytest.raises(ValueError, match="no training tasks"):
         Trainer([], backend, scaler, TrainConfig(), CostData.empty())
+    with pytest.raises(ValueError, match="baseline: expected one of batch, greedy"):
+        TrainConfig(baseline="mean")
+    autoshard = Trainer(world["train"], backend, scaler, TrainConfig(cost_steps=5, baseline="greedy"),
+                        measured(backend, world["train"], 5, 0))
+    with pytest.raises(ValueError, match="AutoShard's rewards are measurements"):
+        train_autoshard(autoshard)
+    assert autoshard.measurements == 0
 
 
 # ---------------------------------------------------------------- CLI with a learned model
@@ -661,8 +696,9 @@ def single_devices(world, backend) -> CostData:
 def product_model(world, backend, scaler, single_devices) -> LearnedModel:
     """DreamShard as the pipeline trains it: communication from the all-to-all model, single devices in every fit."""
     data = measured(backend, world["train"], 40, 0)
-    trainer = Trainer(world["train"], backend, scaler, TrainConfig(**TRAIN), data, devices=single_devices,
-                      cost_config=CostNetConfig.with_topology(backend.config.topology, BATCH, comm="model"))
+    cost_config = CostNetConfig.with_topology(backend.config.topology, BATCH, comm="model")
+    trainer = Trainer(world["train"], backend, scaler, TrainConfig(**TRAIN, baseline="greedy"), data,
+                      devices=single_devices, cost_config=cost_config)
     train_dreamshard(trainer)
     return trainer.model("dreamshard", {})
 

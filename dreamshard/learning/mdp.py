@@ -107,16 +107,21 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
     return Episodes(assignment, log_prob, entropy, predicted, dead)
 
 
-def reinforce_loss(episodes: Episodes, cost_ms: torch.Tensor, entropy_weight: float) -> torch.Tensor:
-    """REINFORCE with the batch's normalised returns as baseline, plus an entropy bonus.
+def reinforce_loss(episodes: Episodes, cost_ms: torch.Tensor, entropy_weight: float,
+                   baseline_ms: float | None = None) -> torch.Tensor:
+    """REINFORCE with a baseline, plus an entropy bonus.
 
     `cost_ms` [B] is what the episodes cost (predicted on the estimated MDP, measured for
-    AutoShard); dead ends get DEAD_END_PENALTY x the batch's worst cost.
+    AutoShard); dead ends get DEAD_END_PENALTY x the batch's worst cost. The advantage of an
+    episode is (baseline - cost) / the batch's standard deviation; the baseline is `baseline_ms`
+    (e.g. the policy's greedy plan: self-critical) or, where None, the batch's mean.
     """
     cost = cost_ms.detach().clone().float()
     alive = ~episodes.dead
     worst = cost[alive].max() if alive.any() else torch.tensor(1.0)
     cost[episodes.dead] = DEAD_END_PENALTY * worst
-    ret = -cost
-    adv = (ret - ret.mean()) / (ret.std() + 1e-8) if len(ret) > 1 else torch.zeros_like(ret)
+    if len(cost) < 2:
+        return -entropy_weight * episodes.entropy.mean()
+    base = cost.mean() if baseline_ms is None else torch.tensor(float(baseline_ms))
+    adv = (base - cost) / (cost.std() + 1e-8)
     return -(adv * episodes.log_prob).mean() - entropy_weight * episodes.entropy.mean()

@@ -6,6 +6,9 @@ DreamShard alternates, for `iterations` rounds:
   2. refit the cost network (`cost_steps` Adam steps; `cost_steps` also for the first fit);
   3. `policy_updates` REINFORCE updates on the estimated MDP, each one batch of
      `episodes` episodes of one random training task, rewarded by the cost network.
+     `baseline` is what an episode's cost is compared with: "batch" (the batch's mean, in units of its
+     spread) or "greedy" (the estimated cost of the policy's own greedy plan of that task, in units of
+     the batch's spread: the self-critical baseline, which trains the plan that inference decodes).
 AutoShard makes the same policy updates with rewards from real measurements, until
 `measurement_budget` plans have been measured; its cost network (which gives the policy
 its device features) is refitted on what it measured (`refit_steps` after each update).
@@ -29,6 +32,8 @@ from dreamshard.learning.policy import LearnedModel, PolicyNet, PolicyNetConfig
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
 
+BASELINES = ("batch", "greedy")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -43,6 +48,7 @@ class TrainConfig:
     entropy_weight: float = 1e-3
     measurement_budget: int = 100  # AutoShard only
     refit_steps: int = 30  # AutoShard only: cost-network steps after each policy update
+    baseline: str = "batch"  # batch | greedy (DreamShard only: a greedy episode on the estimated MDP)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -51,6 +57,8 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.plans_per_iteration < 0 or self.measurement_budget < 0:
             raise ValueError("plans_per_iteration and measurement_budget must be >= 0")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline: expected one of {', '.join(BASELINES)}, got {self.baseline!r}")
 
 
 @dataclass
@@ -126,9 +134,10 @@ class Trainer:
         self.data = self.data.concat(cost_data_from_plans(measured))
         return [c.cost_ms for _, _, c in measured]
 
-    def update(self, cost_ms: torch.Tensor, episodes: Episodes) -> float:
-        """One REINFORCE step of the policy on `episodes` rewarded by `cost_ms`."""
-        loss = reinforce_loss(episodes, cost_ms, self.config.entropy_weight)
+    def update(self, cost_ms: torch.Tensor, episodes: Episodes, baseline_ms: float | None = None) -> float:
+        """One REINFORCE step of the policy on `episodes` rewarded by `cost_ms` (against `baseline_ms` where
+        given, else the batch's mean)."""
+        loss = reinforce_loss(episodes, cost_ms, self.config.entropy_weight, baseline_ms)
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
@@ -159,8 +168,14 @@ def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Tra
         policy_losses = []
         for _ in range(cfg.policy_updates):
             ctx = trainer.context(trainer.random_task())
+            baseline_ms = None
+            if cfg.baseline == "greedy":
+                with torch.no_grad():
+                    best = rollout(trainer.policy, trainer.cost_net, ctx, 1, greedy=True)
+                if not best.dead.any():  # a greedy dead end is no baseline: the batch's mean serves
+                    baseline_ms = float(best.predicted_ms[0])
             ep = rollout(trainer.policy, trainer.cost_net, ctx, cfg.episodes, trainer.gen)
-            policy_losses.append(trainer.update(ep.predicted_ms, ep))
+            policy_losses.append(trainer.update(ep.predicted_ms, ep, baseline_ms))
         log = IterationLog(it, cost_loss, float(np.mean(policy_losses)),
                            float(np.mean(predicted)) if predicted else float("nan"),
                            float(np.mean(measured)) if measured else float("nan"), trainer.measurements)
@@ -174,6 +189,9 @@ def train_autoshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trai
                     ) -> list[IterationLog]:
     """Policy updates rewarded by real measurements until the budget is spent."""
     cfg = trainer.config
+    if cfg.baseline != "batch":
+        raise ValueError(f"baseline: AutoShard's rewards are measurements, so only 'batch' serves (a "
+                         f"{cfg.baseline!r} baseline would need a measured episode more per update); got {cfg.baseline!r}")
     trainer.start()
     logs = []
     # each update measures at most `episodes` plans (dead ends are not measured)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
+from dreamshard.learning.decoding import StepScorer
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.plan import Plan
@@ -69,21 +70,16 @@ class PolicySharder(LearnedSharder):
     def _shard(self, task: Task) -> Plan:
         m = self.model
         ctx = TaskContext.build(task, m.cost_net, m.scaler)
-        policy_enc = m.policy.encode(ctx.x)
-        embed = ctx.cost_enc.shape[-1]
-        # what place_tables sums per device: cost encodings, policy encodings, dim sum
-        weights = torch.cat([ctx.cost_enc, policy_enc, ctx.widths[:, None]], dim=1).double().numpy()
+        scorer = StepScorer.build(m.cost_net, m.policy, ctx)  # the policy's step in NumPy (learning/decoding.py)
 
         def decode(noise: np.random.Generator | None) -> list[int]:
             def rank(t: int, state: PlacementState) -> list[int]:
-                load = torch.from_numpy(state.load).float()
-                costs = m.cost_net.device_costs(load[:, :embed], load[:, -1], ctx.cluster)
-                logits = m.policy.logits(load[:, embed:-1], costs, policy_enc[t]).numpy()
+                logits = scorer.logits(t, state.load)
                 if noise is not None:
                     logits = logits + noise.gumbel(size=logits.shape)
                 return np.argsort(-logits, kind="stable").tolist()
 
-            return place_tables(task, ctx.order, rank, weights)
+            return place_tables(task, ctx.order, rank, scorer.weights)
 
         best = decode(None)
         if self.samples or self.rivals:

@@ -1,0 +1,133 @@
+"""The policy's per-step device logits in NumPy, for planning: the same function as `PolicyNet.logits` on
+`CostNet.device_costs`, computed without PyTorch's per-call overhead and without redoing what is linear.
+
+Placing one table takes a step of a dozen small layers; in PyTorch each call costs microseconds of
+dispatch whatever its size, which made decoding about 130 µs a table. Two facts make it cheaper:
+
+- the first layer of every cost head, and the device-sum part of the policy head's first layer, are
+  linear in a device's sum of table encodings, so each table's share is projected once per task and
+  `place_tables` sums the projections per device (a device's load is then its layer input, ready);
+- what is left per step (a ReLU, the heads' second layers, the communication model, the policy's cost
+  projection and head) is a few NumPy operations on [devices, 64] arrays.
+
+The results equal PyTorch's up to float rounding (float64 here, float32 there; a test checks both the
+logits and that the plans agree). Training keeps PyTorch (`mdp.rollout`), which needs gradients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from dreamshard.learning.cost_model import CostNet
+from dreamshard.learning.mdp import TaskContext
+from dreamshard.learning.policy import PolicyNet
+
+
+def _layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight [in, out], bias [out]) of each Linear of an `mlp`, as float64 NumPy arrays."""
+    out = []
+    for m in seq:
+        if isinstance(m, nn.Linear):
+            out.append((m.weight.detach().double().numpy().T.copy(), m.bias.detach().double().numpy().copy()))
+        elif not isinstance(m, nn.ReLU):
+            raise TypeError(f"expected an mlp of Linear and ReLU layers, found {type(m).__name__}")
+    return out
+
+
+def _two_layers(seq: nn.Sequential, name: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    layers = _layers(seq)
+    if len(layers) != 2:
+        raise ValueError(f"{name}: the NumPy decoder expects a hidden layer and an output layer, found "
+                         f"{len(layers)} linear layers")
+    return layers[0], layers[1]
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+@dataclass(frozen=True)
+class StepScorer:
+    """The logits of one task's placement steps. `weights` [T, k]: what `place_tables` sums per device for
+    each table (the cost heads' first-layer input, the policy head's device-sum input, the table's width);
+    `logits(t, load)` scores every device for table t from those sums."""
+
+    weights: np.ndarray
+    head_bias: np.ndarray  # [3, H] cost heads' first-layer biases
+    head_out: np.ndarray  # [3, H] their output weights
+    head_out_bias: np.ndarray  # [3]
+    scale_ms: float
+    speed: np.ndarray  # [D]
+    comm_model: bool  # False: the comm head's estimate
+    block_per_dim: float  # bytes a device sends each other device per column of its dim sum
+    spb: np.ndarray  # [D, D] seconds per byte of each link
+    latency_s: float
+    proj: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # policy cost_proj (3 -> H -> E)
+    table_part: np.ndarray  # [T, Hp] the policy head's first layer on the table's encoding, plus its bias
+    cost_part: np.ndarray  # [E, Hp] the policy head's first layer on the projected costs
+    out: tuple[np.ndarray, np.ndarray]  # the policy head's output layer
+    cost_width: int  # columns of `weights` that feed the cost heads
+    policy_width: int  # then columns for the policy head's device sum
+
+    @classmethod
+    def build(cls, cost_net: CostNet, policy: PolicyNet, ctx: TaskContext) -> StepScorer:
+        cfg = cost_net.config
+        heads = [_two_layers(cast(nn.Sequential, h), f"cost head {i}") for i, h in enumerate(cost_net.device_heads)]
+        first = np.concatenate([w for (w, _), _ in heads], axis=1)  # [E, 3H]
+        enc = ctx.cost_enc.double().numpy()
+        with torch.no_grad():
+            penc = policy.encode(ctx.x).double().numpy()
+        (w1, b1), out = _two_layers(policy.head, "policy head")
+        e = penc.shape[1]
+        w_sum, w_cost, w_table = w1[:e], w1[e:2 * e], w1[2 * e:]
+        weights = np.concatenate([enc @ first, penc @ w_sum, ctx.widths.double().numpy()[:, None]], axis=1)
+        n = ctx.task.num_devices
+        return cls(
+            weights=weights,
+            head_bias=np.stack([b for (_, b), _ in heads]),
+            head_out=np.stack([w[:, 0] for _, (w, _) in heads]),
+            head_out_bias=np.array([b[0] for _, (_, b) in heads]),
+            scale_ms=float(cost_net.scale_ms),
+            speed=ctx.cluster.speed.double().numpy(),
+            comm_model=cfg.comm == "model",
+            block_per_dim=cfg.batch_size / n * cfg.output_bytes,
+            spb=ctx.cluster.seconds_per_byte.double().numpy(),
+            latency_s=cfg.latency_us * 1e-6,
+            proj=_two_layers(policy.cost_proj, "policy cost projection"),
+            table_part=penc @ w_table + b1,
+            cost_part=w_cost,
+            out=out,
+            cost_width=first.shape[1],
+            policy_width=w_sum.shape[1],
+        )
+
+    def device_costs(self, load: np.ndarray) -> np.ndarray:
+        """[D, k] summed weights -> [D, 3] (fwd, bwd, comm) ms, as `CostNet.device_costs` with the task's cluster."""
+        d = load.shape[0]
+        hidden = np.maximum(load[:, :self.cost_width].reshape(d, 3, -1) + self.head_bias, 0.0)
+        costs = _softplus((hidden * self.head_out).sum(axis=-1) + self.head_out_bias) * self.scale_ms
+        costs[:, :2] /= self.speed[:, None]
+        if not self.comm_model:
+            return costs
+        if d == 1:
+            costs[:, 2] = 0.0
+            return costs
+        block = self.block_per_dim * load[:, -1]
+        transfer = (self.latency_s + np.maximum(block * self.spb.sum(axis=1), block @ self.spb)) * 1e3
+        fwd = costs[:, 0]
+        costs[:, 2] = fwd.max() - fwd + 2 * transfer
+        return costs
+
+    def logits(self, t: int, load: np.ndarray) -> np.ndarray:
+        """[D] the policy's logit of each device for table t, the devices' loads summed from `weights`."""
+        (p1, q1), (p2, q2) = self.proj
+        costs = self.device_costs(load)
+        projected = np.maximum(np.maximum(costs @ p1 + q1, 0.0) @ p2 + q2, 0.0)
+        device_sum = load[:, self.cost_width:self.cost_width + self.policy_width]
+        hidden = np.maximum(device_sum + projected @ self.cost_part + self.table_part[t], 0.0)
+        w, b = self.out
+        return (hidden @ w)[:, 0] + b[0]
