@@ -7,6 +7,8 @@ up from memory dead ends instead of failing). With `samples = k > 0`, k plans ar
 sampled (Gumbel noise on the logits = sampling from the softmax over legal devices), and with
 `rivals` (names of greedy heuristics) their plans join the candidates; the one the cost
 network rates best, the policy's greedy plan included, is returned (ties: the policy's).
+The logits come from `StepScorer` (learning/decoding.py): the networks' step in NumPy, the same
+function as the training rollout's up to float rounding, at a fraction of the time.
 
 Devices of different speed (Device.speed): the cost network's device costs are a reference
 device's; the policy sees each device's compute divided by its speed (CostNet.device_costs with
