@@ -43,8 +43,7 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     cost_net, scaler = load_cost_net(section(params, "paths.cost_model"))
     backend = make_stage_backend(params)
     trainer = Trainer(tasks, backend, scaler, config, data, cost_net, single)
-    # what it trains on: the tasks and their copies on train_policy's device_counts
-    meta = {**learner_meta(list(trainer.tasks), bins, backend), "collected_plans": data.num_plans}
+    meta = {**learner_meta(tasks, bins, backend), "collected_plans": data.num_plans}
 
     def save_iteration(log: IterationLog, tr: Trainer) -> None:
         tr.model(algorithm, meta).save(model_path.with_suffix("") / f"iter_{log.iteration:03d}.pt")

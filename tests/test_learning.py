@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +55,6 @@ from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
 from dreamshard.learning.train import (
     TrainConfig,
     Trainer,
-    device_count_copies,
     train_autoshard,
     train_dreamshard,
 )
@@ -476,27 +474,6 @@ def test_trainer_rejects_bad_configs(world, backend, scaler):
     with pytest.raises(ValueError, match="AutoShard's rewards are measurements"):
         train_autoshard(autoshard)
     assert autoshard.measurements == 0
-
-
-def test_device_counts_add_copies_of_the_training_tasks_on_other_device_counts(world, backend, scaler):
-    task = world["train"][0]  # 2 devices of 1 GB
-    copies = device_count_copies([task], (1, 2, 3, 6))
-    assert [c.name for c in copies] == [f"{task.name}@{d}" for d in (1, 3, 6)]
-    for c, d in zip(copies, (1, 3, 6)):
-        assert c.num_devices == d and c.tables == task.tables and c.family == task.family
-        assert {dev.memory_bytes for dev in c.devices} == {task.devices[0].memory_bytes}
-    need = sum(task.table_bytes(i) for i in range(len(task.tables)))
-    small = Task.uniform("small", task.tables, 4, 0.6 * need / GB)  # fits on 4 (2.4x), not on 1
-    assert [c.num_devices for c in device_count_copies([small], (1, 2))] == [2]
-    pinned = replace(task, pins=((task.tables[0].name, 0),))
-    with pytest.raises(ValueError, match="uniform, unconstrained tasks only"):
-        device_count_copies([pinned], (3,))
-    with pytest.raises(ValueError, match="device_counts: expected positive integers"):
-        TrainConfig(device_counts=(2, 0))
-    trainer = Trainer(world["train"][:2], backend, scaler, TrainConfig(cost_steps=5, device_counts=[3]),
-                      measured(backend, world["train"], 5, 0))
-    assert trainer.config.device_counts == (3,)
-    assert [t.num_devices for t in trainer.tasks] == [2, 2, 3, 3]
 
 
 # ---------------------------------------------------------------- CLI with a learned model

@@ -12,9 +12,6 @@ DreamShard alternates, for `iterations` rounds:
 AutoShard makes the same policy updates with rewards from real measurements, until
 `measurement_budget` plans have been measured; its cost network (which gives the policy
 its device features) is refitted on what it measured (`refit_steps` after each update).
-With `device_counts`, every training task also comes with copies on those numbers of devices (same
-tables, same device memory; a copy no greedy placement fits is left out): the policy then trains on
-mixed device counts without a kernel run more than the loop's own.
 Everything is seeded through generators the trainer owns (no global RNG): the same data,
 params and seed give the same model.
 """
@@ -27,7 +24,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from dreamshard.errors import InfeasibleTaskError
 from dreamshard.hardware.base import CostBackend
 from dreamshard.learning.cost_model import CostData, CostNet, CostNetConfig, cost_data_from_plans, fit_cost_net, median_device_ms
 from dreamshard.learning.features import FeatureScaler
@@ -53,7 +49,6 @@ class TrainConfig:
     measurement_budget: int = 100  # AutoShard only
     refit_steps: int = 30  # AutoShard only: cost-network steps after each policy update
     baseline: str = "batch"  # batch | greedy (DreamShard only: a greedy episode on the estimated MDP)
-    device_counts: tuple[int, ...] = ()  # also train on copies of each task with these device counts
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -62,10 +57,6 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.plans_per_iteration < 0 or self.measurement_budget < 0:
             raise ValueError("plans_per_iteration and measurement_budget must be >= 0")
-        counts = tuple(self.device_counts)
-        if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in counts):
-            raise ValueError(f"device_counts: expected positive integers, got {list(counts)}")
-        object.__setattr__(self, "device_counts", counts)  # a list from params.yaml is kept as a tuple
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline: expected one of {', '.join(BASELINES)}, got {self.baseline!r}")
 
@@ -99,7 +90,6 @@ class Trainer:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise ValueError("no training tasks")
-        self.tasks = [*self.tasks, *device_count_copies(self.tasks, self.config.device_counts)]
         init = torch.Generator().manual_seed(self.config.seed)  # initial weights
         self.rng = np.random.default_rng(self.config.seed)  # tasks and minibatch seeds
         self.gen = torch.Generator().manual_seed(self.config.seed)  # rollouts
@@ -156,28 +146,6 @@ class Trainer:
     def model(self, algorithm: str, meta: dict) -> LearnedModel:
         return LearnedModel(self.cost_net, self.policy, self.scaler,
                             {"algorithm": algorithm, "measurements": self.measurements, **meta})
-
-
-def device_count_copies(tasks: Sequence[Task], counts: Sequence[int]) -> list[Task]:
-    """Each task on each of `counts` devices it does not already have (named `<task>@<count>`, same tables, family
-    and device memory), where the size greedy can place its tables; tasks must have uniform, unconstrained devices."""
-    from dreamshard.sharders.heuristics import GREEDY_KEYS, greedy_assignment  # the sharders import learning
-
-    out = []
-    for task in tasks:
-        if task.constrained or task.heterogeneous or task.host_ids() is not None:
-            raise ValueError(f"device_counts: task {task.name!r} has constraints or differing devices; copies on "
-                             f"other device counts are made of uniform, unconstrained tasks only")
-        for count in counts:
-            if count == task.num_devices:
-                continue
-            copy_ = Task(f"{task.name}@{count}", task.tables, (task.devices[0],) * count, task.memory, task.family)
-            try:
-                greedy_assignment(copy_, GREEDY_KEYS["size_greedy"])
-            except InfeasibleTaskError:
-                continue
-            out.append(copy_)
-    return out
 
 
 def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trainer], None] | None = None,
