@@ -1,7 +1,8 @@
 """Do two groups of trained DreamShard models plan differently well? An A/B measured in one interleaved pass.
 
     python -m benchmarks.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
-        [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json]
+        [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json] \
+        [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train]
 
 Two pipeline runs measured an hour apart differ by machine state as much as by code (the fusion ratio of
 one 2-core AMD EPYC read 1.03-1.54 in one run, 0.74-1.17 in the next), so comparing their metrics/eval.json
@@ -13,6 +14,10 @@ family the groups' mean cost over the best rival, each model's, and the paired r
 (per task: the mean over A's models over the mean over B's) with a 95% bootstrap interval over tasks.
 Each task's row is written to `--out` as measured (JSON lines beside the summary), labelled with the
 backend's device.
+
+`--families` adds test-only families (name:tables:devices:memory_gb:tasks) drawn from the project's test
+pool as the tasks stage draws a family (`stages.tasks.family_tasks`: its seed, dims and memory model), e.g.
+more tables per device than any family of the profile; `--splits test` leaves the training tasks out.
 """
 from __future__ import annotations
 
@@ -53,6 +58,42 @@ def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], seed: int
     return out
 
 
+def parse_families(text: str) -> list[Any]:
+    """TaskFamily objects (test only) from "name:tables:devices:memory_gb:tasks,..."; ValueError naming the bad one."""
+    from dreamshard.data.sampling import TaskFamily
+
+    out = []
+    for item in (x for x in text.split(",") if x):
+        parts = item.split(":")
+        try:
+            name, tables, devices, memory_gb, count = parts
+            fam = TaskFamily(name, int(tables), int(devices), float(memory_gb), 0, int(count))
+        except ValueError:
+            raise ValueError(f"--families: {item!r}: expected name:tables:devices:memory_gb:tasks, e.g. "
+                             "dlrm-80-4:80:4:2.0:12") from None
+        if min(fam.num_tables, fam.num_devices, fam.num_test) < 1 or not fam.memory_gb > 0:
+            raise ValueError(f"--families: {item!r}: tables, devices and tasks must be >= 1 and memory_gb > 0")
+        out.append(fam)
+    return out
+
+
+def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
+    """The test tasks of `families`, drawn from the project's test pool as the tasks stage draws a family."""
+    import pandas as pd
+
+    from dreamshard.data.sampling import split_table_pools
+    from dreamshard.memory import MemoryModel
+    from stages.common import build, section
+    from stages.tasks import family_tasks
+
+    stats = pd.read_parquet(section(params, "paths.tables"))
+    seed = int(section(params, "tasks.seed"))
+    _, pool = split_table_pools(stats["table_id"].tolist(), section(params, "tasks.test_fraction"), seed)
+    memory = build(MemoryModel, section(params, "memory"), "memory")
+    dims = [int(d) for d in section(params, "tasks.dims")]
+    return [t for fam in families for t in family_tasks(stats, pool, fam, "test", dims, memory, seed)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.model_ab", description=__doc__.split("\n")[0])
     ap.add_argument("--a", required=True, help="comma-separated DreamShard checkpoints of group A")
@@ -61,7 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rivals", default="lookup_greedy,size_lookup_greedy")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write the rows (JSON lines) and the summary (JSON) here")
+    ap.add_argument("--families", default="", help="extra test-only families, name:tables:devices:memory_gb:tasks,...")
+    ap.add_argument("--splits", default="test,train", help="which of the evaluate stage's splits to measure")
     args = ap.parse_args(argv)
+    splits_wanted = {x for x in args.splits.split(",") if x}
+    if not splits_wanted <= {"test", "train"}:
+        ap.error(f"--splits: expected test and/or train, got {args.splits!r}")
+    try:
+        families = parse_families(args.families)
+    except ValueError as exc:
+        ap.error(str(exc))
     a, b = [Path(p).resolve() for p in args.a.split(",") if p], [Path(p).resolve() for p in args.b.split(",") if p]
     rivals = [r for r in args.rivals.split(",") if r]
     if not a or not b or not rivals or args.rounds < 1:
@@ -82,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("params.yaml")
         backend = make_stage_backend(params)
-        _, splits = evaluated_tasks(params)
+        _, stage_splits = evaluated_tasks(params)
+        splits = [(sp, t) for sp, t in stage_splits if sp in splits_wanted]
+        splits += [("test", t) for t in extra_tasks(params, families)]
         batch_size = int(section(params, "backend.batch_size"))
         names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]
         sharders = {}

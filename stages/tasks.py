@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,17 @@ import pandas as pd
 from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
 from dreamshard.io import write_parquet
 from dreamshard.memory import MemoryModel
-from dreamshard.tasks import tasks_to_arrow
+from dreamshard.tasks import Task, tasks_to_arrow
 from stages.common import ParamsError, build, section
+
+
+def family_tasks(stats: pd.DataFrame, pool: Sequence[int], family: TaskFamily, split: str, dims: Sequence[int],
+                 memory: MemoryModel, seed: int) -> list[Task]:
+    """`family`'s tasks of `split` (its num_train or num_test) drawn from the table ids in `pool`: one random
+    stream per (family, split), so adding a family leaves the others' tasks unchanged."""
+    rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
+    count = family.num_train if split == "train" else family.num_test
+    return sample_tasks(stats, pool, family, count, split, dims, memory, rng)
 
 
 def run(params: dict[str, Any]) -> None:
@@ -34,11 +44,6 @@ def run(params: dict[str, Any]) -> None:
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
     out = Path(section(params, "paths.tasks"))
     for split, pool in pools.items():
-        tasks = []
-        for fam in families:
-            # one stream per (family, split): adding a family leaves the others' tasks unchanged
-            rng = np.random.default_rng([seed, zlib.crc32(fam.name.encode()), zlib.crc32(split.encode())])
-            count = fam.num_train if split == "train" else fam.num_test
-            tasks += sample_tasks(stats, pool, fam, count, split, dims, memory, rng)
+        tasks = [t for fam in families for t in family_tasks(stats, pool, fam, split, dims, memory, seed)]
         write_parquet(tasks_to_arrow(tasks, split, name_to_id), out / f"{split}.parquet")
         print(f"tasks: {len(tasks)} {split} tasks from a pool of {len(pool)} tables -> {out / f'{split}.parquet'}")

@@ -237,6 +237,22 @@ def test_tasks_stage_is_deterministic_by_seed(tmp_path, stats):
         assert not a.equals(c)
 
 
+def test_an_extra_family_of_the_model_ab_benchmark_draws_the_tasks_the_stage_draws(tmp_path, stats):
+    """benchmarks.model_ab --families: a test family outside the profile gets the tasks the tasks stage would
+    give it in the profile (same pool, seed, dims and stream), and a malformed spec names itself."""
+    from benchmarks.model_ab import extra_tasks, parse_families
+
+    out = run_stage(tmp_path, stats)
+    params = stage_params(tmp_path)
+    drawn = extra_tasks(params, parse_families("f-10-4:10:4:0.5:2,f-8-2:8:2:0.5:1"))
+    assert [t.name for t in drawn] == ["test/f-10-4/0000", "test/f-10-4/0001", "test/f-8-2/0000"]
+    assert drawn[:2] == [t for t in out["test"] if t.family == "f-10-4"]
+    with pytest.raises(ValueError, match="'f-8-2:8': expected name:tables:devices:memory_gb:tasks"):
+        parse_families("f-8-2:8")
+    with pytest.raises(ValueError, match="must be >= 1"):
+        parse_families("f-8-0:8:0:0.5:1")
+
+
 def test_tasks_stage_param_errors(tmp_path, stats):
     with pytest.raises(ParamsError, match="tasks.profile"):
         run_stage(tmp_path, stats, profile="nope")
