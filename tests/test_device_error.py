@@ -23,3 +23,9 @@ def test_score_without_devices_or_checkpoints_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
         main(["score", "models/cost_net.pt"])
     assert "score needs --devices and at least one checkpoint" in capsys.readouterr().err
+
+
+def test_pools_other_than_train_and_test_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["measure", "--out", "x.parquet", "--pools", "train,valid"])
+    assert "--pools: expected test and/or train, got 'train,valid'" in capsys.readouterr().err
