@@ -110,15 +110,17 @@ def main(argv: list[str] | None = None) -> int:
                                   "`measure` writes)")
         summary: dict[str, Any] = {"devices": str(args.devices), "device_name": str(rows["device_name"].iloc[0]),
                                    "models": {}}
+        by_pool = {}  # pool -> (its devices' CostData, their table counts): read once, scored by every model
+        for name, sub in rows.groupby("pool", sort=False):
+            sub = sub.reset_index(drop=True)
+            by_pool[name] = (cost_data_from_rows(sub, table_pool(tasks[name]), tasks[name][0],
+                                                 f"{devices_path} ({name})"), sub["tables"].map(len).to_numpy())
         for given, path in zip(args.models, models, strict=True):
             net, scaler = load_cost_net(path)
             summary["models"][given] = {}
-            for name, sub in rows.groupby("pool", sort=False):
-                sub = sub.reset_index(drop=True)
-                data = cost_data_from_rows(sub, table_pool(tasks[name]), tasks[name][0], f"{devices_path} ({name})")
+            for name, (data, counts) in by_pool.items():
                 predicted = device_predictions(net, scaler, data)[:, :2].sum(axis=1)
-                per = bucket_errors(sub["tables"].map(len).to_numpy(), predicted, data.device_ms[:, :2].sum(axis=1),
-                                    args.buckets)
+                per = bucket_errors(counts, predicted, data.device_ms[:, :2].sum(axis=1), args.buckets)
                 summary["models"][given][name] = per
                 print(f"{given}, {name} tables")
                 for key, v in per.items():

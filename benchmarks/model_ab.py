@@ -79,19 +79,10 @@ def parse_families(text: str) -> list[Any]:
 
 def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
     """The test tasks of `families`, drawn from the project's test pool as the tasks stage draws a family."""
-    import pandas as pd
+    from stages.tasks import family_tasks, sampling_inputs
 
-    from dreamshard.data.sampling import split_table_pools
-    from dreamshard.memory import MemoryModel
-    from stages.common import build, section
-    from stages.tasks import family_tasks
-
-    stats = pd.read_parquet(section(params, "paths.tables"))
-    seed = int(section(params, "tasks.seed"))
-    _, pool = split_table_pools(stats["table_id"].tolist(), section(params, "tasks.test_fraction"), seed)
-    memory = build(MemoryModel, section(params, "memory"), "memory")
-    dims = [int(d) for d in section(params, "tasks.dims")]
-    return [t for fam in families for t in family_tasks(stats, pool, fam, "test", dims, memory, seed)]
+    stats, pools, dims, memory, seed = sampling_inputs(params)
+    return [t for fam in families for t in family_tasks(stats, pools["test"], fam, "test", dims, memory, seed)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,22 +25,28 @@ def family_tasks(stats: pd.DataFrame, pool: Sequence[int], family: TaskFamily, s
     return sample_tasks(stats, pool, family, count, split, dims, memory, rng)
 
 
+def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[int]], list[int], MemoryModel, int]:
+    """What every family's draw reads: the table stats, the disjoint {"train", "test"} pools of table ids, the
+    dims, the memory model and the seed (a bad value is a ParamsError naming its key)."""
+    memory = build(MemoryModel, section(params, "memory"), "memory")
+    dims = section(params, "tasks").get("dims")
+    if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
+        raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
+    seed = int(section(params, "tasks.seed"))
+    stats = pd.read_parquet(section(params, "paths.tables"))
+    test_fraction = section(params, "tasks.test_fraction")
+    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), test_fraction, seed)))
+    return stats, pools, dims, memory, seed
+
+
 def run(params: dict[str, Any]) -> None:
     cfg = section(params, "tasks")
-    memory = build(MemoryModel, section(params, "memory"), "memory")
     profile = cfg.get("profile")
     profiles = cfg.get("profiles", {})
     if profile not in profiles:
         raise ParamsError(f"params.yaml: tasks.profile: {profile!r} is not one of tasks.profiles ({', '.join(profiles)})")
     families = [build(TaskFamily, f, f"tasks.profiles.{profile}[{i}]") for i, f in enumerate(profiles[profile])]
-    dims = cfg.get("dims")
-    if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
-        raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
-    seed = int(section(params, "tasks.seed"))
-
-    stats = pd.read_parquet(section(params, "paths.tables"))
-    test_fraction = section(params, "tasks.test_fraction")
-    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), test_fraction, seed)))
+    stats, pools, dims, memory, seed = sampling_inputs(params)
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
     out = Path(section(params, "paths.tasks"))
     for split, pool in pools.items():
