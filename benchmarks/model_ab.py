@@ -2,7 +2,7 @@
 
     python -m benchmarks.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
         [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json] \
-        [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train]
+        [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train] [--only dlrm-80-4,...] [--tasks-per-family N]
 
 Two pipeline runs measured an hour apart differ by machine state as much as by code (the fusion ratio of
 one 2-core AMD EPYC read 1.03-1.54 in one run, 0.74-1.17 in the next), so comparing their metrics/eval.json
@@ -18,6 +18,9 @@ backend's device.
 `--families` adds test-only families (name:tables:devices:memory_gb:tasks) drawn from the project's test
 pool as the tasks stage draws a family (`stages.tasks.family_tasks`: its seed, dims and memory model), e.g.
 more tables per device than any family of the profile; `--splits test` leaves the training tasks out.
+`--only` and `--tasks-per-family` measure part of the stage's tasks (a few families, the first N tasks of
+each), e.g. the paper profile's, whose whole set takes hours. The summary also gives each group over each
+rival (paired per task, with its interval): e.g. DreamShard over TorchRec's planner with `--rivals ...,torchrec`.
 """
 from __future__ import annotations
 
@@ -31,10 +34,11 @@ from typing import Any
 import numpy as np
 
 
-def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], seed: int) -> dict[str, dict[str, Any]]:
+def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], rivals: list[str],
+               seed: int) -> dict[str, dict[str, Any]]:
     """Per family (training tasks under "train:<family>", and every test task under "test"): tasks, each
-    model's mean cost over the best rival, the groups' means, and the paired ratio A / B with its 95%
-    bootstrap interval over tasks."""
+    model's mean cost over the best rival, the groups' means, the paired ratio A / B, and each group over
+    each rival, every paired ratio with its 95% bootstrap interval over tasks."""
     from dreamshard.evaluation.summary import bootstrap_ci
 
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -51,10 +55,16 @@ def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], seed: int
         mean_b = np.mean([per_model[m] for m in b], axis=0)
         paired = mean_a / mean_b
         low, high = bootstrap_ci(paired, seed)
+        over_rival = {}
+        for group, mean in (("a", mean_a), ("b", mean_b)):
+            for r in rivals:  # the group's mean cost over this rival's, per task: (mean * best) / rival
+                ratio = mean * best / np.array([x["cost_ms"][r] for x in rs])
+                over_rival[f"{group}_over_{r}"] = [float(ratio.mean()), *bootstrap_ci(ratio, seed)]
         out[key] = {"tasks": len(rs), "a_over_best_rival": float(mean_a.mean()),
                     "b_over_best_rival": float(mean_b.mean()),
                     "models_over_best_rival": {m: float(v.mean()) for m, v in per_model.items()},
-                    "a_over_b": float(paired.mean()), "a_over_b_ci": [low, high]}
+                    "a_over_b": float(paired.mean()), "a_over_b_ci": [low, high],
+                    "over_each_rival": over_rival}
     return out
 
 
@@ -77,6 +87,26 @@ def parse_families(text: str) -> list[Any]:
     return out
 
 
+def select_tasks(stage_splits: list[tuple[str, Any]], splits: set[str], only: set[str],
+                 per_family: int | None) -> list[tuple[str, Any]]:
+    """Of the evaluate stage's (split, task) pairs, those of `splits` and (if `only`) of those families, the first
+    `per_family` (None: all) of each family and split, in the stage's order. ValueError naming a family of
+    `only` that has no such task."""
+    missing = only - {t.family for sp, t in stage_splits if sp in splits}
+    if missing:
+        raise ValueError(f"--only: no {'/'.join(sorted(splits))} tasks of {', '.join(sorted(missing))} among the "
+                         "evaluate stage's tasks")
+    seen: dict[tuple[str, str], int] = {}
+    out = []
+    for sp, t in stage_splits:
+        if sp not in splits or (only and t.family not in only):
+            continue
+        n = seen[(sp, t.family)] = seen.get((sp, t.family), 0) + 1
+        if per_family is None or n <= per_family:
+            out.append((sp, t))
+    return out
+
+
 def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
     """The test tasks of `families`, drawn from the project's test pool as the tasks stage draws a family."""
     from stages.tasks import family_tasks, sampling_inputs
@@ -85,17 +115,65 @@ def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
     return [t for fam in families for t in family_tasks(stats, pools["test"], fam, "test", dims, memory, seed)]
 
 
+def report(summary: dict[str, Any], out: Path | None) -> None:
+    """Print the summary's families (each group over the best rival, A / B, each group over each rival) and write
+    it to `out` (JSON), if given."""
+    for key, v in summary["families"].items():
+        low, high = v["a_over_b_ci"]
+        print(f"{key}: {v['tasks']} tasks, A {v['a_over_best_rival']:.3f}, B {v['b_over_best_rival']:.3f} of the best "
+              f"rival; A / B {v['a_over_b']:.3f} [{low:.3f}, {high:.3f}]; "
+              + ", ".join(f"{k} {m:.3f} [{lo:.3f}, {hi:.3f}]" for k, (m, lo, hi) in v["over_each_rival"].items()))
+    if out:
+        out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def summarise_rows(path: Path, rivals: list[str], seed: int) -> dict[str, Any]:
+    """The summary of a rows file written by an earlier pass (its groups' models A0.., B0.. and `rivals` as
+    measured); ValueError naming the file and what is missing."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    keys = set(rows[0]["cost_ms"])
+    missing = [r for r in rivals if r not in keys]
+    a = sorted(k for k in keys if k[:1] == "A" and k[1:].isdigit())
+    b = sorted(k for k in keys if k[:1] == "B" and k[1:].isdigit())
+    if missing or not a or not b:
+        raise ValueError(f"{path}: cost_ms: expected models A0.., B0.. and the rivals {rivals}; "
+                         f"has {sorted(keys)}")
+    devices = sorted({r["device"] for r in rows})
+    return {"device": devices[0] if len(devices) == 1 else devices, "rows": str(path), "rivals": rivals,
+            "families": group_rows(rows, a, b, rivals, seed)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.model_ab", description=__doc__.split("\n")[0])
-    ap.add_argument("--a", required=True, help="comma-separated DreamShard checkpoints of group A")
-    ap.add_argument("--b", required=True, help="comma-separated DreamShard checkpoints of group B")
+    ap.add_argument("--a", default="", help="comma-separated DreamShard checkpoints of group A")
+    ap.add_argument("--b", default="", help="comma-separated DreamShard checkpoints of group B")
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params and tasks are used")
     ap.add_argument("--rivals", default="lookup_greedy,size_lookup_greedy")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write the rows (JSON lines) and the summary (JSON) here")
     ap.add_argument("--families", default="", help="extra test-only families, name:tables:devices:memory_gb:tasks,...")
     ap.add_argument("--splits", default="test,train", help="which of the evaluate stage's splits to measure")
+    ap.add_argument("--only", default="", help="of the evaluate stage's tasks, only these families (comma-separated; "
+                                               "default: all)")
+    ap.add_argument("--rows", type=Path, default=None,
+                    help="summarise this rows file (JSON lines of an earlier pass) instead of measuring; --a and "
+                         "--b are then not read")
+    ap.add_argument("--tasks-per-family", type=int, default=None,
+                    help="of the evaluate stage's tasks, the first N of each family and split (default: all)")
     args = ap.parse_args(argv)
+    if args.rows is not None:
+        from stages.common import load_params, section
+
+        try:
+            seed = int(section(load_params(str(args.root / "params.yaml")), "evaluate.seed"))
+            summary = summarise_rows(args.rows, [r for r in args.rivals.split(",") if r], seed)
+        except (ValueError, OSError, KeyError) as exc:
+            print(f"model_ab: error: {exc}", file=sys.stderr)
+            return 1
+        report(summary, args.out.resolve() if args.out else None)
+        return 0
     splits_wanted = {x for x in args.splits.split(",") if x}
     if not splits_wanted <= {"test", "train"}:
         ap.error(f"--splits: expected test and/or train, got {args.splits!r}")
@@ -107,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     rivals = [r for r in args.rivals.split(",") if r]
     if not a or not b or not rivals or args.rounds < 1:
         ap.error("--a, --b and --rivals need at least one entry each, --rounds at least 1")
+    if args.tasks_per_family is not None and args.tasks_per_family < 1:
+        ap.error(f"--tasks-per-family: expected an integer >= 1, got {args.tasks_per_family}")
+    only = {x for x in args.only.split(",") if x}
     from pipeline.__main__ import huge_pages_from_params
 
     root = args.root.resolve()
@@ -124,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params("params.yaml")
         backend = make_stage_backend(params)
         _, stage_splits = evaluated_tasks(params)
-        splits = [(sp, t) for sp, t in stage_splits if sp in splits_wanted]
+        splits = select_tasks(stage_splits, splits_wanted, only, args.tasks_per_family)
         splits += [("test", t) for t in extra_tasks(params, families)]
         batch_size = int(section(params, "backend.batch_size"))
         names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]
@@ -155,13 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.close()
     summary = {"device": backend.device_name(), "measured": backend.measured, "rounds": args.rounds,
                "a": [str(p) for p in a], "b": [str(p) for p in b], "rivals": rivals,
-               "families": group_rows(rows, names[:len(a)], names[len(a):], int(section(params, "evaluate.seed")))}
-    for key, v in summary["families"].items():
-        low, high = v["a_over_b_ci"]
-        print(f"{key}: {v['tasks']} tasks, A {v['a_over_best_rival']:.3f}, B {v['b_over_best_rival']:.3f} of the best "
-              f"rival; A / B {v['a_over_b']:.3f} [{low:.3f}, {high:.3f}]")
-    if out:
-        out.write_text(json.dumps(summary, indent=2) + "\n")
+               "families": group_rows(rows, names[:len(a)], names[len(a):], rivals,
+                                      int(section(params, "evaluate.seed")))}
+    report(summary, out)
     return 0
 
 
