@@ -158,17 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="of the evaluate stage's tasks, only these families (comma-separated; "
                                                "default: all)")
     ap.add_argument("--rows", type=Path, default=None,
-                    help="summarise this rows file (JSON lines of an earlier pass) instead of measuring; --a and "
-                         "--b are then not read")
+                    help="summarise this rows file (JSON lines of an earlier pass) instead of measuring (with "
+                         "--rivals, --root for evaluate.seed, --out)")
     ap.add_argument("--tasks-per-family", type=int, default=None,
                     help="of the evaluate stage's tasks, the first N of each family and split (default: all)")
     args = ap.parse_args(argv)
+    rivals = [r for r in args.rivals.split(",") if r]
     if args.rows is not None:
         from stages.common import load_params, section
 
+        measuring = [f"--{k.replace('_', '-')}" for k in ("a", "b", "families", "only", "tasks_per_family")
+                     if getattr(args, k)]
+        if measuring:
+            ap.error(f"--rows summarises measured rows; {', '.join(measuring)} only apply to a measuring pass")
         try:
             seed = int(section(load_params(str(args.root / "params.yaml")), "evaluate.seed"))
-            summary = summarise_rows(args.rows, [r for r in args.rivals.split(",") if r], seed)
+            summary = summarise_rows(args.rows, rivals, seed)
         except (ValueError, OSError, KeyError) as exc:
             print(f"model_ab: error: {exc}", file=sys.stderr)
             return 1
@@ -182,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     a, b = [Path(p).resolve() for p in args.a.split(",") if p], [Path(p).resolve() for p in args.b.split(",") if p]
-    rivals = [r for r in args.rivals.split(",") if r]
     if not a or not b or not rivals or args.rounds < 1:
         ap.error("--a, --b and --rivals need at least one entry each, --rounds at least 1")
     if args.tasks_per_family is not None and args.tasks_per_family < 1:

@@ -63,3 +63,11 @@ def test_a_rows_file_of_an_earlier_pass_gives_the_same_summary_and_names_what_it
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty.jsonl: no rows"):
         summarise_rows(tmp_path / "empty.jsonl", ["R0"], seed=0)
+
+
+def test_summarising_rows_refuses_the_options_of_a_measuring_pass(capsys):
+    from benchmarks.model_ab import main
+
+    with pytest.raises(SystemExit):
+        main(["--rows", "ab.jsonl", "--only", "f1", "--tasks-per-family", "3"])
+    assert "--only, --tasks-per-family only apply to a measuring pass" in capsys.readouterr().err
