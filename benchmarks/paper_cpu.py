@@ -20,12 +20,14 @@ same ones. This script keeps in git what a continuation needs, beside what a rea
         In a fresh clone, on the same processor: params.yaml into place, the deterministic stages rebuilt
         (`dvc repro tasks`) and checked against the saved digests, one journaled task of each family planned
         again by every sharder and checked against the journal's plans (code that plans otherwise is
-        refused), then the checkpoints and the journal into place. Then
+        refused), the journaled plans of two tasks measured again (a machine that times them beyond 1.3x
+        either way is refused: --timing-tasks, --timing-tolerance), then the checkpoints, training metrics
+        and the journal into place. Then
 
             python -m pipeline.serve -- dvc repro -s evaluate
 
         continues the evaluation where it stopped; `save` again records the progress. Each refusal (other
-        plans, other processor, other data) says why: the journal would not match, and the run would start
+        plans, other processor or timings, other data) says why: the journal would not match, and the run would start
         over or, worse, mix plans of other code into it.
 """
 from __future__ import annotations
@@ -289,19 +291,24 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
 # ---------------------------------------------------------------- restore
 
 
-def replay_check(params: dict[str, Any], src: Path, per_family: int = 1) -> int:
-    """Plan journaled tasks again, with this clone's code and the saved checkpoints (the first `per_family` of
-    each family's journaled test tasks), and refuse if any sharder's plan differs from the journal's: code
-    that plans otherwise would mix its plans into the run. Returns how many tasks were replayed."""
+def saved_run_params(params: dict[str, Any], src: Path) -> dict[str, Any]:
+    """`params` reading the checkpoints and the journal saved in `src` (before they are put in place)."""
     import copy
-
-    from dreamshard.evaluation.evaluate import plan_with
 
     saved = copy.deepcopy(params)
     for key in MODEL_PATHS:
         saved["paths"][key] = str(src / "state" / "models" / Path(section(params, f"paths.{key}")).name)
     saved["paths"]["eval_journal"] = str(src / "state" / "eval_journal")
-    _backend, sharders, journal, splits = evaluation_of(saved)
+    return saved
+
+
+def replay_check(params: dict[str, Any], src: Path, per_family: int = 1) -> int:
+    """Plan journaled tasks again, with this clone's code and the saved checkpoints (the first `per_family` of
+    each family's journaled test tasks), and refuse if any sharder's plan differs from the journal's: code
+    that plans otherwise would mix its plans into the run. Returns how many tasks were replayed."""
+    from dreamshard.evaluation.evaluate import plan_with
+
+    _backend, sharders, journal, splits = evaluation_of(saved_run_params(params, src))
     taken: Counter = Counter()
     replayed = 0
     for split, task in splits:
@@ -318,6 +325,50 @@ def replay_check(params: dict[str, Any], src: Path, per_family: int = 1) -> int:
     return replayed
 
 
+def timing_check(params: dict[str, Any], src: Path, tasks: int, tolerance: float) -> dict[str, Any]:
+    """Measure again, on this machine, the journaled plans of the run's first journaled test task of each of
+    the first `tasks` families (each plan the median of the run's `evaluate.rounds`, in turns as evaluate
+    measures them), and refuse if the median over plans of this machine's cost over the journal's is beyond
+    `tolerance` either way. A machine that reports the run's processor name can still run the kernels at
+    another speed (seen: a KVM guest named "AMD EPYC" measured a run's plans at 2.3-5.3x their journaled
+    cost), and its timings must not join the run's. Returns the ratio and the tasks measured."""
+    import statistics
+
+    from dreamshard.evaluation.evaluate import measure_interleaved
+    from dreamshard.plan import Plan
+    from stages.backend import make_stage_backend
+
+    if tasks < 1 or not tolerance > 1:
+        raise ValueError(f"timing check: expected tasks >= 1 and tolerance > 1, got {tasks} and {tolerance}")
+    _backend, _sharders, journal, splits = evaluation_of(saved_run_params(params, src))
+    backend = make_stage_backend(params)
+    rounds = int(section(params, "evaluate.rounds"))
+    ratios: list[float] = []
+    measured: list[str] = []
+    families: set[str] = set()
+    for split, task in splits:
+        if len(measured) >= tasks:
+            break
+        if split != "test" or task.family in families or not journal.has(split, task):
+            continue
+        families.add(task.family)
+        rows = journal.read(split, task)
+        plans = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(r["shards"])},
+                                f"{journal.folder}: task {task.name!r}") for r in rows]
+        for row, cost in zip(rows, measure_interleaved(backend, task, plans, rounds), strict=True):
+            ratios.append(cost.cost_ms / float(row["cost_ms"]))
+        measured.append(task.name)
+    if not ratios:
+        raise RunError(f"{src / 'state' / 'eval_journal'}: no journaled test task to measure again")
+    ratio = statistics.median(ratios)
+    if not 1 / tolerance <= ratio <= tolerance:
+        raise RunError(f"{src}: this machine ({backend.device_name()}) measures the run's journaled plans of "
+                       f"{', '.join(measured)} at {ratio:.2f}x their journaled cost (median of {len(ratios)} "
+                       f"plans; allowed 1/{tolerance:g}..{tolerance:g}x): its timings would not match the run's; "
+                       f"continue on a machine that runs the kernels as the run's did")
+    return {"tasks": measured, "plans": len(ratios), "median_ratio": round(ratio, 3), "tolerance": tolerance}
+
+
 def rebuild_with_dvc(root: Path) -> None:
     """The deterministic stages (download, process, tasks) through DVC, with one Prefect server."""
     bin_dir = Path(sys.executable).parent
@@ -327,9 +378,14 @@ def rebuild_with_dvc(root: Path) -> None:
 
 
 def restore(src: Path, params_file: Path, root: Path,
-            rebuild: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Put the saved run in `src` back in place for `python -m pipeline.serve -- dvc repro -s evaluate`.
-    `rebuild(params)`: makes the deterministic data (default: `dvc repro tasks` in `root`)."""
+            rebuild: Callable[[dict[str, Any]], None] | None = None,
+            timing_tasks: int = 2, timing_tolerance: float = 1.3) -> dict[str, Any]:
+    """Put the saved run in `src` back in place for `python -m pipeline.serve -- dvc repro -s evaluate`:
+    params, checkpoints, the training stages' metrics and the journal. The metrics too, since `save` copies
+    the workspace's: a fresh clone holds the checked-in `make run` metrics, which a continued run's save
+    would otherwise keep as the run's. Before anything is put in place: the data's digests, the replay check
+    and the timing check (`timing_tasks`, `timing_tolerance`: timing_check's). `rebuild(params)`: makes the
+    deterministic data (default: `dvc repro tasks` in `root`)."""
     from dreamshard.hardware.fbgemm import cpu_model_name
     from stages.evaluate import model_paths_of
 
@@ -350,11 +406,17 @@ def restore(src: Path, params_file: Path, root: Path,
             raise RunError(f"{section(params, key)} ({key}): rebuilt data differs from the run's (sha1 {digest[:12]}, "
                            f"here {digests.get(key, 'none')[:12]}); the journal's tasks would not match")
     provenance["replayed_tasks"] = replay_check(params, src)
+    provenance["timing_check"] = timing_check(params, src, timing_tasks, timing_tolerance)
     for name, path in model_paths_of(params).items():
         saved = src / "state" / "models" / Path(path).name
         if name in provenance["model_digests"]:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(saved, path)
+    metrics_dir = Path(section(params, "paths.metrics"))
+    for name in TRAINING_METRICS:
+        if (src / "metrics" / name).exists():
+            metrics_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / "metrics" / name, metrics_dir / name)
     journal = Path(section(params, "paths.eval_journal"))
     journal.mkdir(parents=True, exist_ok=True)
     for f in sorted((src / "state" / "eval_journal").glob("*")):
@@ -370,13 +432,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", "--from", dest="folder", type=Path, default=None,
                     help="where the run is kept (default: ROOT/results/paper-cpu)")
     ap.add_argument("--readme", type=Path, default=None, help="save: replace this README's paper-cpu block")
+    ap.add_argument("--timing-tasks", type=int, default=2,
+                    help="restore: journaled test tasks (one per family) measured again on this machine")
+    ap.add_argument("--timing-tolerance", type=float, default=1.3,
+                    help="restore: refuse if this machine's cost over the journal's (median over their plans) "
+                         "is beyond this factor either way")
     args = ap.parse_args(argv)
     root = args.root.resolve()
     folder = (args.folder or root / "results" / "paper-cpu").resolve()
     readme = args.readme.resolve() if args.readme else None
     from pipeline.__main__ import huge_pages_from_params
 
-    huge_pages_from_params(str(root / "params.yaml"))  # the backend's allocator setting, before torch starts
+    # the backend's allocator setting, before torch starts: the saved run's for restore (its timing check measures)
+    huge_pages_from_params(str(folder / "params.yaml" if args.command == "restore" else root / "params.yaml"))
     os.chdir(root)  # params' paths are relative to the workspace, as in the stages
     try:
         if args.command == "save":
@@ -385,10 +453,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"saved to {folder}: {p['journaled']} of {p['total']} tasks journaled"
                   f"{' (finished)' if prov['finished'] else ''}; stage wall times {prov['stage_wall_s']}")
         else:
-            prov = restore(folder, root / "params.yaml", root)
-            p = prov["progress"]
-            print(f"restored the run of {prov['commit'][:10]} ({p['journaled']} of {p['total']} tasks journaled); "
-                  "continue it with: python -m pipeline.serve -- dvc repro -s evaluate")
+            prov = restore(folder, root / "params.yaml", root, timing_tasks=args.timing_tasks,
+                           timing_tolerance=args.timing_tolerance)
+            p, t = prov["progress"], prov["timing_check"]
+            print(f"restored the run of {prov['commit'][:10]} ({p['journaled']} of {p['total']} tasks journaled; "
+                  f"its plans of {', '.join(t['tasks'])} measured here at {t['median_ratio']}x their journaled "
+                  "cost); continue it with: python -m pipeline.serve -- dvc repro -s evaluate")
     except DreamShardError as exc:
         print(f"paper_cpu {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -100,8 +100,14 @@ def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_p
     clone = tmp_path / "clone"
     clone.mkdir()
     monkeypatch.chdir(clone)
+    # a fresh clone holds the checked-in metrics of `make run`, not the run's
+    trained = (stopped_run["kept"] / "metrics" / "neuroshard.json").read_text()
+    Path("metrics").mkdir()
+    Path("metrics/neuroshard.json").write_text('{"from": "the checkout, make run"}\n')
     restored = paper_cpu.restore(stopped_run["kept"], Path("params.yaml"), stopped_run["root"], rebuild=data_stages)
     assert restored["replayed_tasks"] == 2  # one journaled task of each family planned again, the same plans
+    # their plans measured again: the analytic backend gives the journal's costs exactly
+    assert restored["timing_check"]["median_ratio"] == 1.0 and len(restored["timing_check"]["tasks"]) == 2
     params = paper_cpu.load_params("params.yaml")
     assert params == stopped_run["params"]
     seen = counting_evaluate(monkeypatch, set())
@@ -114,9 +120,10 @@ def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_p
     prov = paper_cpu.save(Path("params.yaml"), stopped_run["kept"], stopped_run["root"], prefect_db=tmp_path / "none.db")
     assert prov["finished"] and prov["progress"]["journaled"] == prov["progress"]["total"]
     assert json.loads((stopped_run["kept"] / "eval.json").read_text())["partial"] is False
+    assert (stopped_run["kept"] / "metrics" / "neuroshard.json").read_text() == trained  # the run's training, kept
 
 
-def test_restore_refuses_other_plans_other_processor_and_other_data(stopped_run, tmp_path, monkeypatch):
+def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp_path, monkeypatch):
     kept, root = stopped_run["kept"], stopped_run["root"]
     clone = tmp_path / "clone"
     clone.mkdir()
@@ -133,6 +140,23 @@ def test_restore_refuses_other_plans_other_processor_and_other_data(stopped_run,
         paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
     assert not Path("data/eval_journal").exists()  # refused before anything was put in place
     original.to_parquet(first)
+
+    # a machine that runs the run's plans at another speed, though it reports the same processor: here the
+    # journal says they cost a third of what this machine measures them at
+    files = sorted((kept / "state" / "eval_journal").glob("task-*.parquet"))
+    originals = [pd.read_parquet(f) for f in files]
+    for f, rows in zip(files, originals, strict=True):
+        rows.assign(cost_ms=rows["cost_ms"] / 3).to_parquet(f)
+    with pytest.raises(paper_cpu.RunError, match=r"measures the run's journaled plans of .* at 3\.00x"):
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
+    assert not Path("data/eval_journal").exists()
+    (tmp_path / "tolerant").mkdir()
+    monkeypatch.chdir(tmp_path / "tolerant")
+    paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages, timing_tolerance=3.5)  # allowed
+    assert Path("data/eval_journal").exists()
+    monkeypatch.chdir(clone)
+    for f, rows in zip(files, originals, strict=True):
+        rows.to_parquet(f)
 
     prov = json.loads((kept / "provenance.json").read_text())
     (kept / "provenance.json").write_text(json.dumps({**prov, "measured": True, "processor": "cpu: Other CPU (1 thread)"}))
