@@ -34,6 +34,7 @@ from dreamshard.learning.cost_model import (
     plan_predictions,
     predict,
 )
+from dreamshard.learning.decoding import rank_devices
 from dreamshard.learning.features import (
     FEATURE_NAMES,
     NUM_FEATURES,
@@ -41,7 +42,7 @@ from dreamshard.learning.features import (
     shard_features,
     table_features,
 )
-from dreamshard.learning.mdp import Episodes, TaskContext, reinforce_loss, rollout
+from dreamshard.learning.mdp import Episodes, TaskContext, greedy_devices, reinforce_loss, rollout
 from dreamshard.learning.neuroshard import (
     AugmentConfig,
     NeuroShardModel,
@@ -670,6 +671,20 @@ def test_training_rollout_and_the_sharder_decode_the_same_plan(world, model):
         checked += 1
         assert Plan.from_assignment(task, ep.assignment[0].tolist()) == make_sharder("dreamshard", model=model).shard(task)
     assert checked >= 12
+
+
+def test_both_decoders_break_a_tie_to_the_lowest_device_whatever_the_rounding():
+    """Devices in one state tie; float32 (the rollout) and float64 (the planner) can round their logits apart
+    either way. Within LOGIT_TIE both take the lowest index; beyond it, the better logit."""
+    base = 1.2991957902908325
+    rounded_up = np.nextafter(np.float32(base), np.float32(2))  # device 1 one float32 step above device 0
+    assert greedy_devices(torch.tensor([[base, rounded_up, -torch.inf]], dtype=torch.float32)).tolist() == [0]
+    assert greedy_devices(torch.tensor([[base, base + 1e-3, base - 1.0]])).tolist() == [1]  # a real gap
+    assert rank_devices(np.array([base, float(rounded_up), base - 1.0])) == [0, 1, 2]
+    assert rank_devices(np.array([base - 1.0, base, base + 3e-6, base + 1e-3])) == [3, 1, 2, 0]
+    assert rank_devices(np.array([0.5, 2.0, 1.0])) == [1, 2, 0]
+    noisy = np.random.default_rng(0).normal(size=(200, 8))
+    assert all(rank_devices(row) == np.argsort(-row, kind="stable").tolist() for row in noisy)  # no tie: by logit
 
 
 def small_tasks(backend) -> list[tuple[Task, float]]:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from dreamshard.learning.cost_model import CostNet
-from dreamshard.learning.mdp import TaskContext
+from dreamshard.learning.mdp import LOGIT_TIE, TaskContext
 from dreamshard.learning.policy import PolicyNet
 
 
@@ -44,6 +44,19 @@ def _two_layers(seq: nn.Sequential, name: str) -> tuple[tuple[np.ndarray, np.nda
         raise ValueError(f"{name}: the NumPy decoder expects a hidden layer and an output layer, found "
                          f"{len(layers)} linear layers")
     return layers[0], layers[1]
+
+
+def rank_devices(logits: np.ndarray) -> list[int]:
+    """Devices best first by `logits` [D], as the greedy rollout chooses (mdp.greedy_devices): logits within
+    LOGIT_TIE of the next better one form a group, ranked by device index, so a tie goes to the lowest index
+    whatever the float rounding."""
+    order = np.argsort(-logits, kind="stable")
+    ranked = logits[order]
+    apart = ranked[:-1] - ranked[1:] > LOGIT_TIE * (1 + np.abs(ranked[:-1]))
+    if apart.all():
+        return cast(list[int], order.tolist())
+    group = np.concatenate([[0], np.cumsum(apart)])
+    return cast(list[int], order[np.lexsort((order, group))].tolist())
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:

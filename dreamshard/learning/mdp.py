@@ -19,6 +19,12 @@ from dreamshard.learning.policy import PolicyNet
 from dreamshard.tasks import Task
 
 DEAD_END_PENALTY = 2.0
+# Logits this close (relative to their size, 1 at least) are one choice: the greedy step takes the lowest device
+# index among them, here and in the NumPy decoders (decoding.rank_devices). Devices in the same state (all empty
+# at the first step) tie exactly in exact arithmetic, but PyTorch's float32 (training's greedy rollout) and
+# NumPy's float64 (planning) round such logits apart, and differently on different processors: seen on an AMD
+# EPYC, where the rollout took device 1 at a tie the planner broke to device 0.
+LOGIT_TIE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,14 @@ class Episodes:
     dead: torch.Tensor  # [B] bool: ran out of room
 
 
+def greedy_devices(logits: torch.Tensor) -> torch.Tensor:
+    """[B] the best device of each row of `logits` [B, D] (-inf: not legal), ties within LOGIT_TIE to the lowest
+    index."""
+    best = logits.max(dim=1, keepdim=True).values
+    near = logits >= best - LOGIT_TIE * (1 + best.abs())
+    return near.to(torch.int8).argmax(dim=1)  # the first of the maximal values: the lowest index among the near
+
+
 def choose(logits: torch.Tensor, legal: torch.Tensor, greedy: bool, generator: torch.Generator | None,
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One placement step of a batch of episodes, for every policy that places tables one by one: a device per
@@ -68,7 +82,7 @@ def choose(logits: torch.Tensor, legal: torch.Tensor, greedy: bool, generator: t
     legal = legal | stuck[:, None]
     logits = logits.masked_fill(~legal, -torch.inf)
     dist = torch.distributions.Categorical(logits=logits)
-    action = logits.argmax(dim=1) if greedy else torch.multinomial(dist.probs, 1, generator=generator).squeeze(1)
+    action = greedy_devices(logits) if greedy else torch.multinomial(dist.probs, 1, generator=generator).squeeze(1)
     entropy = torch.where(legal.sum(1) > 1, dist.entropy(), torch.zeros(len(action)))
     return action, dist.log_prob(action), entropy, stuck
 

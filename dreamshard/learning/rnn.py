@@ -32,6 +32,7 @@ from torch import nn
 from dreamshard.data.bins import BinEstimator
 from dreamshard.hardware.base import CostBackend
 from dreamshard.learning.cost_model import mlp
+from dreamshard.learning.decoding import rank_devices
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, table_features
 from dreamshard.learning.mdp import Episodes, choose, reinforce_loss
 from dreamshard.plan import Plan
@@ -246,7 +247,7 @@ class RnnSharder(LearnedSharder):
             device_sum = torch.from_numpy(state.load).float()
             used = torch.from_numpy(state.used_bytes / capacity).float()
             logits = policy.logits(hidden[t], device_sum, used).numpy()
-            return np.argsort(-logits, kind="stable").tolist()
+            return rank_devices(logits)
 
         return Plan.from_assignment(task, place_tables(task, list(range(len(task.tables))), rank, enc.double().numpy()))
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
-from dreamshard.learning.decoding import StepScorer
+from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.plan import Plan
@@ -79,7 +79,7 @@ class PolicySharder(LearnedSharder):
                 logits = scorer.logits(t, state.load)
                 if noise is not None:
                     logits = logits + noise.gumbel(size=logits.shape)
-                return np.argsort(-logits, kind="stable").tolist()
+                return rank_devices(logits)
 
             return place_tables(task, ctx.order, rank, scorer.weights)
 
