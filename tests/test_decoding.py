@@ -9,7 +9,7 @@ import torch
 
 from dreamshard.hardware.comm import Topology
 from dreamshard.learning.cost_model import CostNetConfig
-from dreamshard.learning.decoding import StepScorer
+from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
@@ -75,12 +75,13 @@ def test_the_numpy_step_gives_the_networks_costs_and_logits(comm):
 
 
 def torch_ranking(cost_net, policy, ctx, penc, t, state):
-    """The devices for table t by the PyTorch networks' logits (what the sharder did before the NumPy step)."""
+    """The devices for table t by the PyTorch networks' logits (what the sharder did before the NumPy step), ties
+    within LOGIT_TIE to the lowest index as every decoder breaks them."""
     embed = ctx.cost_enc.shape[-1]
     load = torch.from_numpy(state.load).float()
     with torch.no_grad():
         costs = cost_net.device_costs(load[:, :embed], load[:, -1], ctx.cluster)
-        return np.argsort(-policy.logits(load[:, embed:-1], costs, penc[t]).numpy(), kind="stable").tolist()
+        return rank_devices(policy.logits(load[:, embed:-1], costs, penc[t]).double().numpy())
 
 
 def test_the_sharder_plans_with_the_numpy_step_as_with_the_networks():
