@@ -302,30 +302,36 @@ def saved_run_params(params: dict[str, Any], src: Path) -> dict[str, Any]:
     return saved
 
 
-def replay_check(params: dict[str, Any], src: Path, per_family: int = 1) -> int:
-    """Plan journaled tasks again, with this clone's code and the saved checkpoints (the first `per_family` of
-    each family's journaled test tasks), and refuse if any sharder's plan differs from the journal's: code
-    that plans otherwise would mix its plans into the run. Returns how many tasks were replayed."""
+def journaled_test_tasks(journal, splits, per_family: int) -> list:
+    """The first `per_family` journaled test tasks of each family, in the run's order."""
+    taken: Counter = Counter()
+    out = []
+    for split, task in splits:
+        if split == "test" and taken[task.family] < per_family and journal.has(split, task):
+            taken[task.family] += 1
+            out.append(task)
+    return out
+
+
+def replay_check(sharders, journal, splits, per_family: int = 1) -> int:
+    """Plan journaled tasks again, with this clone's code and the saved checkpoints (`sharders`, `journal`,
+    `splits`: evaluation_of the saved run; the first `per_family` of each family's journaled test tasks), and
+    refuse if any sharder's plan differs from the journal's: code that plans otherwise would mix its plans into
+    the run. Returns how many tasks were replayed."""
     from dreamshard.evaluation.evaluate import plan_with
 
-    _backend, sharders, journal, splits = evaluation_of(saved_run_params(params, src))
-    taken: Counter = Counter()
-    replayed = 0
-    for split, task in splits:
-        if split != "test" or taken[task.family] >= per_family or not journal.has(split, task):
-            continue
-        taken[task.family] += 1
-        journaled = {r["algorithm"]: json.loads(r["shards"]) for r in journal.read(split, task)}
+    tasks = journaled_test_tasks(journal, splits, per_family)
+    for task in tasks:
+        journaled = {r["algorithm"]: json.loads(r["shards"]) for r in journal.read("test", task)}
         for p in plan_with(sharders, task):
             if json.loads(json.dumps(p.plan.to_dict()["shards"])) != journaled.get(p.algorithm):
                 raise RunError(f"{journal.folder}: task {task.name!r}: this clone's {p.algorithm} plans it otherwise "
                                f"than the journal holds; continue from a checkout of the run's commit "
                                f"(provenance.json: commit), whose code made the journaled plans")
-        replayed += 1
-    return replayed
+    return len(tasks)
 
 
-def timing_check(params: dict[str, Any], src: Path, tasks: int, tolerance: float) -> dict[str, Any]:
+def timing_check(params: dict[str, Any], journal, splits, tasks: int, tolerance: float) -> dict[str, Any]:
     """Measure again, on this machine, the journaled plans of the run's first journaled test task of each of
     the first `tasks` families (each plan the median of the run's `evaluate.rounds`, in turns as evaluate
     measures them), and refuse if the median over plans of this machine's cost over the journal's is beyond
@@ -340,33 +346,27 @@ def timing_check(params: dict[str, Any], src: Path, tasks: int, tolerance: float
 
     if tasks < 1 or not tolerance > 1:
         raise ValueError(f"timing check: expected tasks >= 1 and tolerance > 1, got {tasks} and {tolerance}")
-    _backend, _sharders, journal, splits = evaluation_of(saved_run_params(params, src))
     backend = make_stage_backend(params)
     rounds = int(section(params, "evaluate.rounds"))
+    measured = journaled_test_tasks(journal, splits, 1)[:tasks]
     ratios: list[float] = []
-    measured: list[str] = []
-    families: set[str] = set()
-    for split, task in splits:
-        if len(measured) >= tasks:
-            break
-        if split != "test" or task.family in families or not journal.has(split, task):
-            continue
-        families.add(task.family)
-        rows = journal.read(split, task)
+    for task in measured:
+        rows = journal.read("test", task)
         plans = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(r["shards"])},
                                 f"{journal.folder}: task {task.name!r}") for r in rows]
         for row, cost in zip(rows, measure_interleaved(backend, task, plans, rounds), strict=True):
             ratios.append(cost.cost_ms / float(row["cost_ms"]))
-        measured.append(task.name)
     if not ratios:
-        raise RunError(f"{src / 'state' / 'eval_journal'}: no journaled test task to measure again")
+        raise RunError(f"{journal.folder}: no journaled test task to measure again")
     ratio = statistics.median(ratios)
+    names = ", ".join(t.name for t in measured)
     if not 1 / tolerance <= ratio <= tolerance:
-        raise RunError(f"{src}: this machine ({backend.device_name()}) measures the run's journaled plans of "
-                       f"{', '.join(measured)} at {ratio:.2f}x their journaled cost (median of {len(ratios)} "
-                       f"plans; allowed 1/{tolerance:g}..{tolerance:g}x): its timings would not match the run's; "
-                       f"continue on a machine that runs the kernels as the run's did")
-    return {"tasks": measured, "plans": len(ratios), "median_ratio": round(ratio, 3), "tolerance": tolerance}
+        raise RunError(f"{journal.folder}: this machine ({backend.device_name()}) measures the run's journaled plans "
+                       f"of {names} at {ratio:.2f}x their journaled cost (median of {len(ratios)} plans; allowed "
+                       f"1/{tolerance:g}..{tolerance:g}x): its timings would not match the run's; continue on a "
+                       f"machine that runs the kernels as the run's did")
+    return {"tasks": [t.name for t in measured], "plans": len(ratios), "median_ratio": round(ratio, 3),
+            "tolerance": tolerance}
 
 
 def rebuild_with_dvc(root: Path) -> None:
@@ -405,8 +405,9 @@ def restore(src: Path, params_file: Path, root: Path,
         if digests.get(key) != digest:
             raise RunError(f"{section(params, key)} ({key}): rebuilt data differs from the run's (sha1 {digest[:12]}, "
                            f"here {digests.get(key, 'none')[:12]}); the journal's tasks would not match")
-    provenance["replayed_tasks"] = replay_check(params, src)
-    provenance["timing_check"] = timing_check(params, src, timing_tasks, timing_tolerance)
+    _backend, sharders, journal, splits = evaluation_of(saved_run_params(params, src))
+    provenance["replayed_tasks"] = replay_check(sharders, journal, splits)
+    provenance["timing_check"] = timing_check(params, journal, splits, timing_tasks, timing_tolerance)
     for name, path in model_paths_of(params).items():
         saved = src / "state" / "models" / Path(path).name
         if name in provenance["model_digests"]:
@@ -417,11 +418,11 @@ def restore(src: Path, params_file: Path, root: Path,
         if (src / "metrics" / name).exists():
             metrics_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / "metrics" / name, metrics_dir / name)
-    journal = Path(section(params, "paths.eval_journal"))
-    journal.mkdir(parents=True, exist_ok=True)
+    journal_dir = Path(section(params, "paths.eval_journal"))
+    journal_dir.mkdir(parents=True, exist_ok=True)
     for f in sorted((src / "state" / "eval_journal").glob("*")):
-        if not (journal / f.name).exists():
-            shutil.copyfile(f, journal / f.name)
+        if not (journal_dir / f.name).exists():
+            shutil.copyfile(f, journal_dir / f.name)
     return provenance
 
 
