@@ -147,3 +147,22 @@ def test_decoding_options_reach_their_sharder_and_the_fingerprint_only_where_giv
     params["evaluate"]["decoding"] = {"size_greedy": {"samples": 4}}
     with pytest.raises(ParamsError, match=r"evaluate.sharders: sharder 'size_greedy': unknown option\(s\) samples"):
         evaluate.make_sharders(params, 512)
+
+
+def _worker_threads() -> tuple[int, list[tuple[str, int]]]:
+    import torch
+    from threadpoolctl import threadpool_info
+
+    return torch.get_num_threads(), [(p["internal_api"], p["num_threads"]) for p in threadpool_info()]
+
+
+def test_a_planning_worker_runs_one_thread_in_every_pool(tmp_path):
+    """Two planning workers on 2 cores must not start a BLAS thread per core each: NumPy's OpenBLAS ignores
+    torch's thread count, and the oversubscribed workers planned 2-5x slower from about 100 tables."""
+    evaluate = importlib.import_module("stages.evaluate")
+    params = tiny_params(tmp_path)
+    params["evaluate"]["sharders"] = ["random"]
+    with evaluate.Planner(params, evaluate.make_sharders(params, 64), workers=2) as planner:
+        torch_threads, pools = planner.pool.submit(_worker_threads).result()
+    assert torch_threads == 1
+    assert pools and all(n == 1 for _, n in pools), pools  # numpy's BLAS at least (and torch's OpenMP)
