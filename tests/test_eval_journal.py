@@ -158,7 +158,7 @@ def _worker_threads() -> tuple[int, list[tuple[str, int]]]:
 
 def test_a_planning_worker_runs_one_thread_in_every_pool(tmp_path):
     """Two planning workers on 2 cores must not start a BLAS thread per core each: NumPy's OpenBLAS ignores
-    torch's thread count, and the oversubscribed workers planned 2-5x slower from about 100 tables."""
+    torch's thread count, and the oversubscribed workers planned 2-3x slower from about 100 tables."""
     evaluate = importlib.import_module("stages.evaluate")
     params = tiny_params(tmp_path)
     params["evaluate"]["sharders"] = ["random"]

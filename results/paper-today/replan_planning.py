@@ -4,7 +4,8 @@ fix (stages/evaluate.py, commit 7d5a52f: threadpool_limits(1) in each worker), w
 Run in the run's workspace (a clone of 114872a, restored as results/paper-today/README.md says) after adding
 `from threadpoolctl import threadpool_limits; threadpool_limits(1)` to its `_start_planner`:
 
-    python replan_planning.py 2 replan_planning_ms.csv     # 2 planning workers, as the run; 2 min on 2 cores
+    python replan_planning.py 2 replan_planning_ms.csv PROJECT/results/paper-today/run/state/eval_journal
+        # 2 planning workers, as the run; 2 min on 2 cores
 
 It plans every test task with the three sharders in 2 worker processes (the stage's Planner) and compares each
 plan with the journal's (`same_plan`): the timings are of the same plans the run measured.
@@ -21,7 +22,6 @@ from dreamshard.tasks import read_tasks
 from stages.evaluate import Planner, make_sharders
 
 SHARDERS = ["dreamshard", "neuroshard_tw", "neuroshard"]
-JOURNAL = "/work/main/results/paper-today/run/state/eval_journal/task-*.parquet"
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
@@ -29,7 +29,7 @@ if __name__ == "__main__":
     params["evaluate"]["sharders"] = SHARDERS
     sharders = make_sharders(params, 512)
     tasks = read_tasks("data/tasks/test.parquet", "data/tables.parquet")
-    j = pd.concat(pd.read_parquet(f) for f in glob.glob(JOURNAL))
+    j = pd.concat(pd.read_parquet(f) for f in glob.glob(f"{sys.argv[3]}/task-*.parquet"))
     j = j[(j.split == "test") & j.algorithm.isin(SHARDERS)].set_index(["task", "algorithm"])
     with Planner(params, sharders, int(sys.argv[1])) as planner:
         out = planner.plan(tasks)
