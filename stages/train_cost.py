@@ -27,6 +27,8 @@ from dreamshard.evaluation.figures import cost_model_scatter
 from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import (
+    CostData,
+    CostNet,
     CostNetConfig,
     evaluate_cost_net,
     fit_cost_net,
@@ -35,37 +37,49 @@ from dreamshard.learning.cost_model import (
     plan_predictions,
     save_cost_net,
 )
+from dreamshard.learning.features import FeatureScaler
 from stages.common import ParamsError, build, section
 from stages.cost_data import load_scaler_and_data
 from stages.fit_data import load_single_devices, plan_split, training_plans
 
+WIDTHS = ("hidden", "embed", "head_hidden")  # the CostNetConfig fields fit_network's `widths` may set
+
+
+def fit_network(params: dict[str, Any], scaler: FeatureScaler, data: CostData, single: CostData | None, seed: int,
+                widths: dict[str, int] | None = None) -> tuple[CostNet, list[float]]:
+    """A new cost network (weights drawn with `seed`) fitted as train_cost fits it: `data`'s plans and `single`
+    (the single devices, or None) under `train_cost`'s params, communication over `backend.topology`.
+    `widths`: CostNetConfig's hidden, embed and head_hidden where they differ from its defaults (the
+    benchmarks' variants; the stage uses the defaults)."""
+    cfg = section(params, "train_cost")
+    topology = build(Topology, section(params, "backend.topology"), "backend.topology")
+    unknown = sorted(set(widths or {}) - set(WIDTHS))
+    if unknown:
+        raise ParamsError(f"cost network widths: unknown key(s) {', '.join(unknown)}; expected {', '.join(WIDTHS)}")
+    try:
+        config = CostNetConfig.with_topology(topology, int(section(params, "backend.batch_size")),
+                                             scale_ms=median_device_ms(data),
+                                             plan_estimate=section(params, "train_cost.plan_estimate"),
+                                             comm=section(params, "train_cost.comm"), **(widths or {}))
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"params.yaml: train_cost: {exc}") from None
+    net = config.build(torch.Generator().manual_seed(seed))
+    losses = fit_cost_net(net, scaler, data, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed,
+                          single, int(cfg["batch_devices"]))
+    return net, losses
+
 
 def run(params: dict[str, Any]) -> None:
-    cfg = section(params, "train_cost")
     seed = int(section(params, "train_cost.seed"))
     scaler, data, tasks = load_scaler_and_data(params)
     single = load_single_devices(params, tasks)
-    topology = build(Topology, section(params, "backend.topology"), "backend.topology")
-    batch_size = int(section(params, "backend.batch_size"))
     held_idx, fit_idx = plan_split(params, data)
     costs = Path(section(params, "paths.costs"))  # the rows behind `data`, in its plan order: each round kept
     collected_plans, collected_devices = pd.read_parquet(costs / "plans.parquet"), pd.read_parquet(costs / "devices.parquet")
     held, fit_on = data.subset(held_idx), data.subset(fit_idx)
     learn_from = training_plans(params, data)
 
-    def fit(d):
-        try:
-            config = CostNetConfig.with_topology(topology, batch_size, scale_ms=median_device_ms(d),
-                                                 plan_estimate=section(params, "train_cost.plan_estimate"),
-                                                 comm=section(params, "train_cost.comm"))
-        except ValueError as exc:
-            raise ParamsError(f"params.yaml: train_cost: {exc}") from None
-        net = config.build(torch.Generator().manual_seed(seed))
-        losses = fit_cost_net(net, scaler, d, int(cfg["steps"]), float(cfg["lr"]), int(cfg["batch_plans"]), seed,
-                              single, int(cfg["batch_devices"]))
-        return net, losses
-
-    net, losses = fit(fit_on)
+    net, losses = fit_network(params, scaler, fit_on, single, seed)
     held_ids = set(collected_plans["plan_id"].iloc[held_idx])
     noise = measurement_noise(collected_plans[collected_plans["plan_id"].isin(held_ids)],
                               collected_devices[collected_devices["plan_id"].isin(held_ids)])
@@ -84,7 +98,7 @@ def run(params: dict[str, Any]) -> None:
                        title=f"Cost network on {len(points)} held-out plans ({net.plan_estimate} estimate; "
                              f"trained on {fit_on.num_plans})")
     if learn_from.num_plans != fit_on.num_plans:
-        net, losses = fit(learn_from)  # the checkpoint learns from every measured plan
+        net, losses = fit_network(params, scaler, learn_from, single, seed)  # the checkpoint learns from every measured plan
     out = Path(section(params, "paths.cost_model"))
     save_cost_net(net, scaler, out)
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.cost_model_metrics"))
