@@ -63,7 +63,10 @@ def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
 
 def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: float, seed: int,
                      fingerprint: str) -> list[PlanToMeasure]:
-    """`num_plans` plans cycling over the tasks and the sharders; a share of them perturbed."""
+    """`num_plans` plans cycling over the tasks, a share of them perturbed. The heuristic advances once per
+    pass over the tasks (HEURISTICS' order), so with no more plans than tasks every plan is `random`'s, as at
+    paper scale (100 plans, 100 training tasks). Heuristics mixed within a pass were measured there and
+    dropped: policies trained from them planned no better (results/paper-today/collect_mix/)."""
     if not tasks:
         raise ValueError("no tasks to collect costs for")
     rng = np.random.default_rng(seed)
