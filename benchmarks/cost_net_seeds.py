@@ -10,7 +10,8 @@ seed's held-out device-max Kendall tau, device compute MAPE and device-max plan 
 range. The project's own params come first ("params"); each `--variant` is a JSON object of
 `{"params": {group: {key: value}}, "widths": {"hidden": 256, "embed": 64}}`: params merged over the
 project's (a key not in params.yaml is an error: nothing is silently ignored), widths the network's
-(CostNetConfig). Variants fit on the same split as the project's, so their differences are the setting's.
+(CostNetConfig). Variants fit on the same split as the project's, so their differences are the setting's:
+a variant setting what that split and its data rest on (SHARED) is an error, not a setting quietly unused.
 A different set of single devices is a variant with another `paths.single_devices`.
 """
 from __future__ import annotations
@@ -25,7 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stages.common import load_params, section
+
 METRICS = ("plan_device_max_kendall_tau", "device_compute_mape", "plan_device_max_mape")
+# what every variant shares: the collected plans, the held-out split and the fit seeds (the benchmark's loop)
+SHARED = ("paths.costs", "paths.tasks", "paths.tables", "train_cost.seed", "train_cost.holdout_fraction",
+          "train_cost.learn_from_held_out")
 
 
 def merged(base: dict[str, Any], overrides: dict[str, Any], where: str = "params") -> dict[str, Any]:
@@ -39,6 +45,14 @@ def merged(base: dict[str, Any], overrides: dict[str, Any], where: str = "params
         else:
             out[key] = value
     return out
+
+
+def check_shared(name: str, params: dict[str, Any], base: dict[str, Any]) -> None:
+    """A ValueError naming the SHARED keys variant `name` changes."""
+    changed = [k for k in SHARED if section(params, k) != section(base, k)]
+    if changed:
+        raise ValueError(f"--variant {name}: sets {', '.join(changed)}, which every variant shares with the "
+                         "project's params (its collected plans, held-out split and fit seeds)")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any], dict[str, int]]:
@@ -86,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     from dreamshard.errors import DreamShardError
     from dreamshard.io import write_text
     from dreamshard.learning.cost_model import evaluate_cost_net
-    from stages.common import load_params
     from stages.cost_data import load_scaler_and_data
     from stages.fit_data import load_single_devices, plan_split
     from stages.train_cost import fit_network
@@ -103,9 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"held_out_plans": held.num_plans, "fitted_plans": fit_on.num_plans,
                                   "seeds": args.seeds, "variants": {}}
         print(f"cost_net_seeds: {fit_on.num_plans} plans fitted, {held.num_plans} held out, seeds 0-{args.seeds - 1}")
-        for name, overrides, widths in variants:
-            params = merged(base, overrides)
-            single = load_single_devices(params, tasks)
+        settings = [(name, merged(base, overrides), overrides, widths) for name, overrides, widths in variants]
+        for name, params, _, _ in settings:  # every variant checked before the first fit
+            check_shared(name, params, base)
+        singles: dict[tuple[str, str], Any] = {}  # single devices read once per (file, device_data as given)
+        for name, params, overrides, widths in settings:
+            key = (str(section(params, "paths.single_devices")), repr(section(params, "train_cost.device_data")))
+            if key not in singles:
+                singles[key] = load_single_devices(params, tasks)
+            single = singles[key]
             start, rows = time.perf_counter(), []
             for seed in range(args.seeds):
                 net, _ = fit_network(params, scaler, fit_on, single, seed, widths)

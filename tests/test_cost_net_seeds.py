@@ -52,6 +52,9 @@ def test_a_variant_naming_what_params_lack_is_an_error_naming_it(project, capsys
     wide = json.dumps({"widths": {"depth": 3}})
     assert cost_net_seeds.main(["--root", str(root), "--seeds", "1", "--variant", f"x={wide}"]) == 1
     assert "unknown key(s) depth" in capsys.readouterr().err
+    split = json.dumps({"params": {"train_cost": {"holdout_fraction": 0.25}}})
+    assert cost_net_seeds.main(["--root", str(root), "--seeds", "1", "--variant", f"x={split}"]) == 1
+    assert "--variant x: sets train_cost.holdout_fraction, which every variant shares" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cost_net_seeds.main(["--root", str(root), "--variant", "x={not json"])
     assert "--variant x: not JSON" in capsys.readouterr().err
