@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -10,6 +11,15 @@ import yaml
 
 from benchmarks import remeasure
 from helpers import tiny_params
+
+
+@pytest.fixture(autouse=True)
+def allocator_setting_restored(monkeypatch):
+    """The benchmark, a program, sets the allocator variable from params before torch starts: undone after each
+    test, so the rest of the suite's process keeps its own setting."""
+    from dreamshard.allocator import HUGE_PAGES_ENV
+
+    monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))
 
 
 @pytest.fixture(scope="module")
