@@ -91,3 +91,13 @@ def small_task():
     from helpers import SMALL
 
     return Task.uniform("small", SMALL, 2, 1.0)
+
+
+@pytest.fixture(scope="module")
+def costed_project(tmp_path_factory):
+    """(root, params) of a tiny project run through the stages up to train_cost (helpers.costed_project), once
+    per test module."""
+    from helpers import costed_project as build
+
+    root = tmp_path_factory.mktemp("costed")
+    return root, build(root)

@@ -62,6 +62,18 @@ def tiny_params(paths_root: Path | None = None) -> dict:
 # ---------------------------------------------------------------- commands (dvc, git, prefect)
 
 
+def costed_project(root: Path) -> dict:
+    """A tiny project in `root` (tiny_params, its paths under root, params.yaml written) run through the stages up
+    to train_cost: collected plans, single devices and a fitted cost network. Returns its params."""
+    import importlib
+
+    params = tiny_params(root)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    for stage in ("download", "process", "tasks", "collect", "collect_devices", "train_cost"):
+        importlib.import_module(f"stages.{stage}").run(params)
+    return params
+
+
 def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
     """Run a command; with `ok`, fail the test (showing its output) unless it exits 0."""
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,29 +1,16 @@
 """benchmarks/cost_net_seeds.py: the cost network fitted as train_cost fits it, over seeds and variants."""
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
-import yaml
 
 from benchmarks import cost_net_seeds
-from helpers import tiny_params
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("seeds")
-    params = tiny_params(root)
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("download", "process", "tasks", "collect", "collect_devices", "train_cost"):
-        importlib.import_module(f"stages.{stage}").run(params)
-    return root, params
-
-
-def test_the_stage_seed_gives_the_stages_own_held_out_figures_and_variants_change_them(project, tmp_path,
+def test_the_stage_seed_gives_the_stages_own_held_out_figures_and_variants_change_them(costed_project, tmp_path,
                                                                                        monkeypatch):
-    root, params = project
+    root, params = costed_project
     monkeypatch.chdir(tmp_path)  # --root, not the working folder, locates the project
     out = tmp_path / "seeds.json"
     lr = json.dumps({"params": {"train_cost": {"lr": 0.05}}})
@@ -44,8 +31,8 @@ def test_the_stage_seed_gives_the_stages_own_held_out_figures_and_variants_chang
     assert s["min"] <= s["mean"] <= s["max"]
 
 
-def test_a_variant_naming_what_params_lack_is_an_error_naming_it(project, capsys):
-    root, _ = project
+def test_a_variant_naming_what_params_lack_is_an_error_naming_it(costed_project, capsys):
+    root, _ = costed_project
     bad = json.dumps({"params": {"train_cost": {"learning_rate": 0.01}}})
     assert cost_net_seeds.main(["--root", str(root), "--seeds", "1", "--variant", f"x={bad}"]) == 1
     assert "params.train_cost.learning_rate: not in params.yaml" in capsys.readouterr().err

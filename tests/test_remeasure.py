@@ -1,7 +1,6 @@
 """benchmarks/remeasure.py: the held-out plans measured again, beside the cost network's predictions of them."""
 from __future__ import annotations
 
-import importlib
 import json
 import os
 
@@ -10,7 +9,6 @@ import pytest
 import yaml
 
 from benchmarks import remeasure
-from helpers import tiny_params
 
 
 @pytest.fixture(autouse=True)
@@ -22,21 +20,11 @@ def allocator_setting_restored(monkeypatch):
     monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("remeasure")
-    params = tiny_params(root)
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("download", "process", "tasks", "collect", "collect_devices", "train_cost"):
-        importlib.import_module(f"stages.{stage}").run(params)
-    return root, params
-
-
-def test_a_deterministic_backend_repeats_exactly_and_the_network_scores_as_train_cost_scored_it(project, tmp_path,
+def test_a_deterministic_backend_repeats_exactly_and_the_network_scores_as_train_cost_scored_it(costed_project, tmp_path,
                                                                                               monkeypatch):
     """The analytic backend gives the same costs every time: every pass equals the collected plans (tau 1, no
     error); the network's figures against the collected plans are train_cost's own, and against each pass the same."""
-    root, params = project
+    root, params = costed_project
     monkeypatch.chdir(tmp_path)  # --root, not the working folder, locates the project
     out, rows = tmp_path / "remeasure.json", tmp_path / "rows.parquet"
     assert remeasure.main(["--root", str(root), "--passes", "2", "--out", str(out), "--rows", str(rows)]) == 0
@@ -60,8 +48,8 @@ def test_a_deterministic_backend_repeats_exactly_and_the_network_scores_as_train
     assert frame["cost_ms"].to_numpy() == pytest.approx(collected.loc[frame["plan_id"], "cost_ms"].to_numpy())
 
 
-def test_a_checkpoint_that_learned_from_the_held_out_plans_is_not_scored_on_them(project, tmp_path):
-    root, params = project
+def test_a_checkpoint_that_learned_from_the_held_out_plans_is_not_scored_on_them(costed_project, tmp_path):
+    root, params = costed_project
     other = tmp_path / "project"
     other.mkdir()
     changed = json.loads(json.dumps(params))
@@ -73,8 +61,8 @@ def test_a_checkpoint_that_learned_from_the_held_out_plans_is_not_scored_on_them
     assert result["network"] is None and result["pass_vs_previous_pass"] == []
 
 
-def test_plans_of_tasks_the_project_lacks_are_an_error_naming_the_file(project, tmp_path, capsys):
-    root, params = project
+def test_plans_of_tasks_the_project_lacks_are_an_error_naming_the_file(costed_project, tmp_path, capsys):
+    root, params = costed_project
     other = tmp_path / "project"
     other.mkdir()
     changed = json.loads(json.dumps(params))
