@@ -36,19 +36,18 @@ from typing import Any
 import numpy as np
 
 
-def agreement(predicted: np.ndarray, measured: np.ndarray, device_pred: np.ndarray | None = None,
-              device_true: np.ndarray | None = None) -> dict[str, float]:
-    """Plan Kendall tau, MAPE and median ratio of `predicted` to `measured` (plan costs, ms), and with device
-    compute costs (fwd + bwd per device row, ms) their MAPE over the devices that compute anything."""
+def agreement(predicted: np.ndarray, measured: np.ndarray, device_pred: np.ndarray,
+              device_true: np.ndarray) -> dict[str, float]:
+    """Plan Kendall tau, MAPE and median ratio of `predicted` to `measured` (plan costs, ms), and the MAPE of
+    the device compute costs `device_pred` against `device_true` (fwd + bwd per device row, ms) over the
+    devices that compute anything."""
     from dreamshard.learning.cost_model import kendall_tau
 
-    out = {"plan_kendall_tau": kendall_tau(predicted, measured),
-           "plan_mape": float(np.mean(np.abs(predicted - measured) / measured)),
-           "plan_median_ratio": float(np.median(predicted / measured))}
-    if device_pred is not None and device_true is not None:
-        keep = device_true > 0
-        out["device_compute_mape"] = float(np.mean(np.abs(device_pred[keep] - device_true[keep]) / device_true[keep]))
-    return out
+    keep = device_true > 0
+    return {"plan_kendall_tau": kendall_tau(predicted, measured),
+            "plan_mape": float(np.mean(np.abs(predicted - measured) / measured)),
+            "plan_median_ratio": float(np.median(predicted / measured)),
+            "device_compute_mape": float(np.mean(np.abs(device_pred[keep] - device_true[keep]) / device_true[keep]))}
 
 
 def main(argv: list[str] | None = None) -> int:
