@@ -13,12 +13,14 @@ Prefect, on params.yaml with every path moved under --root and `backend.fbgemm.d
   fusion    one fused operator of the 20 reference tables (benchmarks/cpu_kernels.py's) against the
             sum of 20 single-table operators, 5 repeats, at backend.batch_size: the fusion regime of this device
   data      download, process, tasks (CPU work)
-  collect   real plan measurements for the cost network
-  train     train_cost, train_neuroshard, train_policy (DreamShard), train_autoshard
+  collect   real plan measurements and single devices for the cost models (collect, collect_devices)
+  train     train_cost, train_neuroshard, train_policy (DreamShard), train_autoshard, train_rnn
   evaluate  every sharder of evaluate.sharders on the test tasks, lower bounds, the exhaustive check
+A step may also be one stage by name (e.g. `train_cost`), to run a subset of a step's stages; `collect` is the
+step (both stages).
 
-TorchRec is not installed on the GPU machines, so `evaluate.sharders` drops torchrec and torchrec_full
-unless torchrec imports. Each step appends a record (seconds, device, versions, batch size, this command)
+TorchRec is not installed on the GPU machines unless carried there, so `evaluate.sharders` drops torchrec
+and torchrec_full unless `torchrec.distributed.planner` imports. Each step appends a record (seconds, device, versions, batch size, this command)
 to OUT/gpu_run.json and copies the metrics and figures it wrote to OUT: GPU figures, labelled with the
 GPU's name, never to be mixed with the CPU figures in metrics/.
 """
@@ -39,13 +41,15 @@ from typing import Any
 
 import yaml
 
-STEPS = ("noise", "fusion", "data", "collect", "train", "evaluate")
 STAGES = {
     "data": ("download", "process", "tasks"),
-    "collect": ("collect",),
-    "train": ("train_cost", "train_neuroshard", "train_policy", "train_autoshard"),
+    "collect": ("collect", "collect_devices"),
+    "train": ("train_cost", "train_neuroshard", "train_policy", "train_autoshard", "train_rnn"),
     "evaluate": ("evaluate",),
 }
+for _stage in [s for stages in STAGES.values() for s in stages]:
+    STAGES.setdefault(_stage, (_stage,))  # a stage by name (the step `collect` keeps both of its stages)
+STEPS = ("noise", "fusion", *STAGES)
 TORCHREC_SHARDERS = ("torchrec", "torchrec_full")
 
 
@@ -61,13 +65,25 @@ def with_setting(params: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def torchrec_imports() -> bool:
+    """Whether TorchRec's planner imports here (present is not enough: a wheel built for another torch fails)."""
+    if importlib.util.find_spec("torchrec") is None:
+        return False
+    try:
+        importlib.import_module("torchrec.distributed.planner")
+    except Exception as exc:  # noqa: BLE001 - any import failure means the sharders cannot run
+        print(f"gpu_run: torchrec does not import ({type(exc).__name__}: {exc}); torchrec sharders dropped", flush=True)
+        return False
+    return True
+
+
 def gpu_params(params: dict[str, Any], root: Path, device: str, settings: list[str]) -> dict[str, Any]:
     """params.yaml with every path under `root`, the kernels on `device`, and the --set overrides."""
     out = copy.deepcopy(params)
     out["paths"] = {k: str(root / v) for k, v in params["paths"].items()}
     out["backend"]["name"] = "fbgemm"
     out["backend"]["fbgemm"]["device"] = device
-    if importlib.util.find_spec("torchrec") is None:
+    if not torchrec_imports():
         out["evaluate"]["sharders"] = [s for s in out["evaluate"]["sharders"] if s not in TORCHREC_SHARDERS]
     for item in settings:
         key, sep, raw = item.partition("=")

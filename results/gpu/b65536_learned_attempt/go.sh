@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the project root, after .gpu/ (fbgemm-gpu parts) and .whl/ (TorchRec and its
+# pure-Python needs) have arrived: the pipeline's stages at batch 65536 on FBGEMM's CUDA kernels, the learned
+# sharders trained there and evaluated beside the heuristics and TorchRec's full planner.
+# Usage: bash go.sh BUDGET_SECONDS   (everything lands in $OUT/gpu_b65536.tgz, also when time runs out)
+set -u
+BUDGET=${1:-480}
+DEVICE=${DEVICE:-cuda}; BATCH=${BATCH:-65536}; PARAMS=${PARAMS:-params.yaml}; PY=${PY:-python3}  # smoke test: cpu, tiny
+T0=$(date +%s)
+O=${OUT:-/tmp/out}; W=/tmp/gw; G=/tmp/go; mkdir -p "$O" "$G"
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$G/timeline.txt"; }
+left() { echo $(( BUDGET - ( $(date +%s) - T0 ) - 25 )); }
+finish() {
+  log "packing"
+  cp -r "$W/metrics" "$W/plots" "$G/" 2>/dev/null
+  mkdir -p "$G/models" && cp "$W"/models/*.pt "$W"/models/*.json "$G/models/" 2>/dev/null
+  cp -r "$W/data/eval_journal" "$G/" 2>/dev/null
+  tar czf "$O/gpu_b65536.tgz" -C /tmp go
+  exit 0
+}
+trap finish TERM
+
+[ -n "${SKIP_INSTALL:-}" ] && INSTALL_CMD=true || INSTALL_CMD="bash .gpu/meta/install-on-device.sh"
+( $INSTALL_CMD \
+  && { [ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl; } ) \
+  > "$G/install.log" 2>&1 &
+INSTALL=$!
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv > "$G/nvidia-smi.csv" 2>&1
+
+B=(--params "$PARAMS" --set data.synthetic.batch_size=$BATCH --set process.sample_batch=$BATCH --set backend.batch_size=$BATCH)
+C=(--set collect.rounds=1 --set collect_devices.rounds=1 --set collect_devices.samples=600)
+E=(--set evaluate.rounds=1 --set evaluate.train_tasks_per_family=2 --set evaluate.best_known.tasks_per_family=0
+   --set evaluate.estimated_bins.tasks_per_family=0 --set orchestration.evaluate.planning_workers=8)
+run() { local out=$1; shift; $PY -m benchmarks.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
+
+log "data (CPU) while fbgemm-gpu installs"
+run data --device cpu --steps data > "$G/data.log" 2>&1 || { log "data failed"; tail -20 "$G/data.log"; finish; }
+wait $INSTALL || { log "install failed"; cat "$G/install.log"; finish; }
+cat "$G/install.log"
+log "collect"
+run collect --device $DEVICE --steps collect > "$G/collect.log" 2>&1 || { log "collect failed"; tail -20 "$G/collect.log"; finish; }
+log "train: neuroshard beside cost -> dreamshard -> autoshard"
+run neuroshard --device $DEVICE --steps train_neuroshard > "$G/train_neuroshard.log" 2>&1 &
+NS=$!
+run train --device $DEVICE --steps train_cost,train_policy,train_autoshard > "$G/train.log" 2>&1 || log "train failed"
+wait $NS || log "train_neuroshard failed"
+log "trained: $(ls $W/models)"
+S=random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
+[ -f "$W/models/dreamshard.pt" ] && S=$S,dreamshard
+[ -f "$W/models/autoshard.pt" ] && S=$S,autoshard
+[ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard,neuroshard_tw
+S=$S,torchrec_full
+log "evaluate [$S] within $(left) s"
+timeout "$(left)" $PY -m benchmarks.gpu_run --root "$W" --out "$G/evaluate" --device $DEVICE --steps evaluate "${B[@]}" "${C[@]}" \
+  "${E[@]}" --set "evaluate.sharders=[$S]" > "$G/evaluate.log" 2>&1 || log "evaluate stopped (rc $?)"
+grep -E "^evaluate|regime|bound" "$G/evaluate.log" | tail -5
+log "done"
+finish
