@@ -26,11 +26,13 @@ from typing import Any
 import pandas as pd
 
 from dreamshard.errors import DataFormatError, InfeasibleTaskError
+from dreamshard.io import check_names, read_csv_cells
 from dreamshard.memory import GB
+from dreamshard.tables import CONSTRAINT_COLUMNS, missing_number, read_tables_frame
 from dreamshard.tasks import MAX_MEMORY_GB, Device, Task
 
 DEVICE_FIELDS = ("memory_gb", "kind", "speed", "host")
-CONSTRAINT_KEYS = ("group", "pin", "avoid", "whole")
+CONSTRAINT_KEYS = CONSTRAINT_COLUMNS  # a constraints file's keys are the tables file's constraint columns
 
 
 # ---------------------------------------------------------------- devices
@@ -47,19 +49,15 @@ def read_devices_file(path: str | Path) -> tuple[Device, ...]:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise DataFormatError(f"{path}: not valid JSON: {exc}") from None
         if isinstance(obj, dict):
-            unknown = sorted(set(obj) - {"devices"})
-            if unknown:
-                raise DataFormatError(f"{path}: unknown key(s) {', '.join(unknown)}; expected 'devices'")
+            check_names(list(obj), ["devices"], str(path), "key")
             obj = obj.get("devices")
         if not isinstance(obj, list):
             raise DataFormatError(f"{path}: expected a list of devices, or an object with a 'devices' list")
         records = obj
-    elif path.suffix == ".csv":
-        try:
-            df = pd.read_csv(path, dtype={"kind": str, "host": str}, keep_default_na=False)
-        except Exception as exc:  # pandas raises many types for unreadable files
-            raise DataFormatError(f"{path}: cannot read devices file: {exc}") from exc
-        records = df.to_dict("records")
+    elif path.suffix == ".csv":  # cells as written: a kind or host `NA` or `007` stays that name
+        header, cells = read_csv_cells(path, "devices file")
+        check_names(header, DEVICE_FIELDS, str(path))
+        records = [dict(zip(header, row)) for _, row in cells]
     else:
         raise DataFormatError(f"{path}: expected a .csv or .json devices file")
     if not records:
@@ -75,9 +73,10 @@ def read_devices_file(path: str | Path) -> tuple[Device, ...]:
 def _device(rec: Any, where: str) -> Device:
     if not isinstance(rec, dict):
         raise DataFormatError(f"{where}: expected an object with {', '.join(DEVICE_FIELDS)}")
-    unknown = sorted(set(rec) - set(DEVICE_FIELDS))
-    if unknown:
-        raise DataFormatError(f"{where}: unknown field(s) {', '.join(unknown)}; expected {', '.join(DEVICE_FIELDS)}")
+    check_names(list(rec), DEVICE_FIELDS, where, "field")
+    for name in ("kind", "host"):
+        if not _blank(rec.get(name)) and not isinstance(rec[name], str):
+            raise DataFormatError(f"{where}: field {name!r}: expected a string (a name), got {rec[name]!r}")
     memory = _number(rec.get("memory_gb"), f"{where}: field 'memory_gb'")
     if not 0 < memory <= MAX_MEMORY_GB:
         raise DataFormatError(f"{where}: field 'memory_gb': expected a number in (0, {MAX_MEMORY_GB:g}], got {memory}")
@@ -204,9 +203,7 @@ def constraints_from_json(obj: Any, origin: str) -> Constraints:
     """A constraints file's object (module docstring)."""
     if not isinstance(obj, dict):
         raise DataFormatError(f"{origin}: expected a JSON object with keys among {', '.join(CONSTRAINT_KEYS)}")
-    unknown = sorted(set(obj) - set(CONSTRAINT_KEYS))
-    if unknown:
-        raise DataFormatError(f"{origin}: unknown key(s) {', '.join(unknown)}; expected {', '.join(CONSTRAINT_KEYS)}")
+    check_names(list(obj), CONSTRAINT_KEYS, origin, "key")
     groups_raw = obj.get("group", [])
     if not isinstance(groups_raw, list) or not all(isinstance(g, list) and all(isinstance(t, str) for t in g)
                                                    for g in groups_raw):
@@ -244,25 +241,27 @@ def read_constraints_file(path: str | Path) -> Constraints:
     return constraints_from_json(obj, str(path))
 
 
-def constraints_from_frame(df: pd.DataFrame, origin: str) -> Constraints:
-    """Constraint columns of a tables file (module docstring); none of them: no constraints."""
+def constraints_from_frame(df: pd.DataFrame, origin: str, places: list[str] | None = None) -> Constraints:
+    """Constraint columns of a tables file (module docstring; cells as read_tables_frame reads them: a group label
+    is a name, `NA` or `007` included); none of them: no constraints."""
     pin: dict[str, int] = {}
     avoid: dict[str, tuple[int, ...]] = {}
     labels: dict[str, list[str]] = {}
     whole: list[str] = []
-    for line, rec in enumerate(df.to_dict("records"), start=2):
+    places = places or [f"row {i}" for i in range(1, len(df) + 1)]
+    for place, rec in zip(places, df.to_dict("records")):
         name = str(rec["name"])
-        where = f"{origin}: table {name!r} (row {line})"
-        if "group" in rec and not _blank(rec["group"]):
+        where = f"{origin}: table {name!r} ({place})"
+        if "group" in rec and not _blank(rec["group"]):  # empty (or a Parquet null): in no group
             labels.setdefault(str(rec["group"]).strip(), []).append(name)
-        if "pin" in rec and not _blank(rec["pin"]):
+        if "pin" in rec and not missing_number(rec["pin"]):
             value = _number(rec["pin"], f"{where}: column 'pin'")
             if not value.is_integer():
                 raise DataFormatError(f"{where}: column 'pin': expected a device index, got {rec['pin']!r}")
             pin[name] = int(value)
-        if "avoid" in rec and not _blank(rec["avoid"]):
+        if "avoid" in rec and not missing_number(rec["avoid"]):
             avoid[name] = _device_list(rec["avoid"], f"{where}: column 'avoid'")
-        if "whole" in rec and not _blank(rec["whole"]):
+        if "whole" in rec and not missing_number(rec["whole"]):
             flag = str(rec["whole"]).strip().lower()
             if flag not in ("true", "false", "1", "0", "1.0", "0.0", "yes", "no"):
                 raise DataFormatError(f"{where}: column 'whole': expected true or false, got {rec['whole']!r}")
@@ -296,11 +295,10 @@ def _device_list(value: Any, where: str) -> tuple[int, ...]:
 
 def read_table_constraints(path: str | Path) -> Constraints:
     """The constraint columns of a tables file (CSV or Parquet); it has been read by read_tables_file."""
-    path = Path(path)
-    df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    df, places = read_tables_frame(path)
     if not set(CONSTRAINT_KEYS) & set(df.columns):
         return Constraints()
-    return constraints_from_frame(df, str(path))
+    return constraints_from_frame(df, str(path), places)
 
 
 # ---------------------------------------------------------------- satisfiability

@@ -11,14 +11,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
 from dreamshard.errors import DataFormatError
+from dreamshard.io import check_names, read_csv_cells
 
 NUM_BINS = 17
 BIN_COLUMNS = [f"bin_{i}" for i in range(NUM_BINS)]
+# a user's tables file: its columns, required and optional
+REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
+CONSTRAINT_COLUMNS = ("group", "pin", "avoid", "whole")  # placement constraints, read by dreamshard.cluster
+PROFILE_COLUMNS = ("batch_size", "num_lookups", "num_unique")  # what `dreamshard profile` measured the bins on
+TABLES_FILE_COLUMNS = (*REQUIRED_COLUMNS, *BIN_COLUMNS, *CONSTRAINT_COLUMNS, *PROFILE_COLUMNS)
+_EXPECTED_COLUMNS = (f"{', '.join(REQUIRED_COLUMNS)}[, bin_0..bin_16][, {', '.join(CONSTRAINT_COLUMNS)}]"
+                     f"[, {', '.join(PROFILE_COLUMNS)}]")
+# how a missing number may be written (pandas' and R's spellings); names and group labels have no such spelling
+MISSING_NUMBER = frozenset({"", "na", "n/a", "#n/a", "nan", "null", "none", "<na>"})
 
 # data/tables.parquet: one row per table, with provenance.
 TABLE_STATS_SCHEMA = pa.schema(
@@ -75,53 +86,83 @@ def access_count_bins(counts) -> list[float]:
     return (hist / counts.size).tolist()
 
 
+def missing_number(value: Any) -> bool:
+    """A cell of a numeric column (a bin, pin, avoid, whole) left empty: a missing value, not a number."""
+    if isinstance(value, str):
+        return value.strip().lower() in MISSING_NUMBER
+    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
+
+
 def read_tables_file(path: str | Path) -> list[Table]:
     """Read a user's tables file (CSV or Parquet): name, rows, dim, pooling_factor[, bin_0..bin_16].
 
     A table whose 17 bins are all empty (NaN, null) has no bins, as in a file without bin
     columns: `dreamshard profile` measures them, dreamshard.data.bins estimates them.
     """
+    df, places = read_tables_frame(path)
+    return tables_from_frame(df, str(path), places)
+
+
+def read_tables_frame(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """The cells of a tables file, and where each row is in it ("line 3" of a CSV, the header being line 1;
+    "row 1" of a Parquet file). Names and group labels are strings exactly as written (a CSV is read without
+    NA or number parsing: `NA`, `007` and `1e3` stay names); an unknown column, a table name that is empty or
+    (in Parquet) not a string is a DataFormatError naming the file, the column and the line or row."""
     path = Path(path)
     if not path.exists():
         raise DataFormatError(f"{path}: no such file")
-    try:
-        if path.suffix == ".parquet":
+    if path.suffix == ".csv":
+        header, records = read_csv_cells(path, "tables file")
+        check_names(header, TABLES_FILE_COLUMNS, str(path), expected=_EXPECTED_COLUMNS)
+        df = pd.DataFrame([cells for _, cells in records], columns=header, dtype=object)
+        places = [f"line {line}" for line, _ in records]
+    elif path.suffix == ".parquet":
+        try:
             df = pd.read_parquet(path)
-        elif path.suffix == ".csv":
-            df = pd.read_csv(path)
-        else:
-            raise DataFormatError(f"{path}: expected a .csv or .parquet tables file")
-    except DataFormatError:
-        raise
-    except Exception as exc:  # pandas/pyarrow raise many types for unreadable files
-        raise DataFormatError(f"{path}: cannot read tables file: {exc}") from exc
-    return tables_from_frame(df, str(path))
+        except Exception as exc:  # pandas/pyarrow raise many types for unreadable files
+            raise DataFormatError(f"{path}: cannot read tables file: {exc}") from exc
+        check_names([str(c) for c in df.columns], TABLES_FILE_COLUMNS, str(path), expected=_EXPECTED_COLUMNS)
+        places = [f"row {i}" for i in range(1, len(df) + 1)]
+    else:
+        raise DataFormatError(f"{path}: expected a .csv or .parquet tables file")
+    if "name" in df.columns:
+        for name, place in zip(df["name"], places):
+            if not isinstance(name, str) and not missing_number(name):
+                raise DataFormatError(f"{path}: {place}: column 'name': expected a string (a table name), got "
+                                      f"{type(name).__name__} {name!r}; write table names as strings")
+            if not isinstance(name, str) or not name.strip():
+                raise DataFormatError(f"{path}: {place}: column 'name': the table name is empty; every table needs "
+                                      "one")
+    return df, places
 
 
-def tables_from_frame(df: pd.DataFrame, origin: str) -> list[Table]:
-    required = ["name", "rows", "dim", "pooling_factor"]
-    missing = [c for c in required if c not in df.columns]
+def tables_from_frame(df: pd.DataFrame, origin: str, places: list[str] | None = None) -> list[Table]:
+    """The tables of a tables file's cells (read_tables_frame); `places` says where each row is, for errors."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
-        raise DataFormatError(f"{origin}: missing column(s) {', '.join(missing)}; expected {', '.join(required)}")
+        raise DataFormatError(f"{origin}: missing column(s) {', '.join(missing)}; expected {', '.join(REQUIRED_COLUMNS)}")
     present_bins = [c for c in BIN_COLUMNS if c in df.columns]
     if present_bins and len(present_bins) != NUM_BINS:
         absent = [c for c in BIN_COLUMNS if c not in df.columns]
         raise DataFormatError(f"{origin}: has some access-count bins but lacks {', '.join(absent)}; give all 17 or none")
     if df.empty:
         raise DataFormatError(f"{origin}: no tables")
-    names = df["name"].astype(str)
-    dup = names[names.duplicated()]
-    if not dup.empty:
-        raise DataFormatError(f"{origin}: column 'name': table name {dup.iloc[0]!r} appears more than once")
+    places = places or [f"row {i}" for i in range(1, len(df) + 1)]
+    seen: dict[str, str] = {}
+    for name, place in zip(df["name"], places):
+        if name in seen:
+            raise DataFormatError(f"{origin}: column 'name': table name {name!r} appears more than once ({seen[name]} "
+                                  f"and {place})")
+        seen[name] = place
     tables = []
-    for line, row in enumerate(df.itertuples(index=False), start=2):
-        rec = row._asdict()
-        where = f"{origin}: table {rec['name']!r} (row {line})"
+    for place, rec in zip(places, df.to_dict("records")):
+        where = f"{origin}: table {rec['name']!r} ({place})"
         try:
             rows = _as_int(rec["rows"], "rows")
             dim = _as_int(rec["dim"], "dim")
-            pooling = float(rec["pooling_factor"])
-            bins = tuple(math.nan if pd.isna(rec[c]) else float(rec[c]) for c in BIN_COLUMNS) if present_bins else None
+            pooling = _as_float(rec["pooling_factor"], "pooling_factor")
+            bins = tuple(math.nan if missing_number(rec[c]) else _as_float(rec[c], c) for c in BIN_COLUMNS) \
+                if present_bins else None
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{where}: {exc}") from None
         if bins is not None and all(math.isnan(b) for b in bins):
@@ -141,8 +182,17 @@ def tables_from_frame(df: pd.DataFrame, origin: str) -> list[Table]:
 MAX_INT_FIELD = 2**40  # rows or dims beyond this are no embedding table, and would overflow byte counts
 
 
-def _as_int(value, field: str) -> int:
-    f = float(value)
+def _as_float(value: Any, field: str) -> float:
+    if isinstance(value, bool) or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"column {field!r}: expected a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"column {field!r}: expected a number, got {value!r}") from None
+
+
+def _as_int(value: Any, field: str) -> int:
+    f = _as_float(value, field)
     if not f.is_integer():
         raise ValueError(f"column {field!r}: expected an integer, got {value!r}")
     if abs(f) > MAX_INT_FIELD:

@@ -340,7 +340,7 @@ def test_devices_file_csv_and_json(tmp_path):
     ("memory_gb,speed\n16,0\n", r"device 0: field 'speed': expected a positive number"),
     ("memory_gb,speed\n16,fast\n", r"device 0: field 'speed': expected a number, got 'fast'"),
     ("memory_gb,host\n16,a\n16,\n", r"device 1: field 'host' is empty"),
-    ("memory_gb,colour\n16,red\n", r"device 0: unknown field\(s\) colour"),
+    ("memory_gb,colour\n16,red\n", r"unknown column 'colour'; expected memory_gb, kind, speed, host"),
     ("memory_gb\n-1\n", r"device 0: field 'memory_gb': expected a number in \(0"),
 ])
 def test_bad_devices_file_names_file_device_and_field(tmp_path, text, words):
@@ -362,7 +362,8 @@ def test_constraints_from_tables_file_and_constraints_file(tmp_path):
     assert merged.pin == {"c": 1, "e": 0} and merged.whole == ("d", "a")
     with pytest.raises(DataFormatError, match=r"table 'c': pin 2 conflicts with pin 1"):
         c.merged(constraints_from_json({"pin": {"c": 2}}, "x.json"), "x.json")
-    for obj, words in [({"pins": {}}, r"unknown key\(s\) pins"), ({"pin": {"a": "0"}}, r"pin.a: expected a device"),
+    for obj, words in [({"pins": {}}, r"unknown key 'pins'; did you mean 'pin'"),
+                       ({"pin": {"a": "0"}}, r"pin.a: expected a device"),
                        ({"avoid": {"a": 1}}, r"avoid.a: expected a list"), ({"group": ["a", "b"]}, "group: expected")]:
         with pytest.raises(DataFormatError, match=words):
             constraints_from_json(obj, "c.json")

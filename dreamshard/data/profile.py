@@ -48,7 +48,14 @@ from tqdm import tqdm
 from dreamshard.errors import DataFormatError, DreamShardError
 from dreamshard.io import atomic_path
 from dreamshard.memory import GB
-from dreamshard.tables import BIN_COLUMNS, MAX_INT_FIELD, Table, access_count_bins
+from dreamshard.tables import (
+    BIN_COLUMNS,
+    MAX_INT_FIELD,
+    PROFILE_COLUMNS,
+    REQUIRED_COLUMNS,
+    Table,
+    access_count_bins,
+)
 
 LOOKUP_COLUMNS = ("table", "indices", "offsets")
 LOOKUPS_SCHEMA = pa.schema([
@@ -57,7 +64,7 @@ LOOKUPS_SCHEMA = pa.schema([
     pa.field("offsets", pa.list_(pa.int64()), nullable=False),
 ])
 # the tables file written: what read_tables_file reads, then what the statistics were measured on
-OUTPUT_COLUMNS = ("name", "rows", "dim", "pooling_factor", *BIN_COLUMNS, "batch_size", "num_lookups", "num_unique")
+OUTPUT_COLUMNS = (*REQUIRED_COLUMNS, *BIN_COLUMNS, *PROFILE_COLUMNS)
 OUTPUT_SUFFIXES = (".csv", ".parquet")
 BYTES_PER_DISTINCT_ROW = 16  # an int64 row id and an int64 count
 
