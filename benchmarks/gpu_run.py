@@ -20,9 +20,9 @@ A step may also be one stage by name (e.g. `train_cost`), to run a subset of a s
 step (both stages).
 
 TorchRec is not installed on the GPU machines unless carried there, so `evaluate.sharders` drops torchrec
-and torchrec_full unless `torchrec.distributed.planner` imports. Each step appends a record (seconds, device, versions, batch size, this command)
-to OUT/gpu_run.json and copies the metrics and figures it wrote to OUT: GPU figures, labelled with the
-GPU's name, never to be mixed with the CPU figures in metrics/.
+and torchrec_full unless `torchrec.distributed.planner` imports. Each step appends a record (seconds, device,
+versions, batch size, this command) to OUT/gpu_run.json and copies the metrics and figures it wrote to OUT:
+GPU figures, labelled with the GPU's name, never to be mixed with the CPU figures in metrics/.
 """
 from __future__ import annotations
 

@@ -307,8 +307,8 @@ def read_table_constraints(path: str | Path) -> Constraints:
 def check_satisfiable(task: Task) -> None:
     """Raise InfeasibleTaskError naming the constraints that no plan can satisfy together (each device's
     memory included); a task that passes may still be infeasible by memory, which placement reports."""
-    caps = [d.memory_bytes for d in task.devices]
-    size = {t.name: task.memory.shard_bytes(t.rows, t.dim) for t in task.tables}
+    caps = task.capacities()
+    size = {t.name: task.shard_bytes(t) for t in task.tables}
     pins, avoided = task.pinned_device(), task.avoided()
 
     def describe(t: str) -> str:

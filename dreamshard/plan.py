@@ -18,6 +18,7 @@ from typing import Any
 
 from dreamshard.errors import DataFormatError, InvalidPlanError
 from dreamshard.io import write_text
+from dreamshard.memory import MemoryBreakdown
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -137,12 +138,28 @@ def read_plan_json(path: str | Path) -> Any:
 
 
 def device_memory_bytes(task: Task, plan: Plan) -> list[int]:
-    """Bytes each device holds: each shard's rows x width, plus optimizer state of those rows."""
-    rows = {t.name: t.rows for t in task.tables}
+    """Bytes each device holds (Task.shard_bytes): weights, optimizer state and buffers of its shards."""
+    tables = {t.name: t for t in task.tables}
     used = [0] * plan.num_devices
     for s in plan.shards:
-        used[s.device] += task.memory.shard_bytes(s.num_rows(rows[s.table]), s.width)
+        t = tables[s.table]
+        used[s.device] += task.shard_bytes(t, s.num_rows(t.rows), s.width)
     return used
+
+
+def device_memory_breakdown(task: Task, plan: Plan) -> list[MemoryBreakdown]:
+    """Each device's bytes by kind (weights, optimizer state, buffers) and its usable capacity."""
+    tables = {t.name: t for t in task.tables}
+    parts = [[0, 0, 0] for _ in range(plan.num_devices)]
+    for s in plan.shards:
+        t = tables[s.table]
+        rows = s.num_rows(t.rows)
+        total = task.shard_bytes(t, rows, s.width)
+        w, o = task.memory.weight_bytes(rows, s.width), task.memory.optimizer_bytes(rows, s.width)
+        parts[s.device][0] += w
+        parts[s.device][1] += o
+        parts[s.device][2] += total - w - o
+    return [MemoryBreakdown(w, o, b, task.capacity(d)) for d, (w, o, b) in enumerate(parts)]
 
 
 def check_shard_block(s: Shard, t: Table) -> None:
@@ -211,9 +228,11 @@ def validate_plan(task: Task, plan: Plan) -> None:
         if len(set(on.values())) > 1:
             raise InvalidPlanError(f"group {list(group)} must share one device, but is on "
                                    + ", ".join(f"{n!r}: device {d}" for n, d in on.items()))
-    for d, (used, dev) in enumerate(zip(device_memory_bytes(task, plan), task.devices)):
-        if used > dev.memory_bytes:
-            raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {dev.memory_bytes}")
+    for d, used in enumerate(device_memory_bytes(task, plan)):
+        if used > task.capacity(d):
+            raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {task.capacity(d)}"
+                                   + (f" ({task.devices[d].memory_bytes} less the {task.memory.reservation:g} "
+                                      "reservation)" if task.memory.reservation else ""))
 
 
 def _first_gap(rows: int, dim: int, blocks: list[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:

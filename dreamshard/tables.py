@@ -58,6 +58,10 @@ class Table:
     dim: int
     pooling_factor: float
     bins: tuple[float, ...] | None = None
+    features: int = 1  # features whose ids look this table up (TorchRec: one pooled output each per sample)
+    # a row-wise block of a table (sharders/pieces.py): that table's pooling factor, by which TorchRec sizes
+    # the block's buffers (the ids of every sample, a partial sum for every sample); None for a table
+    block_of_pooling: float | None = None
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -66,6 +70,8 @@ class Table:
             raise ValueError(f"table {self.name!r}: dim must be a positive multiple of 4 (FBGEMM), got {self.dim}")
         if not self.pooling_factor >= 0 or math.isinf(self.pooling_factor):
             raise ValueError(f"table {self.name!r}: pooling_factor must be finite and >= 0, got {self.pooling_factor}")
+        if isinstance(self.features, bool) or not isinstance(self.features, int) or self.features < 1:
+            raise ValueError(f"table {self.name!r}: features must be an integer >= 1, got {self.features!r}")
         if self.bins is not None and len(self.bins) != NUM_BINS:
             raise ValueError(f"table {self.name!r}: expected {NUM_BINS} access-count bins, got {len(self.bins)}")
 

@@ -173,9 +173,25 @@ class Task:
     def num_devices(self) -> int:
         return len(self.devices)
 
+    def shard_bytes(self, table: Table, rows: int | None = None, width: int | None = None) -> int:
+        """Bytes a shard of `table` (rows x width of it; the whole table by default) takes on its device:
+        weights, optimizer state and, at the memory model's batch size, its input and output buffers."""
+        rows = table.rows if rows is None else rows
+        width = table.dim if width is None else width
+        block = table.block_of_pooling is not None or rows < table.rows
+        pooling = table.pooling_factor if table.block_of_pooling is None else table.block_of_pooling
+        return self.memory.shard_bytes(rows, width) + self.memory.io_bytes(
+            pooling, table.features, width, self.num_devices, row_block=block)
+
     def table_bytes(self, i: int) -> int:
-        t = self.tables[i]
-        return self.memory.shard_bytes(t.rows, t.dim)
+        return self.shard_bytes(self.tables[i])
+
+    def capacity(self, d: int) -> int:
+        """Bytes device `d` holds for shards: its memory less the memory model's reservation."""
+        return self.memory.usable_bytes(self.devices[d].memory_bytes)
+
+    def capacities(self) -> list[int]:
+        return [self.capacity(d) for d in range(len(self.devices))]
 
     @classmethod
     def uniform(cls, name: str, tables: Sequence[Table], num_devices: int, memory_gb: float,

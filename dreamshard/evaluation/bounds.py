@@ -317,7 +317,7 @@ def fused_all_bound(backend: CostBackend, task: Task, singles: Sequence[float], 
         room, held = exc.budget_bytes, []
         for i in sorted(range(len(task.tables)), key=lambda i: -singles[i]):
             t = task.tables[i]
-            need = task.memory.shard_bytes(t.rows, t.dim)
+            need = task.memory.shard_bytes(t.rows, t.dim)  # what the measurement allocates: weights, state
             if need <= room:
                 held.append(i)
                 room -= need

@@ -46,7 +46,7 @@ def perturb(task: Task, plan: Plan, rng: np.random.Generator, max_moves: int) ->
         size = task.table_bytes(i)
         src = assignment[t.name]
         room = [d for d in range(task.num_devices)
-                if d != src and used[d] + size <= task.devices[d].memory_bytes]
+                if d != src and used[d] + size <= task.capacity(d)]
         if room:
             dst = int(rng.choice(room))
             assignment[t.name] = dst

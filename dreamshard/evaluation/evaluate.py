@@ -242,7 +242,7 @@ def exhaustive_optimum(backend: CostBackend, task: Task, batch_size: int, topolo
     costs: dict[tuple[int, ...], float] = {}
     for assignment in canonical_assignments(len(task.tables), task.num_devices):
         plan = Plan.from_assignment(task, assignment)
-        if any(u > d.memory_bytes for u, d in zip(device_memory_bytes(task, plan), task.devices)):
+        if any(u > c for u, c in zip(device_memory_bytes(task, plan), task.capacities())):
             continue
         compute = []
         for d in range(task.num_devices):

@@ -146,7 +146,8 @@ class _Neighbourhood:
         self.task, self.plan, self.moves = task, plan, moves
         self.shards = plan.shards
         self.rows = {t.name: t.rows for t in task.tables}
-        self.capacity = [d.memory_bytes for d in task.devices]
+        self.table = {t.name: t for t in task.tables}
+        self.capacity = task.capacities()
         self.used = device_memory_bytes(task, plan)
         self.nbytes = [self._bytes(s) for s in self.shards]
         self.allowed = {t.name: frozenset(task.allowed_devices(t.name)) for t in task.tables}
@@ -177,7 +178,7 @@ class _Neighbourhood:
             self.unit_allowed.append(ok)
 
     def _bytes(self, s: Shard) -> int:
-        return self.task.memory.shard_bytes(s.num_rows(self.rows[s.table]), s.width)
+        return self.task.shard_bytes(self.table[s.table], s.num_rows(self.rows[s.table]), s.width)
 
     def _fits(self, device: int, delta: int) -> bool:
         return self.used[device] + delta <= self.capacity[device]

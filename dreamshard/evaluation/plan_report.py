@@ -132,9 +132,9 @@ def build_report(task: Task, plan: Plan, cost: PlanCost, bound: LowerBound, batc
     for d, (dc, dev) in enumerate(zip(cost.devices, task.devices)):
         shards = tuple(
             ShardRow(s.label(), s.kind(tables[s.table].rows, tables[s.table].dim), s.num_rows(tables[s.table].rows),
-                     s.width, task.memory.shard_bytes(s.num_rows(tables[s.table].rows), s.width))
+                     s.width, task.shard_bytes(tables[s.table], s.num_rows(tables[s.table].rows), s.width))
             for s in plan.device_shards(d))
-        rows.append(DeviceRow(d, dc.fwd_ms, dc.bwd_ms, dc.fwd_comm_ms, dc.bwd_comm_ms, used[d], dev.memory_bytes,
+        rows.append(DeviceRow(d, dc.fwd_ms, dc.bwd_ms, dc.fwd_comm_ms, dc.bwd_comm_ms, used[d], task.capacity(d),
                               dev.kind, float(dev.speed), dev.host, shards))
     return PlanReport(task.name, cost.backend, cost.device_name, cost.measured, cost.comm, batch_size, bound_regime,
                       cost.cost_ms, bound, tuple(rows), len(task.tables), task.memory.weights_precision,

@@ -132,7 +132,7 @@ def topology(task: Task):
     require_torchrec()
     from torchrec.distributed.planner.types import CustomTopologyData, KernelConfig, TopologyFactory, TrainerConfig
 
-    caps = [d.memory_bytes for d in task.devices]
+    caps = task.capacities()
     extra = {}
     if len(set(caps)) > 1:  # devices of different sizes
         extra["custom_topology_data"] = CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))
@@ -155,21 +155,19 @@ def _storage_estimator_class():
     from torchrec.distributed.planner.types import ShardEstimator, Storage
 
     class DreamShardStorageEstimator(ShardEstimator):
-        """Shard storage by DreamShard's memory model (dreamshard.memory), all of it in HBM.
-
-        TorchRec's own estimator also counts input/output buffers and knows the
-        optimizer only when it is attached to the parameters; using ours makes TorchRec
-        plan under exactly the memory rule `validate_plan` checks and every other sharder uses.
-        """
+        """Shard storage by DreamShard's memory model (Task.shard_bytes), all of it in HBM: TorchRec then plans
+        under exactly the rule `validate_plan` checks and every other sharder uses."""
 
         def __init__(self, task: Task, constraints=None) -> None:
-            self._memory = task.memory
+            self._task = task
+            self._tables = {t.name: t for t in task.tables}
 
         def estimate(self, sharding_options, sharder_data_map=None) -> None:
             for option in sharding_options:
+                table = self._tables[option.name]
                 for shard in option.shards:
                     rows, cols = shard.size
-                    shard.storage = Storage(hbm=self._memory.shard_bytes(int(rows), int(cols)), ddr=0, ssd=0)
+                    shard.storage = Storage(hbm=self._task.shard_bytes(table, int(rows), int(cols)), ddr=0, ssd=0)
 
     return DreamShardStorageEstimator
 
@@ -374,26 +372,40 @@ class TorchRecEstimate:
     rates its own candidates (`NoopPerfModel`): for the plan the `torchrec` sharder
     returns, `cost_ms` equals the rating TorchRec's planner gave it. TorchRec's
     `input_dist_comms` is not part of its total and is left out here too.
+    `rank_hbm_bytes`: per rank, the HBM TorchRec's own `EmbeddingStorageEstimator` says the
+    plan's shards take (weights, the optimizer state of the task's optimizer, input and
+    output buffers at `batch_size`), to compare with what TorchRec's reservation leaves.
     """
 
     cost_ms: float  # max over ranks of rank_ms
     rank_ms: tuple[float, ...]
     rank_breakdown_ms: tuple[dict[str, float], ...]  # fwd_compute, fwd_comms, bwd_compute, bwd_comms, prefetch_compute
     batch_size: int
+    rank_hbm_bytes: tuple[int, ...] = ()
     model: str = "torchrec EmbeddingPerfEstimator (analytic, CUDA defaults)"
 
 
 def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE) -> TorchRecEstimate:
-    """Rate `plan` with TorchRec's own performance model (see TorchRecEstimate)."""
+    """Rate `plan` with TorchRec's own performance and storage models (see TorchRecEstimate)."""
     require_torchrec()
 
     with quiet_torchrec():
         return _perf_estimate(task, plan, batch_size)
 
 
+def torchrec_optimizer_class(optimizer: str):
+    """The optimizer class TorchRec's storage estimator reads off a parameter for our optimizer name."""
+    import torch
+    from torchrec.optim import RowWiseAdagrad
+
+    return {"exact_sgd": torch.optim.SGD, "exact_row_wise_adagrad": RowWiseAdagrad,
+            "exact_adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[optimizer]
+
+
 def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.types import Shard as TRShard
 
     slices = _table_shards(task, plan)
@@ -401,23 +413,29 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
     constraints = table_constraints(task, kinds)
     enum = enumerator(task, topo, constraints, batch_size)
-    options = enum.enumerate(meta_ebc(task), [EmbeddingBagCollectionSharder()])
+    module = meta_ebc(task)
+    for param in module.parameters():  # TorchRec counts the optimizer state of the class attached to a weight
+        param._optimizer_classes = [torchrec_optimizer_class(task.memory.optimizer)]
+    options = enum.enumerate(module, [EmbeddingBagCollectionSharder()])
     by_name = {o.name: o for o in options}
     for t in task.tables:
         option = by_name[t.name]
         option.shards = [TRShard(size=[s.num_rows(t.rows), s.width], offset=[s.row_start, s.col_start])
                          for s in slices[t.name]]
     enum.populate_estimates(options)  # per-shard perf for the plan's own slices
+    EmbeddingStorageEstimator(topo, constraints).estimate(options, enum._sharder_data_map)  # TorchRec's storage
     for t in task.tables:
         for shard, s in zip(by_name[t.name].shards, slices[t.name]):
             shard.rank = s.device
     fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
     totals = [0.0] * task.num_devices
+    hbm = [0] * task.num_devices
     for option in options:
         for shard in option.shards:
             for f in fields:
                 breakdown[shard.rank][f] += float(getattr(shard.perf, f))
             totals[shard.rank] += float(shard.perf.total)
+            hbm[shard.rank] += int(shard.storage.hbm)
     cost = float(NoopPerfModel(topo).rate(options))
-    return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size)
+    return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm))

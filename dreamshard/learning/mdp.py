@@ -48,7 +48,7 @@ class TaskContext:
             single = cost_net.head_costs(enc)[:, :2].sum(dim=-1).numpy()
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
         sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
-        capacity = torch.tensor([d.memory_bytes for d in task.devices], dtype=torch.float64)
+        capacity = torch.tensor(task.capacities(), dtype=torch.float64)
         widths = torch.tensor([float(t.dim) for t in task.tables])
         return cls(task, x, enc, order, sizes, capacity, widths,
                    Cluster.of(cost_net.config, task.speeds(), task.host_ids()))

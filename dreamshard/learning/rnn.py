@@ -125,7 +125,7 @@ class RnnContext:
     def build(cls, task: Task, scaler: FeatureScaler) -> RnnContext:
         x = torch.from_numpy(scaler.transform(table_features(task.tables, task.memory)))
         sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
-        capacity = torch.tensor([d.memory_bytes for d in task.devices], dtype=torch.float64)
+        capacity = torch.tensor(task.capacities(), dtype=torch.float64)
         return cls(task, x, sizes, capacity)
 
 

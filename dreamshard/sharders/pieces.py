@@ -84,19 +84,19 @@ def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
 def _fits_row_wise(table: Table, task: Task) -> bool:
     if "row" not in task.sharding or task.num_devices < 2 or table.name in task.avoided():
         return False  # TorchRec's row-wise blocks go to every device
-    return all(task.memory.shard_bytes(end - start, table.dim) <= task.devices[i].memory_bytes
+    return all(task.shard_bytes(table, end - start) <= task.capacity(i)
                for i, (start, end) in enumerate(row_blocks(table.rows, task.num_devices)))
 
 
 def _capacity(task: Task, table: str) -> int:
     """The largest capacity among the devices `table` may use."""
-    return max(task.devices[d].memory_bytes for d in task.allowed_devices(table))
+    return max(task.capacity(d) for d in task.allowed_devices(table))
 
 
 def first_cut(table: Table, task: Task) -> Cut:
     """The rule of the module docstring: no cut when the table fits the largest device it may use."""
     capacity = _capacity(task, table.name)
-    if task.memory.shard_bytes(table.rows, table.dim) <= capacity:
+    if task.shard_bytes(table) <= capacity:
         return WHOLE
     if table.name in task.never_cut():
         raise InfeasibleTaskError(f"task {task.name!r}: table {table.name!r} must stay whole (pinned, grouped or "
@@ -104,25 +104,25 @@ def first_cut(table: Table, task: Task) -> Cut:
     units = table.dim // 4
     if "column" in task.sharding:
         for k in range(2, units + 1):
-            if task.memory.shard_bytes(table.rows, max(column_widths(table.dim, k))) <= capacity:
+            if task.shard_bytes(table, width=max(column_widths(table.dim, k))) <= capacity:
                 return Cut(columns=k)
     if _fits_row_wise(table, task):
         return Cut(row_wise=True)
     narrowest = 4 if "column" in task.sharding else table.dim
-    row = task.memory.shard_bytes(1, narrowest)
+    row = task.shard_bytes(table, 1, narrowest)
     where = f"task {task.name!r}: table {table.name!r} ({table.rows} rows x {table.dim} dims, " \
-            f"{task.memory.shard_bytes(table.rows, table.dim) / GB:.3f} GB)"
+            f"{task.shard_bytes(table) / GB:.3f} GB)"
     if row > capacity:
         raise InfeasibleTaskError(f"{where}: a single row of {narrowest} columns takes {row} bytes, more than any "
                                   f"device holds ({capacity} bytes, {capacity / GB:.3f} GB): no plan exists")
     tried = []
     if "column" in task.sharding:
         tried.append(f"its narrowest column slices (4 columns) need "
-                     f"{task.memory.shard_bytes(table.rows, 4) / GB:.3f} GB")
+                     f"{task.shard_bytes(table, width=4) / GB:.3f} GB")
     if "row" in task.sharding and task.num_devices > 1:
         block = row_blocks(table.rows, task.num_devices)[0]
         tried.append(f"its row-wise blocks ({block[1]} rows on each device) need "
-                     f"{task.memory.shard_bytes(block[1], table.dim) / GB:.3f} GB")
+                     f"{task.shard_bytes(table, block[1]) / GB:.3f} GB")
     reason = "; ".join(tried) if tried else f"the sharding kinds ({', '.join(task.sharding)}) allow no cut"
     raise InfeasibleTaskError(f"{where} fits on no device (largest {capacity / GB:.3f} GB): {reason}; "
                               "no plan exists")
@@ -160,7 +160,8 @@ def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]
                 pieces[name] = (t.name, start, end, 0, t.dim)
                 pins.append((name, device))
                 tables.append(replace(t, name=name, rows=end - start,
-                                      pooling_factor=t.pooling_factor * (end - start) / t.rows))
+                                      pooling_factor=t.pooling_factor * (end - start) / t.rows,
+                                      block_of_pooling=t.pooling_factor))
         else:
             start = 0
             for width in column_widths(t.dim, cut.columns):
@@ -200,7 +201,7 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     the pieces cannot be placed (see the module)."""
     check_satisfiable(task)
     cuts = {t.name: first_cut(t, task) for t in task.tables}
-    need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(d.memory_bytes for d in task.devices)
+    need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(task.capacities())
     if need > have:  # no cut makes tables smaller
         raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB")
@@ -233,7 +234,7 @@ def _largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | No
         if nxt is None:
             continue
         widest = t.dim if cut.columns == 1 else max(column_widths(t.dim, cut.columns))
-        size = task.memory.shard_bytes(t.rows, widest)
+        size = task.shard_bytes(t, width=widest)
         if best is None or size > best[0]:
             best = (size, t.name, nxt)
     return None if best is None else (best[1], best[2])

@@ -62,7 +62,7 @@ def place_tables(
     group_device: dict[int, int] = {}  # group -> the device of its placed tables
     group_placed: dict[int, int] = {}  # group -> how many of its tables are placed
     sizes = np.array([task.table_bytes(i) for i in range(n)], dtype=np.int64)
-    capacity = np.array([d.memory_bytes for d in task.devices], dtype=np.int64)
+    capacity = np.array(task.capacities(), dtype=np.int64)
     _check_each_table_fits(task, sizes, capacity)
     if sizes.sum() > capacity.sum():
         raise InfeasibleTaskError(
@@ -154,7 +154,7 @@ def _constraints_of(task: Task, name: str) -> str:
 
 
 def _capacities(task: Task) -> str:
-    caps = sorted({d.memory_bytes for d in task.devices})
+    caps = sorted(set(task.capacities()))
     return "device capacities " + ", ".join(f"{c / GB:.3f} GB" for c in caps)
 
 

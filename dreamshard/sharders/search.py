@@ -145,7 +145,7 @@ class _Evaluator:
     def __init__(self, model: NeuroShardModel, task: Task) -> None:
         self.model, self.task = model, task
         self.cache: dict[tuple[int, int, int], np.ndarray] = {}  # (table, rows, width) -> encoding
-        self.capacity = np.array([d.memory_bytes for d in task.devices], dtype=np.float64)
+        self.capacity = np.array(task.capacities(), dtype=np.float64)
         pinned = task.pinned_device()
         self.pins = [pinned.get(t.name) for t in task.tables]  # device a table's shards must go to, or None
         n = task.num_devices
@@ -171,7 +171,8 @@ class _Evaluator:
         return np.stack([self.cache[k] for k in keys])
 
     def sizes(self, shards: ShardSet) -> np.ndarray:
-        return np.array([self.task.memory.shard_bytes(b.rows, b.width) for b in shards], dtype=np.float64)
+        return np.array([self.task.shard_bytes(self.task.tables[b.table], b.rows, b.width) for b in shards],
+                        dtype=np.float64)
 
     def compute_ms(self, device_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[..., E] -> (fwd, fwd + bwd) predicted ms on the reference device (speed 1)."""
