@@ -18,8 +18,16 @@ from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DataFormatError, DreamShardError
 from dreamshard.evaluation.plan_report import add_report_parser
 from dreamshard.measuring import add_plan_measure_arguments, measuring_backend, planned_task
-from dreamshard.memory import BYTES_PER_WEIGHT, GB, OPTIMIZER_STATE_BYTES, MemoryModel
-from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.memory import (
+    BYTES_PER_WEIGHT,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_RESERVATION,
+    GB,
+    MAX_BATCH_SIZE,
+    OPTIMIZER_STATE_BYTES,
+    MemoryModel,
+)
+from dreamshard.plan import Plan, device_memory_breakdown, validate_plan
 from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
@@ -55,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the ways tables may be cut, comma-separated: table (whole tables, always), column "
                         "(column slices), row (TorchRec's row-wise blocks); default: all")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
-    p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES))
+    p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES),
+                   help="the training optimizer: its state is counted beside the weights (default exact_sgd: none)")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help=f"samples per device and step (default {DEFAULT_BATCH_SIZE}, TorchRec's): the input and output "
+                        "buffers TorchRec allocates at it are counted; with --previous, also the backend's batch size")
+    p.add_argument("--reservation", type=float, default=DEFAULT_RESERVATION,
+                   help=f"share of each device's memory kept free for the dense model and activations (default "
+                        f"{DEFAULT_RESERVATION:g}, TorchRec's planner's)")
     p.add_argument("--format", default="json", choices=["json", "torchrec"],
                    help="json: DreamShard plan JSON; torchrec: a TorchRec ShardingPlan (torch.save; needs torchrec) "
                         "for the EBC at module 'ebc', see docs/torchrec.md")
@@ -68,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --previous (required there): the cost that decides what is worth moving")
     p.add_argument("--regime", choices=["super_additive", "sub_additive"],
                    help="--backend analytic (required there): what fusing tables does to their cost")
-    p.add_argument("--batch-size", type=int, help="with --previous: the backend's batch size (default 2048)")
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
@@ -125,8 +139,12 @@ def task_of(args: argparse.Namespace) -> Task:
     constraints = read_table_constraints(args.tables)
     if args.constraints is not None:
         constraints = constraints.merged(read_constraints_file(args.constraints), str(args.constraints))
-    task = Task(args.tables.stem, tuple(tables), devices_of(args), MemoryModel(args.weights_precision, args.optimizer),
-                sharding=args.sharding)
+    if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise DreamShardError(f"--batch-size: expected an integer in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
+    if not 0 <= args.reservation < 1:
+        raise DreamShardError(f"--reservation: expected a share in [0, 1), got {args.reservation}")
+    memory = MemoryModel(args.weights_precision, args.optimizer, args.batch_size, args.reservation)
+    task = Task(args.tables.stem, tuple(tables), devices_of(args), memory, sharding=args.sharding)
     try:
         return constraints.apply(task)
     except ValueError as exc:
@@ -141,7 +159,7 @@ def describe_devices(task: Task) -> str:
         f"{task.num_devices} devices of {parts[0].split(' x ', 1)[1]}"
 
 
-REPLAN_FLAGS = ("max_moved_gb", "backend", "regime", "batch_size")
+REPLAN_FLAGS = ("max_moved_gb", "backend", "regime")
 
 
 def check_replan_args(args: argparse.Namespace) -> None:
@@ -161,8 +179,6 @@ def check_replan_args(args: argparse.Namespace) -> None:
         raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
     if args.backend != "analytic" and args.regime is not None:
         raise DreamShardError("--regime: only with --backend analytic")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise DreamShardError(f"--batch-size: expected a positive integer, got {args.batch_size}")
 
 
 def previous_shapes(meta: Any, origin: str) -> dict[str, tuple[int, int]] | None:
@@ -189,7 +205,7 @@ def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan,
     if previous.num_devices > task.num_devices:
         raise DreamShardError(f"--previous {args.previous}: the plan is for {previous.num_devices} devices, but "
                               f"{task.num_devices} are given; re-planning may add devices, not remove them")
-    options: dict[str, Any] = {"batch_size": args.batch_size or 2048}
+    options: dict[str, Any] = {"batch_size": args.batch_size}
     if args.backend == "analytic":
         options["regime"] = args.regime
     backend = make_backend(args.backend, GeneratedLookups(seed=0), **options)
@@ -226,7 +242,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         shapes = {t.name: [t.rows, t.dim] for t in tables}  # what a later re-plan (--previous) tells changes by
         plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables), **plan_metadata(task),
                        table_shapes=shapes, **({} if replanned is None else {"replan": replanned[1]}))
-    used = device_memory_bytes(task, plan)
+    memory = device_memory_breakdown(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {describe_devices(task)} -> {args.output}")
     if replanned is not None:
         print(replanned[2])
@@ -237,12 +253,17 @@ def cmd_plan(args: argparse.Namespace) -> None:
               f"file): Zipf exponent {estimator.zipf_exponent:.3f} fitted on {estimator.fitted_on} (mean L1 error "
               f"{estimator.l1_error:.3f}); measure them with `dreamshard profile` for better plans")
     by_name = {t.name: t for t in tables}
-    print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'memory_gb':>10} {'capacity':>9}  kinds")
+    print(f"memory (GB) as TorchRec allocates it: {task.memory.optimizer} state, buffers at batch "
+          f"{task.memory.batch_size} per device, {task.memory.reservation:.0%} of each device reserved")
+    print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'weights':>9} {'optimizer':>9} {'buffers':>9} {'headroom':>9} "
+          f"{'usable':>9}  kinds")
     for d in range(task.num_devices):
         shards = plan.device_shards(d)
         dim_sum = sum(s.width for s in shards)
         kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
-        print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {used[d] / GB:>10.4f} {task.devices[d].memory_bytes / GB:>9.3g}  "
+        m = memory[d]
+        print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {m.weights / GB:>9.4f} {m.optimizer / GB:>9.4f} "
+              f"{m.buffers / GB:>9.4f} {m.headroom / GB:>9.4f} {m.capacity / GB:>9.4f}  "
               + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
 
 

@@ -369,6 +369,7 @@ def plan_metadata(task: Task) -> dict[str, Any]:
     memories = {d.memory_bytes for d in task.devices}
     meta: dict[str, Any] = {"devices": devices_to_json(task.devices),
                             "weights_precision": task.memory.weights_precision, "optimizer": task.memory.optimizer,
+                            "batch_size": task.memory.batch_size, "reservation": task.memory.reservation,
                             "sharding": list(task.sharding)}
     if len(memories) == 1:
         meta["memory_gb"] = memory_gb(memories.pop())
@@ -399,9 +400,12 @@ def task_from_plan(name: str, tables: Sequence[Any], meta: dict[str, Any], num_d
     sharding = meta.get("sharding", ["table", "column", "row"])
     if not isinstance(sharding, list) or not all(isinstance(k, str) for k in sharding):
         raise DataFormatError(f"{origin}: sharding: expected a list of sharding kinds, got {sharding!r}")
-    task = Task(name, tuple(tables), tuple(devices),
-                MemoryModel(meta.get("weights_precision", "fp32"), meta.get("optimizer", "exact_sgd")),
-                sharding=tuple(sharding))
+    try:
+        memory = MemoryModel(meta.get("weights_precision", "fp32"), meta.get("optimizer", "exact_sgd"),
+                             meta.get("batch_size", 0), meta.get("reservation", 0.0))
+    except ValueError as exc:
+        raise DataFormatError(f"{origin}: {exc}") from None
+    task = Task(name, tuple(tables), tuple(devices), memory, sharding=tuple(sharding))
     constraints = constraints_from_json(meta.get("constraints", {}), f"{origin}: constraints")
     try:
         return constraints.apply(task)

@@ -39,6 +39,9 @@ def plan_args(tables: Path, out: Path, algo: str = "size_greedy", devices: int =
             "--algo", algo, "-o", str(out), *extra]
 
 
+CLI_MEMORY = MemoryModel("fp32", "exact_sgd", batch_size=512, reservation=0.15)  # the command's defaults
+
+
 def check_plan_file(path: Path, tables_file: Path, devices: int, memory_gb: float, memory: MemoryModel | None = None) -> Plan:
     obj = json.loads(path.read_text())
     assert obj["num_devices"] == devices
@@ -46,7 +49,7 @@ def check_plan_file(path: Path, tables_file: Path, devices: int, memory_gb: floa
     for s in obj["shards"]:
         assert set(s) == {"table", "device", "col_start", "col_end"}
     plan = Plan.from_dict(obj)
-    task = Task.uniform("check", read_tables_file(tables_file), devices, memory_gb, memory or MemoryModel())
+    task = Task.uniform("check", read_tables_file(tables_file), devices, memory_gb, memory or CLI_MEMORY)
     validate_plan(task, plan)
     assert sorted(s["table"] for s in obj["shards"]) == sorted(t.name for t in task.tables)
     return plan
@@ -55,29 +58,30 @@ def check_plan_file(path: Path, tables_file: Path, devices: int, memory_gb: floa
 @pytest.mark.parametrize("algo", sorted(HEURISTICS))
 def test_plan_csv_with_every_heuristic(tmp_path, tables_csv, capsys, algo):
     out = tmp_path / "plan.json"
-    assert main(plan_args(tables_csv, out, algo)) == 0
-    check_plan_file(out, tables_csv, 4, 0.1)
+    assert main(plan_args(tables_csv, out, algo, 4, 0.15)) == 0  # every table fits whole
+    check_plan_file(out, tables_csv, 4, 0.15)
     assert json.loads(out.read_text())["algorithm"] == algo
     stdout = capsys.readouterr().out
     assert f"{algo}: 12 tables on 4 devices" in stdout
-    assert len(stdout.strip().splitlines()) == 2 + 4  # heading, column names, one line per device
+    assert len(stdout.strip().splitlines()) == 3 + 4  # heading, memory model, column names, one line per device
 
 
 def test_plan_uses_memory_options(tmp_path, tables_csv, capsys):
     # with adam (12 B per fp32 weight) everything takes 3x: 0.115 GB of tables -> 0.346 GB, over 4 x 0.05 GB
     out = tmp_path / "plan.json"
-    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.05, "--optimizer", "adam")) == 1
+    no_extra = ("--reservation", "0", "--batch-size", "1")  # weights and state alone (buffers of one sample)
+    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.05, "--optimizer", "adam", *no_extra)) == 1
     assert "tables need 0.346 GB in total, the 4 devices hold 0.200 GB" in capsys.readouterr().err
     assert not out.exists()
-    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.3, "--optimizer", "adam")) == 0
-    check_plan_file(out, tables_csv, 4, 0.3, MemoryModel("fp32", "adam"))
+    assert main(plan_args(tables_csv, out, "size_greedy", 4, 0.3, "--optimizer", "adam", *no_extra)) == 0
+    check_plan_file(out, tables_csv, 4, 0.3, MemoryModel("fp32", "adam", 1, 0.0))
 
 
 def test_plan_is_reproducible_by_seed(tmp_path, tables_csv):
     def planned(seed: int, name: str) -> Plan:
         out = tmp_path / name
-        assert main(plan_args(tables_csv, out, "random", 4, 0.1, "--seed", str(seed))) == 0
-        return check_plan_file(out, tables_csv, 4, 0.1)
+        assert main(plan_args(tables_csv, out, "random", 4, 0.15, "--seed", str(seed))) == 0
+        return check_plan_file(out, tables_csv, 4, 0.15)
 
     first = planned(5, "a.json")
     assert planned(5, "b.json") == first  # same seed, same plan
@@ -95,8 +99,8 @@ def test_plan_parquet_with_bins(tmp_path, capsys):
     tables = read_tables_file(path)
     assert tables[0].bins == pytest.approx(tuple(bins[0]))
     out = tmp_path / "plan.json"
-    assert main(plan_args(path, out, "lookup_greedy", 4, 0.1)) == 0
-    check_plan_file(out, path, 4, 0.1)
+    assert main(plan_args(path, out, "lookup_greedy", 4, 0.15)) == 0
+    check_plan_file(out, path, 4, 0.15)
 
 
 def bad_csv(tmp_path, fname="bad.csv", **changes) -> Path:
@@ -182,9 +186,10 @@ def test_bins_outside_0_1(tmp_path, capsys):
 
 def test_infeasible_memory(tmp_path, tables_csv, capsys):
     out = tmp_path / "plan.json"
-    line = run_failing(plan_args(tables_csv, out, "dim_greedy", 4, 0.02), capsys, out)
+    no_extra = ("--reservation", "0", "--batch-size", "1")  # weights and state alone (buffers of one sample)
+    line = run_failing(plan_args(tables_csv, out, "dim_greedy", 4, 0.02, *no_extra), capsys, out)
     assert "tables need 0.115 GB in total, the 4 devices hold 0.080 GB" in line  # even in row pieces
-    line = run_failing(plan_args(tables_csv, out, "random", 1, 0.1), capsys, out)
+    line = run_failing(plan_args(tables_csv, out, "random", 1, 0.1, *no_extra), capsys, out)
     assert "tables need 0.115 GB in total" in line  # each fits 0.1 GB, all together do not
 
 

@@ -17,7 +17,7 @@ from dreamshard.evaluation.bounds import column_splits_in, lower_bound, row_spli
 from dreamshard.evaluation.plan_report import build_report, render_figure, render_html
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.hardware.comm import Topology
-from dreamshard.memory import GB
+from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
@@ -152,14 +152,15 @@ def test_report_heterogeneous_devices_memory_kinds_speeds(tables_csv, tmp_path, 
     text = out.read_text()
     page = Page(text)
     task = Task("tables", tuple(TABLE_OBJS), tuple(Device(int(d["memory_gb"] * GB), d["kind"], d["speed"])
-                                                   for d in DEVICES))
+                                                   for d in DEVICES),
+                MemoryModel("fp32", "exact_sgd", batch_size=512, reservation=0.15))  # `plan`'s defaults
     plan_obj = Plan.load_json(plan)
     used = device_memory_bytes(task, plan_obj)
     for d, dev in enumerate(task.devices):
         row = page.rows[d]
         assert int(row["memory"]["data-bytes"]) == used[d]
         assert float(row["memory"]["data-gb"]) == pytest.approx(used[d] / GB)
-        assert int(row["capacity"]["data-bytes"]) == dev.memory_bytes
+        assert int(row["capacity"]["data-bytes"]) == task.capacity(d)  # usable: the reservation kept free
         assert float(row["speed"]["data-speed"]) == dev.speed
     assert "<l4&>" not in text and "&lt;l4&amp;&gt;" in text  # escaped
     for heading in ("device 0 (h100, speed 2)", "device 1 (a100)", "device 2 (&lt;l4&amp;&gt;, speed 0.5)"):
