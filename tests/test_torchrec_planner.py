@@ -16,6 +16,10 @@ import torch  # noqa: E402
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
 from torchrec.distributed.planner import ParameterConstraints, Topology  # noqa: E402
+from torchrec.distributed.planner.storage_reservations import (  # noqa: E402
+    FixedPercentageStorageReservation,
+    HeuristicalStorageReservation,
+)
 from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from dreamshard.errors import DreamShardError  # noqa: E402
@@ -23,6 +27,7 @@ from dreamshard.interop.planner import DreamShardPlanner  # noqa: E402
 from dreamshard.plan import device_memory_bytes  # noqa: E402
 
 MB = 1024**2
+NO_RESERVATION = FixedPercentageStorageReservation(0.0)  # tests of other things keep the topology's whole HBM
 
 
 class TwoCollections(torch.nn.Module):
@@ -48,7 +53,8 @@ def test_plans_every_collection_with_pooling_from_constraints_and_memory_from_th
     # big: 50k x 64 x 4 B = 12.2 MB, more than one rank's 10 MB: cut into column slices; thin: 4.6 MB
     constraints = {"big": ParameterConstraints(pooling_factors=[20.0]),
                    "small": ParameterConstraints(pooling_factors=[2.0, 3.0])}
-    planner = DreamShardPlanner(topology(2, 10.0), batch_size=512, constraints=constraints, algo="lookup_greedy")
+    planner = DreamShardPlanner(topology(2, 10.0), batch_size=512, constraints=constraints,
+                                storage_reservation=NO_RESERVATION, algo="lookup_greedy")
     plan = planner.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
     assert isinstance(plan, ShardingPlan)
     assert set(plan.plan) == {"sparse.ebc", "other"}
@@ -59,7 +65,8 @@ def test_plans_every_collection_with_pooling_from_constraints_and_memory_from_th
     assert [d.memory_bytes for d in task.devices] == [10 * MB] * 2
     assert max(device_memory_bytes(task, planner.last_plan)) <= 10 * MB
     # rows only: the big table goes row-wise, TorchRec's layout (25k rows on each rank)
-    rows = DreamShardPlanner(topology(2, 10.0), algo="lookup_greedy", sharding=("table", "row"))
+    rows = DreamShardPlanner(topology(2, 10.0), storage_reservation=NO_RESERVATION, algo="lookup_greedy",
+                             sharding=("table", "row"))
     ps = rows.plan(TwoCollections(), [EmbeddingBagCollectionSharder()]).plan["sparse.ebc"]["big"]
     assert ps.sharding_type == "row_wise" and ps.ranks == [0, 1]
     assert [list(m.shard_sizes) for m in ps.sharding_spec.shards] == [[25_000, 64], [25_000, 64]]
@@ -71,11 +78,56 @@ def test_constraints_it_cannot_honour_are_errors():
         DreamShardPlanner(topology(2, 100.0), constraints=bad_kernel).plan(TwoCollections(), [])
     tw_only = {"big": ParameterConstraints(sharding_types=["table_wise"])}
     with pytest.raises(DreamShardError, match=r"table 'big': planned 'column_wise'.* allows only \['table_wise'\]"):
-        DreamShardPlanner(topology(2, 10.0), constraints=tw_only).plan(TwoCollections(), [])
+        DreamShardPlanner(topology(2, 10.0), constraints=tw_only, storage_reservation=NO_RESERVATION).plan(
+            TwoCollections(), [])
     with pytest.raises(DreamShardError, match="no EmbeddingBagCollection"):
         DreamShardPlanner(topology(2, 10.0)).plan(torch.nn.Linear(2, 2), [])
     with pytest.raises(DreamShardError, match="initialised process group"):
         DreamShardPlanner(topology(2, 10.0)).collective_plan(TwoCollections(), [])
+
+
+def test_memory_is_what_torchrec_allocates():
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from dreamshard.interop.torchrec import torchrec_perf_estimate
+
+    sharders = [EmbeddingBagCollectionSharder()]
+    model = TwoCollections()
+    apply_optimizer_in_backward(torch.optim.Adam, model.parameters(), {"lr": 0.01})
+    topo = topology(2, 60.0)
+    planner = DreamShardPlanner(topo, batch_size=4096, algo="size_lookup_greedy", debug=False)
+    planner.plan(model, sharders)
+    task = planner.last_task
+    assert task.memory.optimizer == "adam" and task.memory.batch_size == 4096  # read off the module
+    # each rank holds what TorchRec's default reservation leaves of its HBM
+    reserved = HeuristicalStorageReservation(percentage=0.15).reserve(topo, 4096, model, sharders, {})
+    assert [d.memory_bytes for d in task.devices] == [d.storage.hbm for d in reserved.devices]
+    assert all(d.memory_bytes < 60 * MB for d in task.devices)
+    # TorchRec's own storage estimate of the plan: within it, and never above our count
+    hbm = torchrec_perf_estimate(task, planner.last_plan, 4096).rank_hbm_bytes
+    assert planner.last_hbm == hbm
+    assert all(t <= o <= task.capacity(r) for r, (t, o) in enumerate(zip(hbm, device_memory_bytes(task,
+                                                                                                   planner.last_plan))))
+    # the same tables need 3x with Adam: a contradicting optimizer argument is an error, not ignored
+    with pytest.raises(DreamShardError, match="optimizer='exact_sgd'.*'adam'"):
+        DreamShardPlanner(topo, batch_size=4096, optimizer="exact_sgd").plan(model, sharders)
+    # at batch 262144 the buffers of every slice overflow these ranks: an error, never a plan that does not fit
+    with pytest.raises(DreamShardError, match="tables need"):
+        DreamShardPlanner(topo, batch_size=262144, storage_reservation=NO_RESERVATION).plan(model, sharders)
+
+
+def test_constructor_takes_torchrecs_arguments_in_torchrecs_order():
+    model, sharders = TwoCollections(), [EmbeddingBagCollectionSharder()]
+    # EmbeddingShardingPlanner(topology, batch_size, enumerator, storage_reservation, ...)
+    planner = DreamShardPlanner(topology(2, 40.0), 512, None, FixedPercentageStorageReservation(0.25), debug=False,
+                                timeout_seconds=60, algo="lookup_greedy")
+    planner.plan(model, sharders)
+    assert [d.memory_bytes for d in planner.last_task.devices] == [int(40 * MB * 0.75)] * 2
+    for name in ("enumerator", "proposer", "partitioner", "performance_model", "callbacks", "plan_loader"):
+        with pytest.raises(DreamShardError, match=f"{name}: TorchRec's planner parts"):
+            DreamShardPlanner(topology(2, 40.0), **{name: object()})
+    with pytest.raises(DreamShardError, match="topology is required"):
+        DreamShardPlanner()
 
 
 DMP_SCRIPT = r'''

@@ -18,8 +18,18 @@ What it reads:
   records, one per rank; their memory is ignored: the topology's counts);
 - placement constraints by table name: `placement` (pin, avoid, group, whole: a constraints
   file or a dreamshard.cluster.Constraints), honoured by every DreamShard sharder;
-- the optimizer the memory is counted for: `optimizer` (dreamshard.memory; the fused
-  kernel keeps its state beside the weights).
+- memory as TorchRec allocates it (dreamshard.memory): the optimizer attached to the tables
+  (apply_optimizer_in_backward; else the sharder's fused optimizer; else `optimizer`), input and
+  output buffers at `batch_size` (TorchRec's 512 when None), and per rank what TorchRec's
+  `storage_reservation` leaves (its default, HeuristicalStorageReservation(0.15)); every plan is
+  checked against TorchRec's own EmbeddingStorageEstimator before it is returned.
+
+The constructor takes TorchRec's arguments in TorchRec's order (topology, batch_size, enumerator,
+storage_reservation, proposer, partitioner, performance_model, stats, constraints, debug, callbacks,
+timeout_seconds, plan_loader) and ours by keyword after them. TorchRec's search parts (enumerator,
+proposer, partitioner, performance_model, stats, callbacks, plan_loader) are what DreamShard's
+sharder replaces: giving one is an error. `debug` prints each rank's memory; `timeout_seconds` bounds
+planning.
 
 It plans one task holding every table of every EBC with `algo` (a name from
 dreamshard.sharders; a learned sharder needs `model`, a checkpoint path or a loaded
@@ -40,7 +50,7 @@ from typing import Any
 from dreamshard.cluster import Constraints
 from dreamshard.errors import DreamShardError
 from dreamshard.interop.torchrec import require_torchrec
-from dreamshard.memory import MemoryModel
+from dreamshard.memory import DEFAULT_BATCH_SIZE, DEFAULT_RESERVATION, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.tables import Table
 from dreamshard.tasks import SHARDING_KINDS, Device, Task
@@ -65,8 +75,11 @@ from torchrec.distributed.types import ShardingPlanner  # noqa: E402
 class DreamShardPlanner(ShardingPlanner):
     """A TorchRec ShardingPlanner backed by a DreamShard sharder (see the module docstring)."""
 
-    def __init__(self, topology, batch_size: int | None = None, constraints: dict | None = None,
-                 algo: str = "size_lookup_greedy", model: Any = None, optimizer: str = "exact_sgd",
+    def __init__(self, topology=None, batch_size: int | None = None, enumerator=None, storage_reservation=None,
+                 proposer=None, partitioner=None, performance_model=None, stats=None,
+                 constraints: dict | None = None, debug: bool = True, callbacks=None,
+                 timeout_seconds: int | None = None, plan_loader=None, *,
+                 algo: str = "size_lookup_greedy", model: Any = None, optimizer: str | None = None,
                  sharding: Sequence[str] = SHARDING_KINDS, seed: int | None = None,
                  default_pooling_factor: float = DEFAULT_POOLING_FACTOR,
                  devices: Sequence[Device] | str | Path | None = None,
@@ -74,6 +87,16 @@ class DreamShardPlanner(ShardingPlanner):
         from dreamshard.cluster import read_constraints_file, read_devices_file
         from dreamshard.sharders import load_model, spec
 
+        if topology is None:
+            raise DreamShardError("DreamShardPlanner: topology is required (torchrec.distributed.planner.Topology)")
+        # TorchRec's search machinery: DreamShard's sharder (algo) takes its place, so none of it is used
+        replaced = {"enumerator": enumerator, "proposer": proposer, "partitioner": partitioner,
+                    "performance_model": performance_model, "callbacks": callbacks, "plan_loader": plan_loader,
+                    "stats": stats or None}
+        given = [name for name, value in replaced.items() if value is not None]
+        if given:
+            raise DreamShardError(f"DreamShardPlanner: {', '.join(given)}: TorchRec's planner parts, which "
+                                  f"DreamShard's sharder {algo!r} replaces; leave them out")
         # per rank: kind, speed and host (a devices file, or Device records); memory as the topology says
         self.devices = read_devices_file(devices) if isinstance(devices, (str, Path)) else (
             None if devices is None else tuple(devices))
@@ -81,10 +104,13 @@ class DreamShardPlanner(ShardingPlanner):
         self.placement = read_constraints_file(placement) if isinstance(placement, (str, Path)) else placement
 
         self.topology = topology
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size) if batch_size is not None else DEFAULT_BATCH_SIZE
+        self.storage_reservation = storage_reservation  # None: TorchRec's default, made per plan (below)
         self.constraints = dict(constraints or {})
+        self.debug = bool(debug)
+        self.timeout_seconds = timeout_seconds
         self.algo = algo
-        self.optimizer = optimizer
+        self.optimizer = optimizer  # None: the optimizer attached to the module's tables (or exact_sgd)
         self.sharding = tuple(sharding)
         self.default_pooling_factor = float(default_pooling_factor)
         s = spec(algo)
@@ -93,24 +119,57 @@ class DreamShardPlanner(ShardingPlanner):
             options["model"] = load_model(algo, model) if isinstance(model, (str, Path)) else model
         if seed is not None:
             options["seed"] = seed
-        if batch_size is not None and "batch_size" in s.options:
-            options["batch_size"] = int(batch_size)
+        if "batch_size" in s.options:
+            options["batch_size"] = self.batch_size
         self.options = options
         self.last_task: Task | None = None
         self.last_plan: Plan | None = None
+        self.last_hbm: tuple[int, ...] = ()  # TorchRec's storage estimate of the last plan, per rank
 
     def plan(self, module, sharders) -> Any:
+        import time
+
         from torchrec.distributed.types import ShardingPlan
 
         from dreamshard.interop.torchrec import table_generators
         from dreamshard.sharders import make_sharder
 
-        task, modules = self.task(module)
+        start = time.perf_counter()
+        task, modules = self.task(module, sharders)
         plan = make_sharder(self.algo, **self.options).shard(task)
         validate_plan(task, plan)
+        self._check_torchrec_storage(task, plan)
+        elapsed = time.perf_counter() - start
+        if self.timeout_seconds is not None and elapsed > self.timeout_seconds:
+            raise DreamShardError(f"DreamShardPlanner: planning took {elapsed:.1f} s, over timeout_seconds="
+                                  f"{self.timeout_seconds}")
         self.last_task, self.last_plan = task, plan
         generators = table_generators(task, plan)  # every table's TorchRec sharding, once for all modules
-        return ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
+        sharding_plan = ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
+        if self.debug:
+            self._print_summary(task, plan, elapsed)
+        return sharding_plan
+
+    def _check_torchrec_storage(self, task: Task, plan: Plan) -> None:
+        """TorchRec's own storage estimate of the plan, rank by rank, within what its reservation leaves."""
+        from dreamshard.interop.torchrec import torchrec_perf_estimate
+
+        hbm = torchrec_perf_estimate(task, plan, self.batch_size).rank_hbm_bytes
+        for rank, need in enumerate(hbm):
+            if need > task.capacity(rank):
+                raise DreamShardError(
+                    f"DreamShardPlanner: rank {rank}: TorchRec's storage estimator counts {need} bytes "
+                    f"({need / GB:.3f} GB) of shards, over the {task.capacity(rank)} bytes its storage reservation "
+                    f"leaves ({task.capacity(rank) / GB:.3f} GB); the plan is not returned")
+        self.last_hbm = tuple(hbm)
+
+    def _print_summary(self, task: Task, plan: Plan, elapsed: float) -> None:
+        from dreamshard.plan import device_memory_breakdown
+
+        print(f"DreamShardPlanner ({self.algo}): {len(task.tables)} tables on {task.num_devices} ranks in "
+              f"{elapsed * 1000:.0f} ms; HBM GB per rank (ours / TorchRec's estimate / usable):")
+        for rank, m in enumerate(device_memory_breakdown(task, plan)):
+            print(f"  rank {rank}: {m.used / GB:.3f} / {self.last_hbm[rank] / GB:.3f} / {m.capacity / GB:.3f}")
 
     def collective_plan(self, module, sharders=None, pg=None) -> Any:
         """Plan on rank 0 and broadcast the plan to every rank of `pg` (default: the world)."""
@@ -128,8 +187,9 @@ class DreamShardPlanner(ShardingPlanner):
 
     # -------------------------------------------------------------- reading the module
 
-    def task(self, module) -> tuple[Task, list[ModuleTables]]:
-        """The DreamShard task of every EBC table in `module`, and where each table lives."""
+    def task(self, module, sharders=None) -> tuple[Task, list[ModuleTables]]:
+        """The DreamShard task of every EBC table in `module`, and where each table lives: memory as TorchRec
+        counts it (the module's optimizer, buffers at batch_size, each rank's HBM less TorchRec's reservation)."""
         from torchrec import EmbeddingBagCollection
         from torchrec.modules.embedding_configs import DataType
 
@@ -147,19 +207,41 @@ class DreamShardPlanner(ShardingPlanner):
                     raise DreamShardError(f"DreamShardPlanner: table {c.name!r} ({fqn or 'module'}): data type "
                                           f"{c.data_type} is not planned; fp32 or fp16 weights are")
                 precisions.add("fp16" if c.data_type == DataType.FP16 else "fp32")
-                tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c)))
+                tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c),
+                                    features=max(1, len(c.feature_names))))
                 names.append((key, c.name))
             modules.append(ModuleTables(fqn, m, tuple(names)))
         if len(precisions) > 1:
             raise DreamShardError("DreamShardPlanner: tables mix fp32 and fp16 weights; plan them separately")
-        task = Task("torchrec-module", tuple(tables), self._devices(), MemoryModel(precisions.pop(), self.optimizer),
-                    sharding=self.sharding)
+        sharders = sharders if sharders is not None else _default_sharders()
+        memory = MemoryModel(precisions.pop(), self._optimizer_of(found, sharders), self.batch_size)
+        task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory, sharding=self.sharding)
         if self.placement:
             try:
                 task = self.placement.apply(task)
             except ValueError as exc:
                 raise DreamShardError(f"DreamShardPlanner: placement constraints: {exc}") from None
         return task, modules
+
+    def _optimizer_of(self, found, sharders) -> str:
+        """The optimizer whose state is counted: the one attached to the tables (apply_optimizer_in_backward,
+        read as TorchRec's storage estimator reads it), else the EBC sharder's fused optimizer, else `optimizer`
+        (default exact_sgd); with several attached, the one keeping the most state. An optimizer we do not
+        model, or one that contradicts `optimizer`, is an error."""
+        attached = {c for _, m in found for p in m.parameters() for c in getattr(p, "_optimizer_classes", [])}
+        names = {_optimizer_name(c) for c in attached}
+        if not names:
+            for sharder in sharders:
+                fused = getattr(sharder, "fused_params", None) or {}
+                if "optimizer" in fused:
+                    names.add(_fused_optimizer_name(fused["optimizer"]))
+        if not names:
+            return self.optimizer or "exact_sgd"
+        chosen = max(names, key=lambda n: (OPTIMIZER_STATE_BYTES[n][1], OPTIMIZER_STATE_BYTES[n][0]))
+        if self.optimizer is not None and self.optimizer != chosen:
+            raise DreamShardError(f"DreamShardPlanner: optimizer={self.optimizer!r}, but the module's tables train "
+                                  f"with {chosen!r}; drop the argument or make them agree")
+        return chosen
 
     def _pooling(self, config) -> float:
         c = self.constraints.get(config.name)
@@ -170,13 +252,24 @@ class DreamShardPlanner(ShardingPlanner):
             return self.default_pooling_factor
         return float(sum(c.pooling_factors))
 
-    def _devices(self) -> tuple[Device, ...]:
+    def _devices(self, module, sharders) -> tuple[Device, ...]:
+        """Per rank, the memory TorchRec's storage reservation leaves (`storage_reservation`, TorchRec's default
+        HeuristicalStorageReservation(0.15): a share of HBM, the dense model's parameters and the input batches)."""
+        from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+        reservation = self.storage_reservation or HeuristicalStorageReservation(percentage=DEFAULT_RESERVATION)
+        try:
+            reserved = reservation.reserve(self.topology, self.batch_size, module, sharders, self.constraints)
+        except Exception as exc:  # TorchRec raises PlannerError when the reservation leaves no HBM
+            raise DreamShardError(f"DreamShardPlanner: TorchRec's storage reservation: {' '.join(str(exc).split())}") \
+                from None
         kind = self.topology.compute_device
         devices = []
-        for d in self.topology.devices:
+        for d in reserved.devices:
             cap = d.storage.hbm if kind in ("cuda", "mtia") else d.storage.ddr
             if cap <= 0:
-                raise DreamShardError(f"DreamShardPlanner: rank {d.rank} has no {kind} memory in the topology")
+                raise DreamShardError(f"DreamShardPlanner: rank {d.rank} has no {kind} memory left after TorchRec's "
+                                      "storage reservation")
             devices.append(Device(int(cap)))
         if self.devices is not None:  # kinds, speeds and hosts per rank; the memory stays the topology's
             if len(self.devices) != len(devices):
@@ -209,3 +302,33 @@ class DreamShardPlanner(ShardingPlanner):
                                       f"allows only {c.sharding_types}; restrict `sharding` instead")
         return module_plan
 
+
+def _default_sharders() -> list:
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    return get_default_sharders()
+
+
+def _optimizer_name(cls) -> str:
+    """Our optimizer name (dreamshard.memory) for an optimizer class attached to a table's weight."""
+    import torch
+    from torchrec import optim as trec_optim
+
+    known = {torch.optim.SGD: "exact_sgd", trec_optim.SGD: "exact_sgd", torch.optim.Adam: "adam",
+             trec_optim.Adam: "adam", trec_optim.RowWiseAdagrad: "exact_row_wise_adagrad",
+             torch.optim.Adagrad: "exact_adagrad", trec_optim.Adagrad: "exact_adagrad"}
+    if cls not in known:
+        raise DreamShardError(f"DreamShardPlanner: optimizer {getattr(cls, '__name__', cls)} is attached to the "
+                              f"tables, and its state is not modelled; planned are {sorted(set(known.values()))}")
+    return known[cls]
+
+
+def _fused_optimizer_name(value) -> str:
+    """Our optimizer name for a sharder's fused_params['optimizer'] (FBGEMM's EmbOptimType or its value)."""
+    name = str(getattr(value, "value", value))
+    known = {"sgd": "exact_sgd", "exact_sgd": "exact_sgd", "adam": "adam", "exact_adagrad": "exact_adagrad",
+             "exact_row_wise_adagrad": "exact_row_wise_adagrad", "row_wise_adagrad": "exact_row_wise_adagrad"}
+    if name not in known:
+        raise DreamShardError(f"DreamShardPlanner: the sharder's fused optimizer {name!r} keeps state that is not "
+                              f"modelled; planned are {sorted(set(known.values()))}")
+    return known[name]
