@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,9 +16,17 @@ from dreamshard.cluster import (
     uniform_devices,
 )
 from dreamshard.data.profile import add_profile_parser
-from dreamshard.errors import DataFormatError, DreamShardError
+from dreamshard.errors import DreamShardError
 from dreamshard.evaluation.plan_report import add_report_parser
-from dreamshard.measuring import add_plan_measure_arguments, measuring_backend, planned_task
+from dreamshard.io import check_output_file
+from dreamshard.limits import MAX_DEVICES, MAX_SAMPLES, check_limit
+from dreamshard.measuring import (
+    add_plan_measure_arguments,
+    measuring_backend,
+    planned_task,
+    previous_shapes,
+    read_plan_file,
+)
 from dreamshard.memory import (
     BYTES_PER_WEIGHT,
     DEFAULT_BATCH_SIZE,
@@ -28,6 +37,8 @@ from dreamshard.memory import (
     MemoryModel,
 )
 from dreamshard.plan import Plan, device_memory_breakdown, validate_plan
+from dreamshard.provenance import provenance
+from dreamshard.replan_changes import changed_tables, describe_changes
 from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
@@ -83,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --previous (required there): the cost that decides what is worth moving")
     p.add_argument("--regime", choices=["super_additive", "sub_additive"],
                    help="--backend analytic (required there): what fusing tables does to their cost")
+    p.add_argument("--allow-new-tables", action="store_true",
+                   help="with --previous: the tables changed on purpose (added, removed, resized); without it a "
+                        "previous plan of other tables is an error")
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
@@ -114,6 +128,8 @@ def sharder_options(args: argparse.Namespace) -> dict:
             continue
         if name not in s.options:
             raise DreamShardError(f"--{name}: sharder {args.algo!r} takes no {name}")
+        if name == "samples":
+            check_limit(value, MAX_SAMPLES, "--samples")
         options[name] = load_model(args.algo, value) if name == "model" else value
     return options
 
@@ -123,11 +139,14 @@ def devices_of(args: argparse.Namespace) -> tuple[Device, ...]:
     if args.devices_file is not None:
         if args.devices is not None or args.memory_gb is not None:
             raise DreamShardError("--devices-file replaces --devices and --memory-gb; give one or the other")
-        return read_devices_file(args.devices_file)
+        devices = read_devices_file(args.devices_file)
+        check_limit(len(devices), MAX_DEVICES, f"{args.devices_file}: devices")
+        return devices
     if args.devices is None or args.memory_gb is None:
         raise DreamShardError("give --devices N and --memory-gb M (devices alike), or --devices-file FILE")
     if args.devices < 1:
         raise DreamShardError(f"--devices: expected a positive integer, got {args.devices}")
+    check_limit(args.devices, MAX_DEVICES, "--devices")
     if not 0 < args.memory_gb <= MAX_MEMORY_GB:
         raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
     return uniform_devices(args.devices, args.memory_gb)
@@ -166,6 +185,8 @@ def check_replan_args(args: argparse.Namespace) -> None:
     """--previous and its flags: each flag only with --previous, --max-moved-gb and --backend required there."""
     given = [f"--{name.replace('_', '-')}" for name in REPLAN_FLAGS if getattr(args, name) is not None]
     if args.previous is None:
+        if args.allow_new_tables:
+            given.append("--allow-new-tables")
         if given:
             raise DreamShardError(f"{', '.join(given)}: only with --previous PLAN (re-planning)")
         return
@@ -181,30 +202,18 @@ def check_replan_args(args: argparse.Namespace) -> None:
         raise DreamShardError("--regime: only with --backend analytic")
 
 
-def previous_shapes(meta: Any, origin: str) -> dict[str, tuple[int, int]] | None:
-    """The (rows, dim) of each table a plan file records (plans written before they did: None)."""
-    shapes = meta.get("table_shapes") if isinstance(meta, dict) else None
-    if shapes is None:
-        return None
-    if not isinstance(shapes, dict) or not all(
-            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-            for v in shapes.values()):
-        raise DataFormatError(f"{origin}: table_shapes: expected an object table -> [rows, dim], got {shapes!r}")
-    return {str(k): (v[0], v[1]) for k, v in shapes.items()}
-
-
 def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan, dict[str, Any], str]:
     """Re-plan from --previous: the plan, the metadata the plan file records and the line to print."""
     from dreamshard.data.lookups import GeneratedLookups
     from dreamshard.hardware import make_backend  # imports torch: only when re-planning
-    from dreamshard.plan import read_plan_json
     from dreamshard.replan import replan
 
-    meta = read_plan_json(args.previous)
+    meta = read_plan_file(args.previous, "--previous")
     previous = Plan.from_dict(meta, str(args.previous))
     if previous.num_devices > task.num_devices:
         raise DreamShardError(f"--previous {args.previous}: the plan is for {previous.num_devices} devices, but "
                               f"{task.num_devices} are given; re-planning may add devices, not remove them")
+    changes = table_changes(task, previous, meta, args)
     options: dict[str, Any] = {"batch_size": args.batch_size}
     if args.backend == "analytic":
         options["regime"] = args.regime
@@ -219,18 +228,31 @@ def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan,
     record = {"previous": str(args.previous), "max_moved_gb": args.max_moved_gb,
               "moved_gb": result.moved_bytes / GB, "full_moved_gb": result.full_moved_bytes / GB,
               "cost_ms": result.cost_ms, "full_cost_ms": result.full_cost_ms, "kept_cost_ms": result.kept_cost_ms,
-              "backend": backend.name, "measured": backend.measured}
+              "backend": backend.name, "measured": backend.measured, **changes}
     line = (f"moved {result.moved_bytes / GB:.4g} GB of {args.max_moved_gb:g} GB allowed; cost {result.cost_ms:.3f} "
             f"ms (full re-plan {result.full_cost_ms:.3f} ms moving {result.full_moved_bytes / GB:.4g} GB; keeping "
             f"everything {result.kept_cost_ms:.3f} ms), {backend.name} {kind}")
+    if any(changes.values()):
+        line += f"\ntables since the previous plan: {describe_changes(changes, everyone=True)}"
     return result.plan, record, line
+
+
+def table_changes(task: Task, previous: Plan, meta: Any, args: argparse.Namespace) -> dict[str, list[str]]:
+    """The tables added, removed and resized since --previous; any is an error without --allow-new-tables."""
+    changes = changed_tables(task, previous, previous_shapes(meta, str(args.previous)))
+    if any(changes.values()) and not args.allow_new_tables:
+        raise DreamShardError(f"--previous {args.previous}: made for other tables than {args.tables} "
+                              f"({describe_changes(changes)}); give --allow-new-tables if these changes are intended")
+    return changes
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
     check_replan_args(args)
+    check_output_file(args.output, "-o")
     task = task_of(args)
     tables = list(task.tables)
-    sharder = make_sharder(args.algo, **sharder_options(args))
+    options = sharder_options(args)
+    sharder = make_sharder(args.algo, **options)
     replanned = replan_of(args, task, sharder) if args.previous is not None else None
     plan = sharder.shard(task) if replanned is None else replanned[0]
     validate_plan(task, plan)
@@ -240,8 +262,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         save_torchrec_plan(task, plan, args.output)
     else:
         shapes = {t.name: [t.rows, t.dim] for t in tables}  # what a later re-plan (--previous) tells changes by
+        made_by = provenance(args.algo, args.model, options.get("model"), task, sharder)
         plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables), **plan_metadata(task),
-                       table_shapes=shapes, **({} if replanned is None else {"replan": replanned[1]}))
+                       table_shapes=shapes, made_by=made_by, **({} if replanned is None else {"replan": replanned[1]}))
     memory = device_memory_breakdown(task, plan)
     print(f"{args.algo}: {len(tables)} tables on {describe_devices(task)} -> {args.output}")
     if replanned is not None:
@@ -270,6 +293,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def cmd_measure(args: argparse.Namespace) -> None:
     import json
 
+    if args.backend != "analytic" and args.regime is not None:
+        raise DreamShardError(f"--regime: only with --backend analytic (the {args.backend} backend measures; it has "
+                              "no regime to choose)")
     task, plan_obj = planned_task(args)
     cost = measuring_backend(args).plan_cost(task, plan_obj)
     devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}
@@ -292,6 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except BrokenPipeError:
+        # the reader of stdout went away (`| head -1`): what was written is written; say nothing more, exit 0
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass  # stdout is no file (captured): nothing will flush to it at exit
+        return 0
     except (DreamShardError, ValueError, OSError, OverflowError) as exc:
         print(f"dreamshard: error: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ from dreamshard.errors import DataFormatError
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only on success."""
     target = Path(path)
+    check_output_file(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
@@ -32,6 +33,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_output_file(path: str | os.PathLike, option: str = "") -> None:
+    """A file about to be written must not be a directory (the error would otherwise name a temporary file)."""
+    if Path(path).is_dir():
+        where = f"{option} {path}" if option else str(path)
+        raise DataFormatError(f"{where}: is a directory; expected the name of a file to write, e.g. "
+                              f"{Path(path) / 'plan.json'}")
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:

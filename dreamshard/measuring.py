@@ -7,13 +7,15 @@ instead), check the plan against it, and cost it with a backend built from the s
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dreamshard.cluster import read_devices_file, task_from_plan
-from dreamshard.errors import DreamShardError
-from dreamshard.plan import Plan, read_plan_json, validate_plan
-from dreamshard.tables import read_tables_file
+from dreamshard.errors import DataFormatError, DreamShardError, InvalidPlanError
+from dreamshard.limits import MAX_DEVICES, check_limit, check_memory, cost_memory_bytes
+from dreamshard.plan import Plan, device_memory_bytes, read_plan_json, validate_plan
+from dreamshard.tables import Table, read_tables_file
 from dreamshard.tasks import Task
 
 
@@ -37,15 +39,85 @@ def check_regime(args: argparse.Namespace) -> None:
         raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
 
 
+def read_plan_file(path: Path, option: str) -> Any:
+    """The parsed plan JSON at `path`; a binary file (a `--format torchrec` plan, a checkpoint) is an error
+    saying what `option` expects, instead of a JSON decoder's complaint about byte 0x80."""
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise DataFormatError(f"{option} {path}: a binary file (a --format torchrec plan?), but {option} expects a "
+                              "plan JSON; write one with `dreamshard plan --format json` (the default)") from None
+    except (FileNotFoundError, IsADirectoryError):
+        pass  # read_plan_json says so
+    return read_plan_json(path)
+
+
+def previous_shapes(meta: Any, origin: str) -> dict[str, tuple[int, int]] | None:
+    """The (rows, dim) of each table a plan file records (plans written before they did: None)."""
+    shapes = meta.get("table_shapes") if isinstance(meta, dict) else None
+    if shapes is None:
+        return None
+    if not isinstance(shapes, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            for v in shapes.values()):
+        raise DataFormatError(f"{origin}: table_shapes: expected an object table -> [rows, dim], got {shapes!r}")
+    return {str(k): (v[0], v[1]) for k, v in shapes.items()}
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_same_tables(tables: Sequence[Table], meta: Any, args: argparse.Namespace) -> None:
+    """The tables file's tables are those the plan records (table_shapes), each with the same rows and dim."""
+    shapes = previous_shapes(meta, str(args.plan))
+    if shapes is None:
+        return
+    redo = f"re-plan with `dreamshard plan` (--previous {args.plan} to move little)"
+    for t in tables:
+        if t.name in shapes and shapes[t.name] != (t.rows, t.dim):
+            rows, dim = shapes[t.name]
+            raise DataFormatError(f"{args.tables}: table {t.name!r} has {t.rows} rows x dim {t.dim}, but the plan "
+                                  f"{args.plan} was made for {rows} rows x dim {dim}; {redo}")
+    added = [t.name for t in tables if t.name not in shapes]
+    removed = sorted(set(shapes) - {t.name for t in tables})
+    if added or removed:
+        which = "; ".join(f"{what} {_names(names)}" for what, names in (("not in the plan:", added),
+                                                                       ("planned but not in the file:", removed))
+                          if names)
+        raise DataFormatError(f"{args.tables}: other tables than the plan {args.plan} was made for ({which}); {redo}")
+
+
 def planned_task(args: argparse.Namespace) -> tuple[Task, Plan]:
-    """The task the plan file was made for and the plan, checked against it."""
+    """The task the plan file was made for and the plan, checked against it; refused before costing when costing
+    it would need more memory than the machine has."""
     tables = read_tables_file(args.tables)
-    meta = read_plan_json(args.plan)  # the plan and the settings it was made under
+    meta = read_plan_file(args.plan, "--plan")  # the plan and the settings it was made under
     plan = Plan.from_dict(meta, str(args.plan))
+    check_limit(plan.num_devices, MAX_DEVICES, f"{args.plan}: num_devices")
+    check_same_tables(tables, meta, args)
     task = task_from_plan(args.tables.stem, tables, meta, plan.num_devices, str(args.plan), args.memory_gb,
                           read_devices_file(args.devices_file) if args.devices_file is not None else None)
-    validate_plan(task, plan)
+    try:
+        validate_plan(task, plan)
+    except InvalidPlanError as exc:
+        raise InvalidPlanError(f"{args.plan}: not a plan of the tables in {args.tables} on these devices: {exc}; "
+                               "re-plan with `dreamshard plan`") from None
+    check_memory(costing_bytes(task, plan, args), f"costing {args.plan} ({plan.num_devices} devices, "
+                                                  f"{len(task.tables)} tables)")
     return task, plan
+
+
+def costing_bytes(task: Task, plan: Plan, args: argparse.Namespace) -> int:
+    """What costing `plan` would allocate (dreamshard.limits.cost_memory_bytes): fbgemm holds one device's
+    weights and optimizer state at a time."""
+    by_name = {t.name: t for t in task.tables}
+    lookups = [0.0] * plan.num_devices
+    for s in plan.shards:
+        t = by_name[s.table]
+        lookups[s.device] += t.pooling_factor * s.num_rows(t.rows) / t.rows
+    weights = max(device_memory_bytes(task, plan)) if args.backend == "fbgemm" else 0
+    return cost_memory_bytes(plan.num_devices, len(task.tables), args.batch_size, lookups, weights)
 
 
 def measuring_backend(args: argparse.Namespace, topology: Any = None) -> Any:

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from dreamshard.errors import DataFormatError
 from dreamshard.io import check_names, read_csv_cells
+from dreamshard.limits import MAX_DIM, MAX_ROWS
 
 NUM_BINS = 17
 BIN_COLUMNS = [f"bin_{i}" for i in range(NUM_BINS)]
@@ -171,6 +172,10 @@ def tables_from_frame(df: pd.DataFrame, origin: str, places: list[str] | None = 
                 if present_bins else None
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{where}: {exc}") from None
+        for column, value, limit in (("rows", rows, MAX_ROWS), ("dim", dim, MAX_DIM)):
+            if value > limit:
+                raise DataFormatError(f"{where}: column {column!r}: {value} is more than {limit}, the most this tool "
+                                      "accepts (dreamshard.limits)")
         if bins is not None and all(math.isnan(b) for b in bins):
             bins = None  # this table's bins left empty: unknown, like a file without bin columns
         if bins is not None and any(math.isnan(b) for b in bins):

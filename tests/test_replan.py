@@ -286,15 +286,19 @@ def test_cli_replans_within_the_limit(tmp_path, planned, capsys):
     tables, previous = planned
     capsys.readouterr()
     out = tmp_path / "plan.json"
-    assert main(plan_argv(tables, out, 5, "--previous", str(previous), "--max-moved-gb", "0.002", *ANALYTIC)) == 0
+    argv = plan_argv(tables, out, 5, "--previous", str(previous), "--max-moved-gb", "0.002", *ANALYTIC)
+    assert "give --allow-new-tables" in failing(argv, capsys)  # two tables added: said, not assumed
+    assert main([*argv, "--allow-new-tables"]) == 0
     stdout = capsys.readouterr().out
+    assert "tables since the previous plan: added 2 ('new_0', 'new_1')" in stdout
     line = re.search(r"moved (\S+) GB of 0.002 GB allowed; cost (\S+) ms \(full re-plan (\S+) ms moving (\S+) GB; "
                      r"keeping everything (\S+) ms\), analytic modelled", stdout)
     assert line, stdout
     meta = json.loads(out.read_text())
     rec = meta["replan"]
     assert set(rec) == {"previous", "max_moved_gb", "moved_gb", "full_moved_gb", "cost_ms", "full_cost_ms",
-                        "kept_cost_ms", "backend", "measured"}
+                        "kept_cost_ms", "backend", "measured", "added", "removed", "resized"}
+    assert rec["added"] == ["new_0", "new_1"] and rec["removed"] == rec["resized"] == []
     assert rec["previous"] == str(previous) and rec["max_moved_gb"] == 0.002
     assert rec["backend"] == "analytic" and rec["measured"] is False
     assert rec["moved_gb"] <= 0.002 and rec["cost_ms"] <= rec["kept_cost_ms"]
@@ -309,7 +313,8 @@ def test_cli_replans_within_the_limit(tmp_path, planned, capsys):
     old_plan = Plan.load_json(previous)
     assert moved_bytes(task, old_plan, new_plan) / GB == pytest.approx(rec["moved_gb"])
     # zero allowed: nothing moves
-    assert main(plan_argv(tables, out, 4, "--previous", str(previous), "--max-moved-gb", "0", *ANALYTIC)) == 0
+    assert main(plan_argv(tables, out, 4, "--previous", str(previous), "--max-moved-gb", "0", *ANALYTIC,
+                          "--allow-new-tables")) == 0
     assert json.loads(out.read_text())["replan"]["moved_gb"] == 0
     assert "moved 0 GB of 0 GB allowed" in capsys.readouterr().out
 
@@ -345,7 +350,7 @@ def test_devices_added_by_devices_file(tmp_path, planned, capsys):
     devices.write_text(json.dumps([{"memory_gb": 0.05}] * 4 + [{"memory_gb": 0.1, "kind": "big"}]))
     out = tmp_path / "plan.json"
     argv = ["plan", "--tables", str(tables), "--devices-file", str(devices), "--algo", "lookup_greedy", "-o", str(out),
-            "--previous", str(previous), "--max-moved-gb", "0.01", *ANALYTIC]
+            "--previous", str(previous), "--max-moved-gb", "0.01", *ANALYTIC, "--allow-new-tables"]
     assert main(argv) == 0
     meta = json.loads(out.read_text())
     assert meta["num_devices"] == 5 and meta["replan"]["moved_gb"] <= 0.01

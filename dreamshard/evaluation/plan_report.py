@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dreamshard.errors import DreamShardError
-from dreamshard.io import atomic_path, write_text
+from dreamshard.io import atomic_path, check_output_file, write_text
 from dreamshard.measuring import add_plan_measure_arguments, check_regime, measuring_backend, planned_task
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes
@@ -368,6 +368,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     from dreamshard.hardware import Topology  # imports torch: only when reporting
 
     png_path = args.png if args.png is not None else args.output.with_suffix(".png")
+    check_output_file(args.output, "-o")
+    check_output_file(png_path, "--png")
     if args.output.resolve() == png_path.resolve():
         raise DreamShardError(f"-o {args.output}: the page would overwrite the PNG; give an .html name or --png")
     check_regime(args)

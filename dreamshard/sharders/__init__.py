@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dreamshard.errors import DataFormatError
 from dreamshard.plan import Plan
 from dreamshard.sharders.heuristics import GREEDY_KEYS, GreedySharder, RandomSharder
 from dreamshard.tasks import Task
@@ -164,19 +165,34 @@ def make_sharder(name: str, **options: Any) -> Sharder:
     return s.factory(**options)
 
 
+CHECKPOINT_KINDS = {"policy": "policy", "rnn": "rnn", "search": "neuroshard"}  # sharder kind -> checkpoint kind
+
+
 def load_model(name: str, path: str | Path) -> Any:
-    """The trained model sharder `name` needs, read from its checkpoint."""
+    """The trained model sharder `name` needs, read from its checkpoint. A checkpoint trained for another
+    algorithm (its metadata's `algorithm`) is refused: DreamShard and AutoShard checkpoints hold the same networks,
+    and a plan would otherwise be labelled with the wrong one."""
     s = spec(name)
     if s.kind == "policy":
         from dreamshard.learning.policy import LearnedModel
 
-        return LearnedModel.load(path)
-    if s.kind == "rnn":
+        model: Any = LearnedModel.load(path)
+    elif s.kind == "rnn":
         from dreamshard.learning.rnn import RnnModel
 
-        return RnnModel.load(path)
-    if s.kind == "search":
+        model = RnnModel.load(path)
+    elif s.kind == "search":
         from dreamshard.learning.neuroshard import NeuroShardModel
 
-        return NeuroShardModel.load(path)
-    raise ValueError(f"sharder {name!r} uses no trained model")
+        model = NeuroShardModel.load(path)
+    else:
+        raise ValueError(f"sharder {name!r} uses no trained model")
+    trained = model.meta.get("algorithm") if isinstance(model.meta, dict) else None
+    family = [n for n, o in SHARDERS.items() if o.kind == s.kind]
+    if s.kind == "policy" and trained is None:
+        raise DataFormatError(f"{path}: the checkpoint records no algorithm it was trained for (metadata "
+                              f"'algorithm'); expected a {name!r} checkpoint: give the one training wrote for {name}")
+    if trained is not None and trained not in ([name] if s.kind == "policy" else family):
+        raise DataFormatError(f"{path}: a checkpoint trained for {trained!r}, but sharder {name!r} needs one trained for "
+                              f"{name!r}; give the {name} checkpoint, or plan with --algo {trained}")
+    return model

@@ -75,6 +75,28 @@ def column_widths(dim: int, k: int) -> list[int]:
     return [4 * (base + (1 if i < extra else 0)) for i in range(k)]
 
 
+def widest_column(dim: int, k: int) -> int:
+    """max(column_widths(dim, k)) without building the list: 4 x ceil(units / k)."""
+    return 4 * -(-(dim // 4) // k)
+
+
+def fewest_slices(dim: int, fits: Callable[[int], bool]) -> int | None:
+    """The fewest k (2 <= k <= dim/4) column slices whose widest slice `fits`, None when even 4 columns do not.
+
+    The widest slice shrinks as k grows, so a binary search over k finds it: logarithmic in dim, where trying
+    every k in turn was quadratic (each try built the k widths)."""
+    lo, hi = 2, dim // 4
+    if hi < lo or not fits(widest_column(dim, hi)):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(widest_column(dim, mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
     """TorchRec's row-wise layout: block i = rows [i b, (i+1) b) with b = ceil(rows / N), empty blocks left out."""
     block = math.ceil(rows / num_devices)
@@ -101,11 +123,10 @@ def first_cut(table: Table, task: Task) -> Cut:
     if table.name in task.never_cut():
         raise InfeasibleTaskError(f"task {task.name!r}: table {table.name!r} must stay whole (pinned, grouped or "
                                   f"whole) but fits on no device it may use (largest {capacity / GB:.3f} GB)")
-    units = table.dim // 4
     if "column" in task.sharding:
-        for k in range(2, units + 1):
-            if task.shard_bytes(table, width=max(column_widths(table.dim, k))) <= capacity:
-                return Cut(columns=k)
+        k = fewest_slices(table.dim, lambda width: task.shard_bytes(table, width=width) <= capacity)
+        if k is not None:
+            return Cut(columns=k)
     if _fits_row_wise(table, task):
         return Cut(row_wise=True)
     narrowest = 4 if "column" in task.sharding else table.dim
@@ -233,7 +254,7 @@ def _largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | No
         nxt = finer(t, task, cut)
         if nxt is None:
             continue
-        widest = t.dim if cut.columns == 1 else max(column_widths(t.dim, cut.columns))
+        widest = widest_column(t.dim, cut.columns)
         size = task.shard_bytes(t, width=widest)
         if best is None or size > best[0]:
             best = (size, t.name, nxt)

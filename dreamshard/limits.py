@@ -1,0 +1,61 @@
+"""The bounds on what the command accepts, so that any input ends in a plan or a clear error in bounded time.
+
+Each limit is checked where the input is read, before any work, and a value beyond it is a one-line error
+naming the option or column and the limit. `measure` and `report` also estimate the memory they would
+allocate (`cost_memory_bytes`) and refuse before allocating when the machine has less available.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dreamshard.errors import DreamShardError
+
+MAX_DIM = 2**16  # columns of one table: FBGEMM's kernels take far fewer, and column cuts scale with dim / 4
+MAX_ROWS = 2**40  # rows of one table: rows x dim x bytes per cell stays inside int64, beyond any cluster's memory
+MAX_DEVICES = 2**17  # devices of one plan: per-device loops and the all-to-all model's N x N links scale with it
+MAX_SAMPLES = 10_000  # --samples: each decodes a whole plan with the policy network; more hardly changes the best
+
+# bytes the cost model allocates per pair of devices (the all-to-all model's N x N float64 arrays, a few at once),
+# per (table, device) pair, and per looked-up id (int64 indices and offsets)
+BYTES_PER_DEVICE_PAIR = 32
+BYTES_PER_TABLE_DEVICE = 64
+BYTES_PER_LOOKUP = 16
+
+
+def check_limit(value: int, limit: int, what: str) -> None:
+    """`what` (an option or a column) beyond `limit`: a one-line error naming both."""
+    if value > limit:
+        raise DreamShardError(f"{what}: {value} is more than {limit}, the most this tool accepts "
+                              f"(dreamshard.limits)")
+
+
+def available_memory_bytes() -> int:
+    """Memory this process could still allocate: psutil's `available`, else /proc/meminfo's MemAvailable."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        return int(psutil.virtual_memory().available)
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise DreamShardError("/proc/meminfo: no MemAvailable line; cannot tell the memory available")
+
+
+def cost_memory_bytes(num_devices: int, num_tables: int, batch_size: int, lookups_per_device: Sequence[float] = (),
+                      weights_bytes: int = 0) -> int:
+    """What costing a plan allocates at most: the all-to-all model's device x device arrays, per (table, device)
+    arrays, the largest device's lookups of one batch and (fbgemm) its weights."""
+    lookups = max(lookups_per_device, default=0.0) * batch_size * BYTES_PER_LOOKUP
+    return int(BYTES_PER_DEVICE_PAIR * num_devices**2 + BYTES_PER_TABLE_DEVICE * num_tables * num_devices
+               + lookups + weights_bytes)
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Refuse before allocating `needed` bytes for `what` when the machine has less available."""
+    have = available_memory_bytes()
+    if needed > have:
+        raise DreamShardError(f"{what} would need about {needed / 2**30:.1f} GiB of memory, but {have / 2**30:.1f} "
+                              "GiB are available; cost fewer devices or tables, or run on a larger machine")
