@@ -57,3 +57,52 @@ def test_the_production_model_plans_on_eight_16_gb_devices(name):
         pieces = [s for s in plan.shards if s.table == f"cat_{i}"]
         assert all(s.kind(BIG_ROWS, 128) == "column" and s.width <= 64 for s in pieces), pieces
         assert len({s.device for s in pieces}) >= 2
+
+
+# ---------------------------------------------------------------- the column cut rule, linear in dim
+
+
+def _old_column_widths(dim: int, k: int) -> list[int]:
+    """column_widths as it was before the cut search became a binary search (kept here only to compare)."""
+    units = dim // 4
+    base, extra = divmod(units, k)
+    return [4 * (base + (1 if i < extra else 0)) for i in range(k)]
+
+
+def _old_fewest_slices(dim: int, fits) -> int | None:
+    """The old search of first_cut: every k in turn (quadratic in dim)."""
+    for k in range(2, dim // 4 + 1):
+        if fits(max(_old_column_widths(dim, k))):
+            return k
+    return None
+
+
+def test_the_column_cuts_are_those_of_the_old_rule():
+    """The same slices and the same fewest k as the old rule, for every dim 4..4096 step 4 and a few limits on the
+    widest slice (a device's room, in columns), and a few k."""
+    from dreamshard.sharders.pieces import column_widths, fewest_slices, widest_column
+
+    for dim in range(4, 4097, 4):
+        for k in sorted({1, 2, 3, 5, 7, 16, dim // 8, dim // 4} - {0}):
+            if k > dim // 4:
+                continue
+            assert column_widths(dim, k) == _old_column_widths(dim, k), (dim, k)
+            assert widest_column(dim, k) == max(_old_column_widths(dim, k)), (dim, k)
+        rooms = {dim - 4, dim // 2, dim // 3, dim // 5, dim // 8 + 1} | ({4, 8, 12} if dim <= 512 else set())
+        for room in rooms:
+            def fits(width: int, room: int = room) -> bool:
+                return width <= room
+            assert fewest_slices(dim, fits) == _old_fewest_slices(dim, fits), (dim, room)
+
+
+def test_the_column_cut_of_a_wide_table_is_quick():
+    """The largest dim the tool accepts, cut as finely as it goes: a binary search, not dim^2 / 32 steps."""
+    import time
+
+    from dreamshard.limits import MAX_DIM
+    from dreamshard.sharders.pieces import fewest_slices
+
+    start = time.monotonic()
+    assert fewest_slices(MAX_DIM, lambda width: width <= 4) == MAX_DIM // 4
+    assert fewest_slices(MAX_DIM, lambda width: width <= 0) is None
+    assert time.monotonic() - start < 1.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,16 +79,19 @@ def load_checkpoint(path: str | Path, kind: str) -> Checkpoint:
     if not path.is_file():
         raise DataFormatError(f"{path}: no such model checkpoint")
     try:
-        state = torch.load(path, weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a foreign pickle's protocol: the error below says more
+            warnings.simplefilter("ignore")
+            state = torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a truncated file, a pickle of something else, ...
         # torch's own messages ("pop from empty list", "101") say nothing to the user: the file and the remedy do
         raise DataFormatError(f"{path}: not a model checkpoint: expected a file that training saved with torch.save "
                               f"({FORMAT}), but it cannot be read ({type(exc).__name__}: truncated, or another kind "
                               "of file); give the checkpoint training wrote, or train the model again") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise DataFormatError(f"{path}: expected a {FORMAT} checkpoint, found {found!r}; give the checkpoint "
-                              "training wrote, or train the model again")
+        found = (repr(state["format"]) if "format" in state else "a dict without 'format'") \
+            if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise DataFormatError(f"{path}: not a model checkpoint: expected a {FORMAT} checkpoint, found {found}; give "
+                              "the checkpoint training wrote, or train the model again")
     if state.get("kind") != kind:
         raise DataFormatError(f"{path}: expected a {kind!r} checkpoint, found a {state.get('kind')!r} one")
     networks = {}
