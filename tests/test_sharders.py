@@ -262,7 +262,8 @@ def test_bin_packing_infeasible(name):
     # three tables of 0.6 of a device on two devices: 1.8 <= 2 in total, but no two share a device
     tables = [Table(f"t{i}", 600, 4, 1.0) for i in range(3)]  # 9,600 B each
     task = Task("pack", tuple(tables), (Device(16_000), Device(16_000)), sharding=("table",))
-    with pytest.raises(InfeasibleTaskError, match=r"'pack': no placement of all 3 tables fits in memory; table 't\d'"):
+    with pytest.raises(InfeasibleTaskError, match=r"'pack': 3 tables of at least 9600 bytes each, but the devices "
+                                                  r"hold at most 2 of them"):  # told before any search
         make_sharder(name).shard(task)
     with pytest.raises(InfeasibleTaskError):
         find_feasible_assignment(task)
@@ -292,16 +293,26 @@ def test_placement_backs_up_where_the_first_choice_gets_stuck():
 
 
 def test_place_tables_step_limit():
-    # 0.6, 0.6, 0.6 + two 0.1 on two devices: infeasible, found out only by search
-    sizes = [6000, 6000, 6000, 1000, 1000]
+    # on two devices of 10,000 B: the 4992 B table shares with at most one other, the rest exceed the other
+    # device; 19,824 B in total and no size class over its room, so only the search finds it out
+    sizes = [2800, 3008, 3008, 3008, 3008, 4992]
     tables = [Table(f"t{i}", s // 16, 4, 1.0) for i, s in enumerate(sizes)]
     task = Task("steps", tuple(tables), (Device(10_000), Device(10_000)))
     with pytest.raises(InfeasibleTaskError, match=r"no placement within memory found in 3 steps"):
-        place_tables(task, [3, 4, 0, 1, 2], by_least_load, max_steps=3)
-    with pytest.raises(InfeasibleTaskError, match=r"no placement of all 5 tables"):
-        place_tables(task, [3, 4, 0, 1, 2], by_least_load)
+        place_tables(task, [0, 1, 2, 3, 4, 5], by_least_load, max_steps=3)
+    with pytest.raises(InfeasibleTaskError, match=r"no placement of all 6 tables"):
+        place_tables(task, [0, 1, 2, 3, 4, 5], by_least_load)
     with pytest.raises(ValueError, match="order must list every table"):
         place_tables(task, [0, 1, 2, 3], by_least_load)
+
+
+def test_packing_bound_refuses_before_searching():
+    # three tables of 6000 B on two devices of 10,000 B: at most one each, told at once
+    tables = [Table(f"t{i}", 375, 4, 1.0) for i in range(3)] + [Table("small", 10, 4, 1.0)]
+    task = Task("bound", tuple(tables), (Device(10_000), Device(10_000)))
+    with pytest.raises(InfeasibleTaskError, match=r"3 tables of at least 6000 bytes each, but the devices hold at "
+                                                  r"most 2 of them"):
+        place_tables(task, [0, 1, 2, 3], by_least_load, max_steps=1)
 
 
 def test_options_are_typed_and_checked():

@@ -69,6 +69,7 @@ def place_tables(
             f"task {task.name!r}: tables need {sizes.sum() / GB:.3f} GB in total, "
             f"the {task.num_devices} devices hold {capacity.sum() / GB:.3f} GB"
         )
+    _check_packing_bound(task, sizes, capacity)
     w = np.zeros(n) if weights is None else np.asarray(weights, dtype=np.float64)
     state = PlacementState(np.zeros(task.num_devices, np.int64),
                            np.zeros((task.num_devices, *w.shape[1:])), capacity.copy(),
@@ -168,6 +169,24 @@ def _check_each_table_fits(task: Task, sizes: np.ndarray, capacity: np.ndarray) 
             f"{sizes[too_big[0]] / GB:.3f} GB) fits on no device ({_capacities(task)})"
             f"{' it may use' + _constraints_of(task, t.name) if _constraints_of(task, t.name) else ''}"
         )
+
+
+def _check_packing_bound(task: Task, sizes: np.ndarray, capacity: np.ndarray) -> None:
+    """Raise InfeasibleTaskError when the tables provably cannot be packed: for a size s, device d holds at most
+    floor(capacity_d / s) tables of at least s bytes, so more such tables than the devices hold together fit
+    nowhere. A necessary condition only (constraints left out), checked for every table size: it turns a
+    depth-first search that would end in failure after `max_steps` into an immediate error."""
+    order = np.sort(sizes[sizes > 0])[::-1]
+    for count, size in enumerate(order, start=1):
+        room = int(np.floor(capacity / size).sum())
+        if count > room:
+            raise InfeasibleTaskError(
+                f"task {task.name!r}: {count} tables of at least {_size(int(size))} each, but the devices hold "
+                f"at most {room} of them ({_capacities(task)})")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GB:.3f} GB" if nbytes >= GB // 1000 else f"{nbytes} bytes"
 
 
 def by_least_load(t: int, state: PlacementState) -> list[int]:
