@@ -514,3 +514,16 @@ def test_cli_reports_infeasible_in_one_line(tmp_path, tables_csv, capsys):
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()
 
+
+
+def test_the_estimate_block_of_the_docs_runs_as_written(tmp_path):
+    """docs/torchrec.md's first Python block (TorchRec's estimate of a plan), run as a user would paste it."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "torchrec_perf_estimate" in block
+    script = tmp_path / "estimate.py"
+    script.write_text(block)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cost, hbm = proc.stdout.strip().splitlines()[-2:]
+    assert float(cost) > 0 and all(int(x) > 0 for x in hbm.strip("()").split(","))
