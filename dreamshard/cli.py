@@ -22,6 +22,7 @@ from dreamshard.io import check_output_file
 from dreamshard.limits import MAX_DEVICES, MAX_SAMPLES, check_limit
 from dreamshard.measuring import (
     add_plan_measure_arguments,
+    default_regime,
     measuring_backend,
     planned_task,
     previous_shapes,
@@ -100,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
-    add_plan_measure_arguments(m, "analytic (required there): what fusing tables does to their cost; real kernels "
-                                  "differ between processors, so there is no default")
+    add_plan_measure_arguments(m, "analytic: what fusing tables does to their cost; real kernels differ between "
+                                  "processors (default: the regime metrics/eval.json in the current directory records "
+                                  "as measured, else params.yaml's backend.analytic.regime there)")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     m.set_defaults(func=cmd_measure)
     add_profile_parser(sub)
@@ -229,12 +231,28 @@ def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan,
               "moved_gb": result.moved_bytes / GB, "full_moved_gb": result.full_moved_bytes / GB,
               "cost_ms": result.cost_ms, "full_cost_ms": result.full_cost_ms, "kept_cost_ms": result.kept_cost_ms,
               "backend": backend.name, "measured": backend.measured, **changes}
-    line = (f"moved {result.moved_bytes / GB:.4g} GB of {args.max_moved_gb:g} GB allowed; cost {result.cost_ms:.3f} "
-            f"ms (full re-plan {result.full_cost_ms:.3f} ms moving {result.full_moved_bytes / GB:.4g} GB; keeping "
-            f"everything {result.kept_cost_ms:.3f} ms), {backend.name} {kind}")
+    line = (f"moved {human_bytes(result.moved_bytes)} of {human_bytes(args.max_moved_gb * GB)} allowed; cost "
+            f"{result.cost_ms:.3f} ms (full re-plan {result.full_cost_ms:.3f} ms moving "
+            f"{human_bytes(result.full_moved_bytes)}; keeping everything {result.kept_cost_ms:.3f} ms), "
+            f"{backend.name} {kind}")
     if any(changes.values()):
         line += f"\ntables since the previous plan: {describe_changes(changes, everyone=True)}"
     return result.plan, record, line
+
+
+BYTE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(n: float) -> str:
+    """`n` bytes as people read them: whole bytes below 1 KiB, else three significant digits of the largest binary
+    unit below it (GB in this tool's options is 1024^3 bytes: --max-moved-gb 0.5 is 512 MiB)."""
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in BYTE_UNITS:
+        n /= 1024
+        if n < 1024 or unit == BYTE_UNITS[-1]:
+            break
+    return f"{n:.3g} {unit}" if n < 1000 else f"{n:.0f} {unit}"
 
 
 def table_changes(task: Task, previous: Plan, meta: Any, args: argparse.Namespace) -> dict[str, list[str]]:
@@ -293,23 +311,47 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def cmd_measure(args: argparse.Namespace) -> None:
     import json
 
+    from dreamshard.hardware.comm import forward_wait_ms
+
     if args.backend != "analytic" and args.regime is not None:
         raise DreamShardError(f"--regime: only with --backend analytic (the {args.backend} backend measures; it has "
                               "no regime to choose)")
+    regime_line = default_regime(args)
     task, plan_obj = planned_task(args)
     cost = measuring_backend(args).plan_cost(task, plan_obj)
+    # the modelled forward all-to-all waits for the slowest device's forward compute: that wait, apart from transfer
+    waits = forward_wait_ms([d.fwd_ms for d in cost.devices]) if cost.comm == "model" else None
     devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}
                for d in cost.devices]
+    # each device's communication in parts (fwd_comm_ms = fwd_wait_ms + fwd_transfer_ms): a list of its own, so that
+    # the devices' entries still sum to their totals
+    split = None if waits is None else [
+        {"fwd_wait_ms": float(w), "fwd_transfer_ms": max(0.0, d.fwd_comm_ms - float(w)),
+         "bwd_transfer_ms": d.bwd_comm_ms} for d, w in zip(cost.devices, waits)]
     if args.json:
         print(json.dumps({"cost_ms": cost.cost_ms, "backend": cost.backend, "device": cost.device_name,
                           "measured": cost.measured, "comm": cost.comm, "batch_size": args.batch_size,
-                          "devices": devices}, indent=2))
+                          "regime": args.regime, "regime_chosen": regime_line, "devices": devices,
+                          "comm_split": split}, indent=2))
         return
+    if regime_line is not None:
+        print(regime_line)
     kind = "measured" if cost.measured else "modelled, not measured"
     print(f"{cost.backend} on {cost.device_name} ({kind}), batch {args.batch_size}, communication: {cost.comm}")
-    print(f"{'device':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9}")
-    for d, dc in enumerate(cost.devices):
-        print(f"{d:>6} {dc.fwd_ms:>9.3f} {dc.bwd_ms:>9.3f} {dc.fwd_comm_ms:>9.3f} {dc.bwd_comm_ms:>9.3f} {dc.total_ms:>9.3f}")
+    if split is None:
+        print(f"{'device':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9}")
+        for d, dc in enumerate(cost.devices):
+            print(f"{d:>6} {dc.fwd_ms:>9.3f} {dc.bwd_ms:>9.3f} {dc.fwd_comm_ms:>9.3f} {dc.bwd_comm_ms:>9.3f} "
+                  f"{dc.total_ms:>9.3f}")
+    else:
+        print(f"{'device':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'fwd_wait':>9} {'fwd_xfer':>9} {'bwd_xfer':>9} "
+              f"{'total':>9}")
+        for d, (dc, row) in enumerate(zip(cost.devices, split)):
+            print(f"{d:>6} {dc.fwd_ms:>9.3f} {dc.bwd_ms:>9.3f} {row['fwd_wait_ms']:>9.3f} "
+                  f"{row['fwd_transfer_ms']:>9.3f} {row['bwd_transfer_ms']:>9.3f} "
+                  f"{dc.total_ms:>9.3f}")
+        print("fwd_wait: idle in the forward all-to-all until the slowest device's forward compute ends; fwd_xfer, "
+              "bwd_xfer: the device's own all-to-all transfers (--json: comm_split)")
     print(f"cost (slowest device): {cost.cost_ms:.3f} ms")
 
 

@@ -7,6 +7,7 @@ instead), check the plan against it, and cost it with a backend built from the s
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ def add_plan_measure_arguments(p: argparse.ArgumentParser, regime_help: str) -> 
     p.add_argument("--tables", required=True, type=Path, help="the tables file the plan was made for")
     p.add_argument("--plan", required=True, type=Path, help="plan JSON (from `dreamshard plan`)")
     p.add_argument("--backend", required=True, choices=["fbgemm", "analytic"], help="fbgemm: real kernels; analytic: a model")
-    p.add_argument("--regime", choices=["super_additive", "sub_additive"], help=regime_help)
+    p.add_argument("--regime", choices=REGIMES, help=regime_help)
     p.add_argument("--memory-gb", type=float, help="device memory, GB (default: the devices the plan records)")
     p.add_argument("--devices-file", type=Path, help="devices file (default: the devices the plan records)")
     p.add_argument("--batch-size", type=int, default=2048)
@@ -34,9 +35,70 @@ def add_plan_measure_arguments(p: argparse.ArgumentParser, regime_help: str) -> 
     p.add_argument("--seed", type=int, default=0, help="seed of the lookups generated from the statistics")
 
 
+REGIMES = ("super_additive", "sub_additive")
+EVAL_METRICS = Path("metrics/eval.json")  # where the evaluate stage records the fusion regime it measured
+PARAMS = Path("params.yaml")  # the pipeline's parameters: backend.analytic.regime
+
+
 def check_regime(args: argparse.Namespace) -> None:
     if args.backend == "analytic" and args.regime is None:
         raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
+
+
+def default_regime(args: argparse.Namespace) -> str | None:
+    """--backend analytic without --regime: set args.regime to the regime the evaluate stage measured
+    (metrics/eval.json in the current directory), else to params.yaml's backend.analytic.regime there, and return
+    the line saying which and why; neither there is an error. None when nothing was chosen."""
+    if args.backend != "analytic" or args.regime is not None:
+        return None
+    measured = _measured_regime(EVAL_METRICS)
+    if measured is not None and measured[0] in REGIMES:
+        args.regime = measured[0]
+        return f"regime {args.regime}: measured with {measured[1]} ({EVAL_METRICS}); --regime to choose"
+    aside = f"; {EVAL_METRICS} records {measured[0]}, measured with {measured[1]}" if measured is not None else ""
+    default = _params_regime(PARAMS)
+    if default is None:
+        raise DreamShardError(f"--backend analytic needs --regime super_additive or sub_additive: no {EVAL_METRICS} "
+                              f"or {PARAMS} here to take it from{aside} (`python -m benchmarks.cpu_kernels` "
+                              "measures it on this machine)")
+    args.regime = default
+    return f"regime {args.regime}: {PARAMS}'s backend.analytic.regime, not measured{aside}; --regime to choose"
+
+
+def _measured_regime(path: Path) -> tuple[str, str] | None:
+    """(regime, the backend and device that measured it) as the evaluate stage records them, if it measured one
+    (real kernels: a regime the analytic backend was given is no measurement)."""
+    if not path.is_file():
+        return None
+    try:
+        metrics = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: not valid JSON ({exc}); give --regime") from None
+    additivity = metrics.get("additivity") if isinstance(metrics, dict) else None
+    regime = additivity.get("regime") if isinstance(additivity, dict) else None
+    if not isinstance(regime, str) or metrics.get("measured") is not True:
+        return None
+    return regime, f"{metrics.get('backend', 'an unnamed backend')} on {metrics.get('device', 'an unnamed device')}"
+
+
+def _params_regime(path: Path) -> str | None:
+    """backend.analytic.regime of a params file, if it has one; a value not among REGIMES is an error."""
+    import yaml
+
+    if not path.is_file():
+        return None
+    try:
+        params = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: not valid YAML ({' '.join(str(exc).split())}); give --regime") from None
+    node: Any = params
+    for key in ("backend", "analytic", "regime"):
+        node = node.get(key) if isinstance(node, dict) else None
+    if node is None:
+        return None
+    if node not in REGIMES:
+        raise DataFormatError(f"{path}: backend.analytic.regime: expected one of {', '.join(REGIMES)}, got {node!r}")
+    return str(node)
 
 
 def read_plan_file(path: Path, option: str) -> Any:

@@ -61,7 +61,8 @@ def test_measure_json_with_the_analytic_backend(planned, capsys):
     assert out["cost_ms"] == pytest.approx(expected.cost_ms)
 
 
-def test_measure_analytic_needs_a_regime(planned, capsys):
+def test_measure_analytic_needs_a_regime(planned, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no metrics/eval.json or params.yaml to take a regime from
     tables, plan = planned
     argv = measure(tables, plan)
     del argv[argv.index("--regime"): argv.index("--regime") + 2]

@@ -291,7 +291,7 @@ def test_cli_replans_within_the_limit(tmp_path, planned, capsys):
     assert main([*argv, "--allow-new-tables"]) == 0
     stdout = capsys.readouterr().out
     assert "tables since the previous plan: added 2 ('new_0', 'new_1')" in stdout
-    line = re.search(r"moved (\S+) GB of 0.002 GB allowed; cost (\S+) ms \(full re-plan (\S+) ms moving (\S+) GB; "
+    line = re.search(r"moved (\S+ \S*B) of 2.05 MiB allowed; cost (\S+) ms \(full re-plan (\S+) ms moving (\S+ \S*B); "
                      r"keeping everything (\S+) ms\), analytic modelled", stdout)
     assert line, stdout
     meta = json.loads(out.read_text())
@@ -302,7 +302,7 @@ def test_cli_replans_within_the_limit(tmp_path, planned, capsys):
     assert rec["previous"] == str(previous) and rec["max_moved_gb"] == 0.002
     assert rec["backend"] == "analytic" and rec["measured"] is False
     assert rec["moved_gb"] <= 0.002 and rec["cost_ms"] <= rec["kept_cost_ms"]
-    assert float(line.group(1)) == pytest.approx(rec["moved_gb"], rel=1e-3)
+    assert in_bytes(line.group(1)) == pytest.approx(rec["moved_gb"] * GB, rel=5e-3, abs=0.5)
     assert float(line.group(2)) == pytest.approx(rec["cost_ms"], abs=1e-3)
     assert meta["table_shapes"]["new_0"] == [40_000, 64]
     assert meta["num_devices"] == 5
@@ -316,7 +316,13 @@ def test_cli_replans_within_the_limit(tmp_path, planned, capsys):
     assert main(plan_argv(tables, out, 4, "--previous", str(previous), "--max-moved-gb", "0", *ANALYTIC,
                           "--allow-new-tables")) == 0
     assert json.loads(out.read_text())["replan"]["moved_gb"] == 0
-    assert "moved 0 GB of 0 GB allowed" in capsys.readouterr().out
+    assert "moved 0 B of 0 B allowed" in capsys.readouterr().out
+
+
+def in_bytes(text: str) -> float:
+    """A size as the re-plan line prints it ("412 B", "2.05 MiB"), in bytes."""
+    number, unit = text.split()
+    return float(number) * 1024 ** ["B", "KiB", "MiB", "GiB", "TiB", "PiB"].index(unit)
 
 
 def failing(argv: list[str], capsys) -> str:

@@ -278,7 +278,8 @@ def test_report_fbgemm_is_measured(tables_csv, tmp_path, capsys):
     assert page.ms("plan-cost") == pytest.approx(max(float(r["total"]["data-ms"]) for r in page.rows.values()))
 
 
-def test_report_analytic_needs_a_regime(tables_csv, tmp_path, capsys):
+def test_report_analytic_needs_a_regime(tables_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no metrics/eval.json or params.yaml to take a regime from
     plan = plan_file(tables_csv, tmp_path, capsys)
     out = tmp_path / "report.html"
     line = one_line_error(report(tables_csv, plan, out, regime=None), capsys)

@@ -9,7 +9,8 @@ Library: `build_report` (the numbers), `render_figure` / `figure_png` (matplotli
 state), `render_html` (a self-contained page, the figure inlined as a base64 PNG), `write_report` (both
 files, atomically). CLI: `add_report_parser`.
 
-Which bound: the analytic backend's regime is given (`--regime`), so its bound is that regime's. For the
+Which bound: the analytic backend's regime is given (`--regime`, by default the one the evaluate stage measured:
+`dreamshard.measuring.default_regime`), so its bound is that regime's. For the
 fbgemm backend the regime is a property of the machine: with `--regime` (measured, e.g. by
 `python -m benchmarks.cpu_kernels`) that regime's bound; without it the bound valid in either regime, the
 smaller of the two (bounds.py computes exactly that for `sub_additive`: min(fused / N, the super-additive
@@ -30,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from dreamshard.errors import DreamShardError
 from dreamshard.io import atomic_path, check_output_file, write_text
-from dreamshard.measuring import add_plan_measure_arguments, check_regime, measuring_backend, planned_task
+from dreamshard.measuring import (
+    add_plan_measure_arguments,
+    check_regime,
+    default_regime,
+    measuring_backend,
+    planned_task,
+)
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tasks import Task
@@ -354,9 +361,10 @@ def add_report_parser(sub: Any) -> argparse.ArgumentParser:
                                    "and a PNG: per-device forward, backward and communication time against the "
                                    "plan's lower bound, memory used against capacity, the shards of each device. "
                                    "See docs/report.md.")
-    add_plan_measure_arguments(p, "analytic (required there): what fusing tables does to their cost. fbgemm: the "
-                                  "regime measured on this machine, for the lower bound (default: the bound valid in "
-                                  "either regime)")
+    add_plan_measure_arguments(p, "analytic: what fusing tables does to their cost (default: the regime "
+                                  "metrics/eval.json in the current directory records as measured, else params.yaml's "
+                                  "backend.analytic.regime there). fbgemm: the regime measured on this machine, for "
+                                  "the lower bound (default: the bound valid in either regime)")
     p.add_argument("-o", "--output", required=True, type=Path, help="HTML file to write")
     p.add_argument("--png", type=Path, help="PNG file to write (default: the HTML file's name with .png)")
     p.set_defaults(func=cmd_report)
@@ -372,6 +380,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     check_output_file(png_path, "--png")
     if args.output.resolve() == png_path.resolve():
         raise DreamShardError(f"-o {args.output}: the page would overwrite the PNG; give an .html name or --png")
+    regime_line = default_regime(args)
     check_regime(args)
     task, plan = planned_task(args)  # the task and plan as `dreamshard measure` rebuilds them
     topology = Topology()
@@ -388,5 +397,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         sources.append(("devices file", str(args.devices_file)))
     report = build_report(task, plan, cost, bound, args.batch_size, described, sources)
     write_report(report, args.output, png_path)
+    if regime_line is not None:
+        print(regime_line)
     print(f"report: {cost.backend} ({report.measured_label}), cost {report.cost_ms:.3f} ms, lower bound "
           f"{bound.total_ms:.3f} ms ({report.cost_over_bound:.2f}x) -> {args.output}, {png_path}")

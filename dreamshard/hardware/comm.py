@@ -87,6 +87,13 @@ def transfer_ms(dim_sums: Sequence[int], batch_size: int, topology: Topology,
     return (topology.latency_us * 1e-6 + np.maximum(send, recv)) * 1e3
 
 
+def forward_wait_ms(fwd_compute_ms: Sequence[float] | np.ndarray) -> np.ndarray:
+    """What each device's forward all-to-all spends waiting for the slowest device's forward compute, ms; a
+    device's fwd_comm_ms is this plus its own transfer (none with one device)."""
+    fwd = np.asarray(fwd_compute_ms, dtype=np.float64)
+    return fwd.max() - fwd if len(fwd) > 1 else np.zeros(len(fwd))
+
+
 def communication_ms(
     fwd_compute_ms: Sequence[float], dim_sums: Sequence[int], batch_size: int, topology: Topology,
     hosts: Sequence[int] | None = None,
@@ -97,7 +104,7 @@ def communication_ms(
     if len(fwd) == 1:
         return np.zeros(1), np.zeros(1)
     # send and receive swap roles in the backward pass; max(send, recv) is symmetric in them
-    return fwd.max() - fwd + transfer, transfer
+    return forward_wait_ms(fwd) + transfer, transfer
 
 
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
