@@ -1,0 +1,235 @@
+"""The MLPerf DLRM-DCNv2 model planned by TorchRec's planner and by every sharder of ours, judged by TorchRec.
+
+    python -m benchmarks.mlperf_dcnv2 [--out results/mlperf_dcnv2] [--models DIR] [--batch-sizes 512,65536]
+                                      [--ranks 8] [--hbm-gib 16]
+
+The model is TorchRec's `DLRM_DCN` on the meta device with MLPerf's Criteo 1TB configuration (26 tables of dim
+128, up to 40M rows, multi-hot pooling factors as constraints). Each planner gets the same topology, batch size
+and constraints; its plan is judged by TorchRec's own estimators: per rank, the HBM its `EmbeddingStorageEstimator`
+counts against the HBM TorchRec's default storage reservation leaves, and the slowest rank's time by its
+`EmbeddingPerfEstimator` (TorchRec's rating of a plan). Both are TorchRec's models, not measurements. Our sharders
+plan through `DreamShardPlanner`; learned ones load their checkpoints from --models (skipped when absent).
+Each of our planners runs in its own process, stopped after --time-limit seconds (reported, not hidden).
+Writes summary.json and README.md to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+# MLPerf DLRM-DCNv2 (Criteo 1TB, max_ind_range 40M): rows per sparse feature and multi-hot sizes
+ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4,
+        976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+DIM = 128
+OURS = ("size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy", "random", "neuroshard", "neuroshard_tw",
+        "dreamshard")
+
+
+def model():
+    """TorchRec's DLRM_DCN with MLPerf's tables, on the meta device."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.models.dlrm import DLRM_DCN
+
+    configs = [EmbeddingBagConfig(name=f"t_cat_{i}", embedding_dim=DIM, num_embeddings=rows,
+                                  feature_names=[f"cat_{i}"]) for i, rows in enumerate(ROWS)]
+    meta = torch.device("meta")
+    return DLRM_DCN(EmbeddingBagCollection(tables=configs, device=meta), dense_in_features=13,
+                    dense_arch_layer_sizes=[512, 256, DIM], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+                    dcn_num_layers=3, dcn_low_rank_dim=512, dense_device=meta)
+
+
+def constraints(min_partition: int | None = None) -> dict:
+    from torchrec.distributed.planner import ParameterConstraints
+
+    return {f"t_cat_{i}": ParameterConstraints(pooling_factors=[float(h)], min_partition=min_partition)
+            for i, h in enumerate(MULTI_HOT)}
+
+
+def topology(ranks: int, hbm_gib: float):
+    from torchrec.distributed.planner import Topology
+
+    return Topology(world_size=ranks, local_world_size=ranks, compute_device="cuda", hbm_cap=int(hbm_gib * GIB))
+
+
+def usable_hbm(topo, batch_size: int) -> list[int]:
+    """Per rank, the HBM TorchRec's default storage reservation leaves for shards."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    reserved = HeuristicalStorageReservation(percentage=0.15).reserve(topo, batch_size, model(),
+                                                                      [EmbeddingBagCollectionSharder()], constraints())
+    return [int(d.storage.hbm) for d in reserved.devices]
+
+
+def torchrec_row(topo, batch_size: int, usable: list[int], min_partition: int | None) -> dict[str, Any]:
+    """TorchRec's EmbeddingShardingPlanner with its defaults: its plan rated by its own estimators."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+
+    planner = EmbeddingShardingPlanner(topology=topo, batch_size=batch_size, constraints=constraints(min_partition),
+                                       debug=False)
+    start = time.perf_counter()
+    planner.plan(model(), [EmbeddingBagCollectionSharder()])
+    seconds = time.perf_counter() - start
+    best = planner._best_plan or []
+    hbm, ddr = [0] * topo.world_size, [0] * topo.world_size
+    kinds: dict[str, int] = {}
+    for option in best:
+        kinds[f"{option.sharding_type}/{option.compute_kernel}"] = kinds.get(
+            f"{option.sharding_type}/{option.compute_kernel}", 0) + 1
+        for shard in option.shards:
+            hbm[shard.rank] += int(shard.storage.hbm)
+            ddr[shard.rank] += int(shard.storage.ddr)
+    name = "torchrec" if min_partition is None else f"torchrec min_partition={min_partition}"
+    return row(name, seconds, hbm, usable, float(NoopPerfModel(topo).rate(best)), kinds, ddr=ddr)
+
+
+def ours_row_limited(ranks: int, hbm_gib: float, batch_size: int, usable: list[int], algo: str,
+                     models: Path | None, limit_s: float) -> dict[str, Any]:
+    """ours_row in a process of its own, stopped after `limit_s` seconds."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_ours_in_process, args=(queue, ranks, hbm_gib, batch_size, usable, algo, models))
+    start = time.perf_counter()
+    proc.start()
+    proc.join(limit_s)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join()
+        return {"planner": algo, "seconds": time.perf_counter() - start,
+                "error": f"no plan within the time limit of {limit_s:g} s"}
+    if queue.empty():
+        return {"planner": algo, "error": f"the planning process ended with exit code {proc.exitcode}"}
+    return queue.get()
+
+
+def _ours_in_process(queue, ranks, hbm_gib, batch_size, usable, algo, models) -> None:
+    from dreamshard.interop.torchrec import quiet_torchrec
+
+    with quiet_torchrec():
+        queue.put(ours_row(topology(ranks, hbm_gib), batch_size, usable, algo, models))
+
+
+def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path | None) -> dict[str, Any]:
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from dreamshard.errors import DreamShardError
+    from dreamshard.interop.planner import DreamShardPlanner
+    from dreamshard.interop.torchrec import torchrec_perf_estimate
+    from dreamshard.sharders import spec
+
+    options: dict[str, Any] = {}
+    if spec(algo).needs_model:
+        path = None if models is None else models / f"{algo.removesuffix('_tw')}.pt"
+        if path is None or not path.exists():
+            return {"planner": algo, "skipped": f"no checkpoint {path}"}
+        options["model"] = path
+    planner = DreamShardPlanner(topo, batch_size, constraints=constraints(), debug=False, algo=algo, **options)
+    start = time.perf_counter()
+    try:
+        planner.plan(model(), [EmbeddingBagCollectionSharder()])
+    except DreamShardError as exc:
+        return {"planner": algo, "seconds": time.perf_counter() - start, "error": str(exc)}
+    seconds = time.perf_counter() - start
+    task, plan = planner.last_task, planner.last_plan
+    assert task is not None and plan is not None
+    estimate = torchrec_perf_estimate(task, plan, batch_size)
+    kinds: dict[str, int] = {}
+    for t in task.tables:
+        shards = [s for s in plan.shards if s.table == t.name]
+        kind = "table_wise" if len(shards) == 1 else ("row_wise" if shards[0].is_row_range else "column_wise")
+        kinds[kind + "/fused"] = kinds.get(kind + "/fused", 0) + 1
+    return row(algo, seconds, list(estimate.rank_hbm_bytes), usable, estimate.cost_ms, kinds)
+
+
+def row(name: str, seconds: float, hbm: list[int], usable: list[int], perf_ms: float, kinds: dict[str, int],
+        ddr: list[int] | None = None) -> dict[str, Any]:
+    busiest = max(range(len(hbm)), key=lambda r: hbm[r])
+    return {"planner": name, "seconds": seconds, "busiest_rank": busiest, "busiest_hbm_gib": hbm[busiest] / GIB,
+            "usable_hbm_gib": usable[busiest] / GIB, "fits_usable": all(h <= u for h, u in zip(hbm, usable)),
+            "max_rank_perf_ms": perf_ms, "ddr_gib": sum(ddr or []) / GIB, "kinds": kinds,
+            "rank_hbm_gib": [h / GIB for h in hbm]}
+
+
+def run(batch_sizes: list[int], ranks: int, hbm_gib: float, models: Path | None,
+        limit_s: float = 120.0) -> dict[str, Any]:
+    from dreamshard.interop.torchrec import quiet_torchrec
+
+    out: dict[str, Any] = {"ranks": ranks, "hbm_gib": hbm_gib, "tables": len(ROWS), "dim": DIM,
+                           "total_weights_gib": sum(ROWS) * DIM * 4 / GIB, "optimizer": "none attached (TorchRec "
+                           "counts no state; ours: exact_sgd)", "runs": []}
+    for batch in batch_sizes:
+        topo = topology(ranks, hbm_gib)
+        with quiet_torchrec():
+            usable = usable_hbm(topo, batch)
+            rows = [torchrec_row(topology(ranks, hbm_gib), batch, usable, None),
+                    torchrec_row(topology(ranks, hbm_gib), batch, usable, 64)]
+        rows += [ours_row_limited(ranks, hbm_gib, batch, usable, algo, models, limit_s) for algo in OURS]
+        base = rows[0]["max_rank_perf_ms"]
+        for r in rows:
+            if "max_rank_perf_ms" in r:
+                r["speedup_vs_torchrec"] = base / r["max_rank_perf_ms"]
+        out["runs"].append({"batch_size": batch, "usable_hbm_gib_per_rank": usable[0] / GIB, "rows": rows})
+        for r in rows:
+            print(json.dumps({"batch_size": batch, **{k: v for k, v in r.items() if k != "rank_hbm_gib"}}), flush=True)
+    return out
+
+
+def readme(summary: dict[str, Any], command: str) -> str:
+    lines = [f"# MLPerf DLRM-DCNv2 on {summary['ranks']} x {summary['hbm_gib']:g} GiB, judged by TorchRec",
+             "", f"Command: `{command}`. Written by `benchmarks/mlperf_dcnv2.py`; every figure is TorchRec's own "
+             "estimate (storage and perf models), not a measurement.", "",
+             f"{summary['tables']} tables of dim {summary['dim']}, {summary['total_weights_gib']:.1f} GiB of fp32 "
+             f"weights; optimizer: {summary['optimizer']}.", ""]
+    for run_ in summary["runs"]:
+        lines += [f"## batch {run_['batch_size']} per rank (usable HBM after TorchRec's reservation: "
+                  f"{run_['usable_hbm_gib_per_rank']:.2f} GiB per rank)", "",
+                  "| planner | busiest rank HBM (GiB) | fits usable HBM | DDR (GiB) | max-rank perf (ms) | vs TorchRec "
+                  "| planning (s) | sharding types |", "|---|---|---|---|---|---|---|---|"]
+        for r in run_["rows"]:
+            if "skipped" in r or "error" in r:
+                lines.append(f"| {r['planner']} | {r.get('skipped') or 'error: ' + r['error'][:160]} | | | | | "
+                             f"{r.get('seconds', 0):.2f} | |")
+                continue
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["kinds"].items()))
+            lines.append(f"| {r['planner']} | {r['busiest_hbm_gib']:.2f} | {'yes' if r['fits_usable'] else 'NO'} | "
+                         f"{r['ddr_gib']:.2f} | {r['max_rank_perf_ms']:.3g} | {r['speedup_vs_torchrec']:.2f}x | "
+                         f"{r['seconds']:.2f} | {kinds} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.mlperf_dcnv2", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("results/mlperf_dcnv2"))
+    ap.add_argument("--models", type=Path, help="folder of checkpoints: neuroshard.pt, dreamshard.pt")
+    ap.add_argument("--batch-sizes", default="512,65536")
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--hbm-gib", type=float, default=16.0)
+    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds each of our planners may take")
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in args.batch_sizes.split(",") if b]
+    summary = run(batches, args.ranks, args.hbm_gib, args.models, args.time_limit)
+    command = "python -m benchmarks.mlperf_dcnv2 " + " ".join(argv if argv is not None else sys.argv[1:])
+    summary["command"] = command
+    from dreamshard.io import write_text
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text(json.dumps(summary, indent=2) + "\n", args.out / "summary.json")
+    write_text(readme(summary, command) + "\n", args.out / "README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
