@@ -77,13 +77,63 @@ def test_constraints_it_cannot_honour_are_errors():
     with pytest.raises(DreamShardError, match=r"table 'big': constraint compute_kernels \['dense'\] exclude 'fused'"):
         DreamShardPlanner(topology(2, 100.0), constraints=bad_kernel).plan(TwoCollections(), [])
     tw_only = {"big": ParameterConstraints(sharding_types=["table_wise"])}
-    with pytest.raises(DreamShardError, match=r"table 'big': planned 'column_wise'.* allows only \['table_wise'\]"):
+    with pytest.raises(DreamShardError, match=r"table 'big' \(whole\) needs 0\.012 GB on one device"):
         DreamShardPlanner(topology(2, 10.0), constraints=tw_only, storage_reservation=NO_RESERVATION).plan(
-            TwoCollections(), [])
+            TwoCollections(), [])  # table_wise only: never cut, so it fits nowhere
     with pytest.raises(DreamShardError, match="no EmbeddingBagCollection"):
         DreamShardPlanner(topology(2, 10.0)).plan(torch.nn.Linear(2, 2), [])
     with pytest.raises(DreamShardError, match="initialised process group"):
         DreamShardPlanner(topology(2, 10.0)).collective_plan(TwoCollections(), [])
+
+
+class RestrictedSharder(EmbeddingBagCollectionSharder):
+    """As TorchRec's tests restrict a sharder: only some sharding types, or only some kernels."""
+
+    def __init__(self, types, kernels=("fused",)) -> None:
+        super().__init__()
+        self._types, self._kernels = list(types), list(kernels)
+
+    def sharding_types(self, compute_device_type):
+        return self._types
+
+    def compute_kernels(self, sharding_type, compute_device_type):
+        return self._kernels
+
+
+def test_sharders_restrictions_are_honoured_or_refused():
+    roomy = {"storage_reservation": NO_RESERVATION, "debug": False}
+    rows_only = RestrictedSharder(["table_wise", "row_wise"])
+    plan = DreamShardPlanner(topology(2, 10.0), algo="lookup_greedy", **roomy).plan(TwoCollections(), [rows_only])
+    assert plan.plan["sparse.ebc"]["big"].sharding_type == "row_wise"  # column_wise is not offered: rows instead
+    for sharder, said in ((RestrictedSharder(["column_wise"]), r"offers \['column_wise'\]"),
+                          (RestrictedSharder(["table_wise"], kernels=("dense",)), "fused kernel none")):
+        with pytest.raises(DreamShardError, match=said):
+            DreamShardPlanner(topology(2, 100.0), **roomy).plan(TwoCollections(), [sharder])
+
+
+def test_every_constraint_field_is_honoured_or_refused():
+    from torchrec.distributed.planner.types import CacheParams
+
+    roomy = {"storage_reservation": NO_RESERVATION, "debug": False}
+    written = {"big": ParameterConstraints(pooling_factors=[2.0], enforce_hbm=True, stochastic_rounding=False)}
+    plan = DreamShardPlanner(topology(2, 100.0), constraints=written, **roomy).plan(TwoCollections(), [])
+    big = plan.plan["sparse.ebc"]["big"]
+    assert big.enforce_hbm is True and big.stochastic_rounding is False  # written as TorchRec writes them
+    for field, value in (("min_partition", 64), ("num_poolings", [2.0]), ("batch_sizes", [64]),
+                         ("feature_names", ["other"]), ("cache_params", CacheParams(load_factor=0.2))):
+        with pytest.raises(DreamShardError, match=f"table 'big': constraint {field}"):
+            DreamShardPlanner(topology(2, 100.0), constraints={"big": ParameterConstraints(**{field: value})},
+                              **roomy).plan(TwoCollections(), [])
+
+
+def test_embedding_modules_it_does_not_plan_are_refused_not_left_out():
+    from torchrec import EmbeddingCollection, EmbeddingConfig
+
+    model = TwoCollections()
+    model.seq = EmbeddingCollection(tables=[EmbeddingConfig(name="seq", embedding_dim=8, num_embeddings=100,
+                                                            feature_names=["f_seq"])], device=torch.device("meta"))
+    with pytest.raises(DreamShardError, match="module 'seq' is a EmbeddingCollection"):
+        DreamShardPlanner(topology(2, 100.0), storage_reservation=NO_RESERVATION).plan(model, [])
 
 
 def test_memory_is_what_torchrec_allocates():

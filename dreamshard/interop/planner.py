@@ -194,11 +194,12 @@ class DreamShardPlanner(ShardingPlanner):
         from torchrec.modules.embedding_configs import DataType
 
         found = [(fqn, m) for fqn, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
+        _refuse_unplanned_modules(module)
         if not found:
             raise DreamShardError("DreamShardPlanner: the module holds no EmbeddingBagCollection to plan")
         all_names = [c.name for _, m in found for c in m.embedding_bag_configs()]
         clash = {n for n in all_names if all_names.count(n) > 1}
-        tables, modules, precisions = [], [], set()
+        tables, modules, precisions, whole = [], [], set(), []
         for fqn, m in found:
             names = []
             for c in m.embedding_bag_configs():
@@ -210,12 +211,15 @@ class DreamShardPlanner(ShardingPlanner):
                 tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c),
                                     features=max(1, len(c.feature_names))))
                 names.append((key, c.name))
+                if self._table_wise_only(c.name):
+                    whole.append(key)  # its constraint allows table_wise only: never cut
             modules.append(ModuleTables(fqn, m, tuple(names)))
         if len(precisions) > 1:
             raise DreamShardError("DreamShardPlanner: tables mix fp32 and fp16 weights; plan them separately")
         sharders = sharders if sharders is not None else _default_sharders()
         memory = MemoryModel(precisions.pop(), self._optimizer_of(found, sharders), self.batch_size)
-        task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory, sharding=self.sharding)
+        task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
+                    sharding=self._kinds_allowed(sharders), whole=tuple(whole))
         if self.placement:
             try:
                 task = self.placement.apply(task)
@@ -243,8 +247,33 @@ class DreamShardPlanner(ShardingPlanner):
                                   f"with {chosen!r}; drop the argument or make them agree")
         return chosen
 
+    def _kinds_allowed(self, sharders) -> tuple[str, ...]:
+        """`sharding` narrowed to what the EBC sharder offers with the fused kernel on this compute device (a
+        sharder restricted to some sharding types, as TorchRec's tests make them, is honoured); a sharder
+        without table_wise or without the fused kernel cannot run DreamShard's plans: an error naming both."""
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+        sharder = next((s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)), None)
+        if sharder is None:
+            return self.sharding
+        device = self.topology.compute_device
+        offered = [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
+        if "table_wise" not in offered:
+            raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
+                                  f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
+                                  f"{offered or 'none'}; DreamShard's plans need table_wise with the fused kernel")
+        by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
+        return tuple(k for k in self.sharding if by_kind[k] in offered)
+
+    def _table_wise_only(self, name: str) -> bool:
+        c = self.constraints.get(name)
+        return c is not None and c.sharding_types is not None and "table_wise" in c.sharding_types and not (
+            {"column_wise", "row_wise"} & set(c.sharding_types))
+
     def _pooling(self, config) -> float:
         c = self.constraints.get(config.name)
+        if c is not None:
+            _check_constraint_fields(config, c)
         if c is not None and c.compute_kernels is not None and "fused" not in c.compute_kernels:
             raise DreamShardError(f"DreamShardPlanner: table {config.name!r}: constraint compute_kernels "
                                   f"{c.compute_kernels} exclude 'fused', the kernel DreamShard plans for")
@@ -300,6 +329,9 @@ class DreamShardPlanner(ShardingPlanner):
             if c is not None and c.sharding_types is not None and kind not in c.sharding_types:
                 raise DreamShardError(f"DreamShardPlanner: table {name!r}: planned {kind!r}, but its constraint "
                                       f"allows only {c.sharding_types}; restrict `sharding` instead")
+            if c is not None:  # written into the plan as TorchRec's planner writes them
+                for field in WRITTEN_FIELDS:
+                    setattr(module_plan[name], field, getattr(c, field))
         return module_plan
 
 
@@ -332,3 +364,44 @@ def _fused_optimizer_name(value) -> str:
         raise DreamShardError(f"DreamShardPlanner: the sharder's fused optimizer {name!r} keeps state that is not "
                               f"modelled; planned are {sorted(set(known.values()))}")
     return known[name]
+
+
+# ParameterConstraints fields DreamShardPlanner writes into each table's ParameterSharding, as TorchRec does
+WRITTEN_FIELDS = ("enforce_hbm", "stochastic_rounding", "bounds_check_mode")
+
+
+def _check_constraint_fields(config, c) -> None:
+    """Every ParameterConstraints field is honoured (sharding_types, compute_kernels, pooling_factors, is_weighted,
+    the WRITTEN_FIELDS) or, when set to something DreamShard does not plan for, an error naming it."""
+    where = f"DreamShardPlanner: table {config.name!r}: constraint"
+    if c.min_partition is not None:
+        raise DreamShardError(f"{where} min_partition={c.min_partition}: DreamShard chooses column slice widths "
+                              "itself (multiples of 4); leave it out, or restrict sharding_types")
+    if c.num_poolings is not None and any(float(n) != 1.0 for n in c.num_poolings):
+        raise DreamShardError(f"{where} num_poolings={c.num_poolings}: planned are one pooling per sample and "
+                              "feature; fold them into pooling_factors")
+    if c.batch_sizes is not None:
+        raise DreamShardError(f"{where} batch_sizes={c.batch_sizes}: per-feature batch sizes are not planned; "
+                              "give the planner's batch_size")
+    if c.feature_names is not None and list(c.feature_names) != list(config.feature_names):
+        raise DreamShardError(f"{where} feature_names={c.feature_names}: the table's features are "
+                              f"{list(config.feature_names)}; planned are all of them")
+    for name in ("cache_params", "key_value_params", "output_dtype", "device_group"):
+        if getattr(c, name, None) is not None:
+            raise DreamShardError(f"{where} {name}: not planned (UVM caching, key-value tables, other output types "
+                                  "and device groups are not DreamShard's choices); leave it out")
+    if getattr(c, "use_virtual_table", False):
+        raise DreamShardError(f"{where} use_virtual_table: virtual tables are not planned")
+
+
+def _refuse_unplanned_modules(module) -> None:
+    """Embedding modules DreamShard does not plan would be left unsharded by DistributedModelParallel: an error."""
+    from torchrec import EmbeddingCollection
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+
+    for fqn, m in module.named_modules():
+        for kind in (EmbeddingCollection, FusedEmbeddingBagCollection):
+            if isinstance(m, kind):
+                raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a {kind.__name__}, which "
+                                      "DreamShard does not plan (EmbeddingBagCollections only); plan it with "
+                                      "TorchRec's planner")
