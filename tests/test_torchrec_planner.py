@@ -231,8 +231,15 @@ def batch(rank, size=64):
                                                lengths=lengths.flatten())
 
 
+class CpuRowWiseSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's EBC sharder offers row_wise on CUDA only; it runs on CPU ranks too, so this one offers it there."""
+
+    def sharding_types(self, compute_device_type):
+        return [*super().sharding_types(compute_device_type), "row_wise"]
+
+
 def run(sharding, rank):
-    sharders = [EmbeddingBagCollectionSharder()]
+    sharders = [CpuRowWiseSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
     planner = DreamShardPlanner(topology, batch_size=64, algo="size_lookup_greedy", sharding=sharding,
                                 constraints={"big": ParameterConstraints(pooling_factors=[2.0])})
