@@ -133,6 +133,8 @@ def sharder_options(args: argparse.Namespace) -> dict:
         if name == "samples":
             check_limit(value, MAX_SAMPLES, "--samples")
         options[name] = load_model(args.algo, value) if name == "model" else value
+    if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at
+        options["batch_size"] = args.batch_size
     return options
 
 

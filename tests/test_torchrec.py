@@ -486,8 +486,8 @@ def tables_csv(tmp_path) -> Path:
 
 def test_cli_writes_a_loadable_torchrec_plan(tmp_path, tables_csv, capsys):
     out = tmp_path / "plan.pt"
-    args = ["plan", "--tables", str(tables_csv), "--devices", "4", "--memory-gb", "0.1", "--algo", "torchrec",
-            "--format", "torchrec", "-o", str(out)]
+    args = ["plan", "--tables", str(tables_csv), "--devices", "4", "--memory-gb", "0.15", "--algo", "torchrec",
+            "--format", "torchrec", "-o", str(out)]  # whole tables: the largest fits after the 15% reservation
     assert main(args) == 0
     assert "torchrec: 12 tables on 4 devices" in capsys.readouterr().out
     # a fresh interpreter loads it with plain torch.load (torchrec is imported by unpickling)
@@ -500,7 +500,7 @@ def test_cli_writes_a_loadable_torchrec_plan(tmp_path, tables_csv, capsys):
     assert main(args[:-4] + ["-o", str(out_json)]) == 0
     plan = Plan.load_json(out_json)
     from dreamshard.tables import read_tables_file
-    task = Task.uniform("tables", read_tables_file(tables_csv), 4, 0.1)
+    task = Task.uniform("tables", read_tables_file(tables_csv), 4, 0.15, MemoryModel(batch_size=512, reservation=0.15))
     check_sharding_plan(torch.load(out, weights_only=False), task, plan)
 
 
