@@ -136,7 +136,7 @@ def block_table(task: Task, b: Block) -> Table:
     if b.rows == t.rows:
         return replace(t, dim=b.width)
     return replace(t, name=f"{t.name}[rows {b.row_start}:{b.row_end}]", rows=b.rows, dim=b.width,
-                   pooling_factor=t.pooling_factor * b.rows / t.rows)
+                   pooling_factor=t.pooling_factor * b.rows / t.rows, block_of_pooling=t.pooling_factor)
 
 
 class _Evaluator:
