@@ -30,7 +30,8 @@ the table may use.
 If neither fits (a single row wider than every device, row-wise blocks larger than
 their devices, or the kinds allow no cut), no plan exists and the error says why.
 
-Finer cuts (`with_pieces`): when the sharder then finds no placement, the table with
+Finer cuts (`with_pieces`): when a plain packing of the pieces (largest first) finds no
+placement within FEASIBILITY_STEPS, or the sharder then finds none, the table with
 the largest piece is cut finer (twice the column slices, up to dim/4, then row-wise)
 and the sharder tries again, until a plan is found or nothing can be cut further: an
 error then comes only when the pieces cannot be placed at all, and says why.
@@ -228,6 +229,11 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB")
     while True:
         cut, pieces = cut_task(task, cuts)
+        if pieces and not _packs(cut) and _largest_refinable(task, cuts) is not None:
+            widest = _largest_refinable(task, cuts)
+            assert widest is not None
+            cuts[widest[0]] = widest[1]  # too coarse to pack quickly: cut finer before the sharder tries
+            continue
         try:
             plan = shard_whole(cut)
         except InfeasibleTaskError:
@@ -241,6 +247,21 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
             plan = _merge(cut, plan, pieces)
             validate_plan(task, plan)
         return plan
+
+
+FEASIBILITY_STEPS = 20_000  # placements the quick packing check tries before a cut counts as too coarse
+
+
+def _packs(task: Task) -> bool:
+    """Whether a plain packing (largest pieces first, least-used device) places the cut task within
+    FEASIBILITY_STEPS placements: the sharders' own searches, slower per step, are tried only then."""
+    from dreamshard.sharders.placement import find_feasible_assignment
+
+    try:
+        find_feasible_assignment(task, max_steps=FEASIBILITY_STEPS)
+    except InfeasibleTaskError:
+        return False
+    return True
 
 
 def _largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:

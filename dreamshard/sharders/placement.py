@@ -195,8 +195,8 @@ def by_least_load(t: int, state: PlacementState) -> list[int]:
     return sorted(range(len(state.load)), key=lambda d: (state.load[d] / state.speed[d], state.used_bytes[d], d))
 
 
-def find_feasible_assignment(task: Task) -> list[int]:
+def find_feasible_assignment(task: Task, max_steps: int = DEFAULT_MAX_STEPS) -> list[int]:
     """Any placement within memory (largest tables first, balancing bytes): a feasibility certificate."""
     sizes = [task.table_bytes(i) for i in range(len(task.tables))]
     order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
-    return place_tables(task, order, by_least_load, weights=sizes)
+    return place_tables(task, order, by_least_load, weights=sizes, max_steps=max_steps)
