@@ -69,18 +69,26 @@ class MemoryModel:
         if not (isinstance(self.reservation, (int, float)) and 0 <= self.reservation < 1):
             raise ValueError(f"reservation: expected a share in [0, 1), got {self.reservation!r}")
 
-    def weight_bytes(self, rows: int, width: int) -> int:
-        return rows * width * BYTES_PER_WEIGHT[self.weights_precision]
+    def bytes_per_weight(self, precision: str | None = None) -> int:
+        """Bytes of one weight: `precision` (a table's own) or the model's weights_precision."""
+        p = precision or self.weights_precision
+        if p not in BYTES_PER_WEIGHT:
+            raise ValueError(f"precision: expected one of {sorted(BYTES_PER_WEIGHT)}, got {p!r}")
+        return BYTES_PER_WEIGHT[p]
+
+    def weight_bytes(self, rows: int, width: int, precision: str | None = None) -> int:
+        return rows * width * self.bytes_per_weight(precision)
 
     def optimizer_bytes(self, rows: int, width: int) -> int:
         per_row, per_weight = OPTIMIZER_STATE_BYTES[self.optimizer]
         return rows * width * per_weight + rows * per_row
 
-    def shard_bytes(self, rows: int, width: int) -> int:
+    def shard_bytes(self, rows: int, width: int, precision: str | None = None) -> int:
         """Weights and optimizer state of a rows x width shard (what moves when the shard moves)."""
-        return self.weight_bytes(rows, width) + self.optimizer_bytes(rows, width)
+        return self.weight_bytes(rows, width, precision) + self.optimizer_bytes(rows, width)
 
-    def io_bytes(self, pooling_factor: float, features: int, width: int, num_devices: int, row_block: bool) -> int:
+    def io_bytes(self, pooling_factor: float, features: int, width: int, num_devices: int, row_block: bool,
+                 precision: str | None = None) -> int:
         """Input and output buffers of one shard at `batch_size` samples per device, as TorchRec's storage
         estimator counts them (pipeline type NONE): every shard receives the ids of all `num_devices` devices'
         samples (a row block: only its share, the batch's ids once) and returns `width` pooled values per
@@ -90,7 +98,7 @@ class MemoryModel:
         lookups = pooling_factor * self.batch_size
         inputs = math.ceil(lookups * (1 if row_block else num_devices) * INPUT_BYTES)
         pooled = min(float(features), pooling_factor) * self.batch_size * num_devices
-        return inputs + math.ceil(pooled * width * BYTES_PER_WEIGHT[self.weights_precision])
+        return inputs + math.ceil(pooled * width * self.bytes_per_weight(precision))
 
     def usable_bytes(self, memory_bytes: int) -> int:
         """What a device of `memory_bytes` holds for shards, after the reservation."""

@@ -155,7 +155,7 @@ def device_memory_breakdown(task: Task, plan: Plan) -> list[MemoryBreakdown]:
         t = tables[s.table]
         rows = s.num_rows(t.rows)
         total = task.shard_bytes(t, rows, s.width)
-        w, o = task.memory.weight_bytes(rows, s.width), task.memory.optimizer_bytes(rows, s.width)
+        w, o = task.memory.weight_bytes(rows, s.width, t.precision), task.memory.optimizer_bytes(rows, s.width)
         parts[s.device][0] += w
         parts[s.device][1] += o
         parts[s.device][2] += total - w - o

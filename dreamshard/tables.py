@@ -63,6 +63,8 @@ class Table:
     # a row-wise block of a table (sharders/pieces.py): that table's pooling factor, by which TorchRec sizes
     # the block's buffers (the ids of every sample, a partial sum for every sample); None for a table
     block_of_pooling: float | None = None
+    # its weights' precision when it differs from the task's (a TorchRec module mixing fp32 and fp16 tables)
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.rows < 1:

@@ -180,8 +180,8 @@ class Task:
         width = table.dim if width is None else width
         block = table.block_of_pooling is not None or rows < table.rows
         pooling = table.pooling_factor if table.block_of_pooling is None else table.block_of_pooling
-        return self.memory.shard_bytes(rows, width) + self.memory.io_bytes(
-            pooling, table.features, width, self.num_devices, row_block=block)
+        return self.memory.shard_bytes(rows, width, table.precision) + self.memory.io_bytes(
+            pooling, table.features, width, self.num_devices, row_block=block, precision=table.precision)
 
     def table_bytes(self, i: int) -> int:
         return self.shard_bytes(self.tables[i])

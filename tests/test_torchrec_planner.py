@@ -305,3 +305,40 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
     for rank in (0, 1):
         held = [h for h in by[(rank, ("table", "row"))]["held"] if h[0] == "big"]
         assert held == [["big", rank * 30_000, (rank + 1) * 30_000, 0, 32]]
+
+
+def test_mixed_precisions_are_planned_each_table_at_its_own_bytes():
+    from torchrec.modules.embedding_configs import DataType
+
+    from dreamshard.interop.torchrec import torchrec_perf_estimate
+
+    model = torch.nn.Module()
+    model.ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name="low", embedding_dim=64, num_embeddings=50_000, feature_names=["f_low"],
+                           data_type=DataType.FP16),
+        EmbeddingBagConfig(name="high", embedding_dim=64, num_embeddings=50_000, feature_names=["f_high"]),
+    ], device=torch.device("meta"))
+    planner = DreamShardPlanner(topology(2, 40.0), batch_size=512, storage_reservation=NO_RESERVATION, debug=False)
+    planner.plan(model, [EmbeddingBagCollectionSharder()])
+    task, plan = planner.last_task, planner.last_plan
+    by_name = {t.name: t for t in task.tables}
+    assert task.memory.weights_precision == "fp32" and by_name["low"].precision == "fp16"
+    assert task.shard_bytes(by_name["low"]) < task.shard_bytes(by_name["high"])  # 2 bytes a weight, not 4
+    assert task.memory.weight_bytes(50_000, 64, "fp16") == 50_000 * 64 * 2
+    # TorchRec counts each table at its own data type too, and never more than we do
+    theirs = torchrec_perf_estimate(task, plan, 512).rank_hbm_bytes
+    assert all(t <= o for t, o in zip(theirs, device_memory_bytes(task, plan)))
+    assert sum(theirs) == sum(device_memory_bytes(task, plan))  # the same weights and buffers, no state
+
+
+def test_mixed_precisions_are_refused_by_the_kernels_backend_not_measured_wrong():
+    from dreamshard.data.lookups import GeneratedLookups
+    from dreamshard.hardware import make_backend
+    from dreamshard.sharders import make_sharder
+    from dreamshard.tables import Table
+    from dreamshard.tasks import Task
+
+    task = Task.uniform("mixed", [Table("a", 1000, 16, 2.0, precision="fp16"), Table("b", 1000, 16, 2.0)], 1, 1.0)
+    backend = make_backend("fbgemm", GeneratedLookups(seed=0), batch_size=16)
+    with pytest.raises(DreamShardError, match="mixes fp32 tables with fp16"):
+        backend.plan_cost(task, make_sharder("size_greedy").shard(task))

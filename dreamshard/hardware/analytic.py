@@ -92,14 +92,15 @@ class AnalyticBackend:
             return ComputeCost(0.0, 0.0)
         c = self.config
         tables = {t.name: t for t in task.tables}
-        bytes_per = BYTES_PER_WEIGHT[task.memory.weights_precision]
+        bytes_per = {s.table: BYTES_PER_WEIGHT[tables[s.table].precision or task.memory.weights_precision]
+                     for s in shards}
         # a row shard gets its rows' share of the table's lookups: hot rows are scattered over the table
         share = [s.num_rows(tables[s.table].rows) / tables[s.table].rows for s in shards]
         lookups = [c.batch_size * tables[s.table].pooling_factor * f for s, f in zip(shards, share)]
         touched = [min(s.num_rows(tables[s.table].rows), n * cold_fraction(tables[s.table]))
                    for s, n in zip(shards, lookups)]
         widths = [s.width for s in shards]
-        working_set = [r * w * bytes_per for r, w in zip(touched, widths)]
+        working_set = [r * w * bytes_per[s.table] for r, w, s in zip(touched, widths, shards)]
         work_us = update_us = 0.0
         for n, rows, width, own in zip(lookups, touched, widths, working_set):
             pressure = min(1.0, (own if c.regime == "sub_additive" else sum(working_set)) / c.cache_bytes)

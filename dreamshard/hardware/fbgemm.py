@@ -240,6 +240,11 @@ class FbgemmBackend:
 
     def _check_supported(self, task: Task) -> None:
         prec, opt = task.memory.weights_precision, task.memory.optimizer
+        mixed = sorted({t.precision for t in task.tables if t.precision not in (None, prec)})
+        if mixed:
+            raise DreamShardError(f"fbgemm backend: task {task.name!r} mixes {prec} tables with {', '.join(mixed)} "
+                                  "ones; one FBGEMM operator holds one precision, so mixed tasks are planned but "
+                                  "not measured")
         if prec not in PRECISIONS or opt not in OPTIMIZERS:
             raise DreamShardError(f"fbgemm backend: no FBGEMM mapping for weights {prec!r} with optimizer {opt!r}")
         if self.config.device == "cpu" and (prec, opt) not in CPU_SUPPORTED:

@@ -207,17 +207,18 @@ class DreamShardPlanner(ShardingPlanner):
                 if c.data_type not in (DataType.FP32, DataType.FP16):
                     raise DreamShardError(f"DreamShardPlanner: table {c.name!r} ({fqn or 'module'}): data type "
                                           f"{c.data_type} is not planned; fp32 or fp16 weights are")
-                precisions.add("fp16" if c.data_type == DataType.FP16 else "fp32")
+                precision = "fp16" if c.data_type == DataType.FP16 else "fp32"
+                precisions.add(precision)
                 tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c),
-                                    features=max(1, len(c.feature_names))))
+                                    features=max(1, len(c.feature_names)), precision=precision))
                 names.append((key, c.name))
                 if self._table_wise_only(c.name):
                     whole.append(key)  # its constraint allows table_wise only: never cut
             modules.append(ModuleTables(fqn, m, tuple(names)))
-        if len(precisions) > 1:
-            raise DreamShardError("DreamShardPlanner: tables mix fp32 and fp16 weights; plan them separately")
         sharders = sharders if sharders is not None else _default_sharders()
-        memory = MemoryModel(precisions.pop(), self._optimizer_of(found, sharders), self.batch_size)
+        # each table at its own precision (Table.precision); the model's is the widest, for what has none
+        memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
+                             self.batch_size)
         task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
                     sharding=self._kinds_allowed(sharders), whole=tuple(whole))
         if self.placement:

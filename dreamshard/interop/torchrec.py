@@ -113,9 +113,9 @@ def embedding_bag_configs(task: Task) -> list:
         if "." in t.name or not t.name:
             raise DreamShardError(f"table {t.name!r}: TorchRec needs table names without '.' "
                                   "(each becomes a module name); rename the table")
-    data_type = DataType.FP16 if task.memory.weights_precision == "fp16" else DataType.FP32
-    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
-                               feature_names=[t.name], data_type=data_type)
+    types = {"fp16": DataType.FP16, "fp32": DataType.FP32}
+    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
+                               data_type=types[t.precision or task.memory.weights_precision])
             for t in task.tables]
 
 
