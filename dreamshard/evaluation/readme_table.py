@@ -1,0 +1,78 @@
+"""README's headline table, built from metrics/eval.json (issue 35).
+
+Per test family, the key sharders' mean cost over the family's best heuristic, paired per task, with the
+95% bootstrap interval that metrics/eval.json records (dreamshard.evaluation.summary). README embeds the
+output between `<!-- headline:start -->` and `<!-- headline:end -->`; tests/test_readme.py checks that they
+agree. Print it with
+
+    python -m dreamshard.evaluation.readme_table [metrics/eval.json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+START = "<!-- headline:start -->"
+END = "<!-- headline:end -->"
+
+# (key in metrics/eval.json, column heading): the figures README has always led with
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("dreamshard", "DreamShard"),
+    ("neuroshard", "NeuroShard"),
+    ("neuroshard_tw", "NeuroShard, table-wise"),
+    ("torchrec_full", "TorchRec (`torchrec_full`)"),
+)
+
+
+def _cell(entry: dict | None) -> str:
+    """`mean [low, high]` of an entry's ratio to the best heuristic; `–` where the sharder was not evaluated."""
+    c = entry.get("vs_best_heuristic") if isinstance(entry, dict) else None
+    if not c:
+        return "–"
+    return f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+
+
+def _tasks(algos: dict) -> str:
+    counts = {v.get("num_tasks") for v in algos.values() if isinstance(v, dict) and v.get("num_tasks")}
+    return "/".join(str(n) for n in sorted(counts)) or "?"
+
+
+def headline_markdown(metrics: dict) -> str:
+    """The headline table of a metrics/eval.json already read."""
+    kind = "measured" if metrics.get("measured") else "modelled, not measured"
+    level = metrics.get("bootstrap", {}).get("level", 0.95)
+    lines = [
+        f"Mean cost over the best heuristic per test family (below 1: cheaper), paired per task, with "
+        f"{level:.0%} bootstrap intervals over the tasks. Backend `{metrics.get('backend', '?')}` on "
+        f"{metrics.get('device', 'an unrecorded device')} ({kind}), batch {metrics.get('batch_size', '?')}.",
+        "",
+        "| family | tasks | best heuristic | " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|---|---:|---|" + "---:|" * len(COLUMNS),
+    ]
+    for family, algos in metrics.get("families", {}).items():
+        best = algos.get("best_heuristic", "?")
+        cells = " | ".join(_cell(algos.get(key)) for key, _ in COLUMNS)
+        lines.append(f"| {family} | {_tasks(algos)} | `{best}` | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def headline_table(metrics_path: str | Path) -> str:
+    """README's headline table from the metrics file at `metrics_path` (metrics/eval.json)."""
+    return headline_markdown(json.loads(Path(metrics_path).read_text()))
+
+
+def readme_block(readme_text: str) -> str:
+    """What README holds between the headline markers, without the newline after the start marker."""
+    start = readme_text.index(START) + len(START)
+    return readme_text[start:readme_text.index(END, start)].removeprefix("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    print(headline_table(args[0] if args else "metrics/eval.json"), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
