@@ -34,7 +34,7 @@ def _cell(entry: dict | None) -> str:
 
 
 def _tasks(algos: dict) -> str:
-    counts = {v.get("num_tasks") for v in algos.values() if isinstance(v, dict) and v.get("num_tasks")}
+    counts = {int(v["num_tasks"]) for v in algos.values() if isinstance(v, dict) and v.get("num_tasks")}
     return "/".join(str(n) for n in sorted(counts)) or "?"
 
 

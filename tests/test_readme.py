@@ -1,0 +1,84 @@
+"""README is an entry point, not a lab notebook (issue 35): at most 12 KB, its one results table generated from
+metrics/eval.json, and every relative link in README and docs/ pointing to a file that exists."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dreamshard.evaluation.readme_table import END, START, headline_markdown, headline_table, main, readme_block
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+METRICS = ROOT / "metrics" / "eval.json"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("**/README*.md"))]
+
+# [text](target) and ![alt](target), target up to a space or ')'; reference definitions `[x]: target`
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+
+
+def relative_links(text: str) -> list[str]:
+    """Targets of a Markdown page's links that point into the repository (no scheme, no pure anchor);
+    links inside fenced or indented code are not links."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("    "))
+    targets = [a or b for a, b in LINK.findall(text)]
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t, re.I) and not t.startswith("#")]
+
+
+def test_readme_is_at_most_12_kb():
+    assert README.stat().st_size <= 12 * 1024, README.stat().st_size
+
+
+def test_readme_headline_table_is_generated_from_metrics():
+    text = README.read_text()
+    assert text.count(START) == 1 and text.count(END) == 1
+    assert readme_block(text) == headline_table(METRICS), (
+        "README's headline table differs from metrics/eval.json: paste the output of "
+        "`python -m dreamshard.evaluation.readme_table` between the headline markers")
+
+
+def test_readme_keeps_no_dated_measurement_outside_the_table():
+    text = README.read_text()
+    outside = text[:text.index(START)] + text[text.index(END):]
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", outside)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_existing_files(page: Path):
+    missing = [t for t in relative_links(page.read_text())
+               if not (page.parent / t.split("#", 1)[0]).exists()]
+    assert not missing, f"{page.relative_to(ROOT)}: {missing}"
+
+
+def test_relative_links_are_found():
+    text = "[a](docs/x.md) ![b](plots/y.png) [c](https://e.org) [d](#here) [e](f.md#s)\n    [g](code.md)\n"
+    assert relative_links(text) == ["docs/x.md", "plots/y.png", "f.md#s"]
+
+
+def test_headline_table_per_family():
+    metrics = json.loads(METRICS.read_text())
+    table = headline_markdown(metrics)
+    rows = [line for line in table.splitlines() if line.startswith("| dlrm")]
+    assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == list(metrics["families"])
+    first = next(iter(metrics["families"]))
+    c = metrics["families"][first]["dreamshard"]["vs_best_heuristic"]
+    assert f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" in rows[0]
+    assert metrics["device"] in table
+
+
+def test_headline_table_marks_a_sharder_not_evaluated():
+    metrics = {"backend": "analytic", "device": "cpu: Test", "measured": False, "batch_size": 512,
+               "families": {"f-2-2": {"best_heuristic": "lookup_greedy",
+                                      "dreamshard": {"num_tasks": 3, "vs_best_heuristic": {
+                                          "mean_ratio": 0.9, "ci_low": 0.85, "ci_high": 0.95}}}}}
+    table = headline_markdown(metrics)
+    assert "| f-2-2 | 3 | `lookup_greedy` | 0.900 [0.85, 0.95] | – | – | – |" in table
+    assert "modelled, not measured" in table
+
+
+def test_headline_table_command(capsys):
+    assert main([str(METRICS)]) == 0
+    assert capsys.readouterr().out == headline_table(METRICS)
