@@ -6,7 +6,7 @@ as it is measured (dreamshard/evaluation/journal.py). But the journal's keys hol
 models and the processor's name, and the models learn from measurements, so a fresh clone cannot rebuild the
 same ones. This script keeps in git what a continuation needs, beside what a reader wants:
 
-    python -m benchmarks.paper_cpu save [--root DIR] [--out results/paper-cpu] [--readme README.md]
+    python -m benchmarks.paper_cpu save [--root DIR] [--out results/paper-cpu] [--readme results/paper-cpu/README.md]
 
         In the run's workspace, while evaluate runs or after it stopped (it reads, it measures nothing):
         params.yaml; the checkpoints evaluate loads; the journal; the training metrics; digests of the

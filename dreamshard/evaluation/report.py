@@ -158,9 +158,11 @@ if __name__ == "__main__":
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(description="Regenerate README's evaluation summary from metrics/eval.json")
+    parser = argparse.ArgumentParser(description="Regenerate the evaluation summary block of a results page "
+                                                 "from metrics/eval.json (README's headline table: "
+                                                 "python -m dreamshard.evaluation.readme_table)")
     parser.add_argument("--metrics", type=Path, default=Path("metrics/eval.json"))
-    parser.add_argument("--readme", type=Path, default=Path("README.md"))
+    parser.add_argument("--readme", type=Path, default=Path("results/README-history.md"))
     args = parser.parse_args()
     update_readme(args.readme, json.loads(args.metrics.read_text()))
     print(f"{args.readme}: summary regenerated from {args.metrics}")
