@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import difflib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -46,6 +47,15 @@ def check_output_file(path: str | os.PathLike, option: str = "") -> None:
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha1") -> str:
+    """Hex digest of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:

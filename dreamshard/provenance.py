@@ -3,10 +3,10 @@ kind, the algorithm it was trained for) and where the access-count bins came fro
 to the model and the statistics behind it."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from dreamshard.io import file_digest
 from dreamshard.tasks import Task
 
 
@@ -21,11 +21,7 @@ def tool_version() -> str:
 
 
 def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(path, "sha256")
 
 
 def model_record(algo: str, path: str | Path, model: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from dreamshard import io
 from dreamshard.errors import DataFormatError
 from dreamshard.io import write_parquet, write_text
 from dreamshard.tasks import Task
@@ -42,11 +43,7 @@ def task_fingerprint(task: Task) -> list[Any]:
 
 def file_digest(path: str | Path) -> str:
     """sha1 of a file's bytes (a model checkpoint in an evaluation's fingerprint)."""
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return io.file_digest(path, "sha1")
 
 
 class EvalJournal:
