@@ -192,6 +192,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from torchrec.distributed import DistributedModelParallel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.modules.embedding_configs import DataType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from dreamshard.interop.planner import DreamShardPlanner
@@ -208,9 +209,10 @@ def weight(rows, cols, row_off=0, col_off=0):
 
 
 class Model(torch.nn.Module):
-    def __init__(self, device):
+    def __init__(self, device, half=()):
         super().__init__()
-        configs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"])
+        configs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"],
+                                      data_type=DataType.FP16 if n in half else DataType.FP32)
                    for n, r, d in TABLES]
         self.ebc = EmbeddingBagCollection(tables=configs, device=device)
         self.top = torch.nn.Linear(sum(d for _, _, d in TABLES), 1)
@@ -238,12 +240,13 @@ class CpuRowWiseSharder(EmbeddingBagCollectionSharder):
         return [*super().sharding_types(compute_device_type), "row_wise"]
 
 
-def run(sharding, rank):
+def run(sharding, rank, half=()):
+    """`half`: tables with fp16 weights in the sharded model (the unsharded one holds the same values in fp32)."""
     sharders = [CpuRowWiseSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
     planner = DreamShardPlanner(topology, batch_size=64, algo="size_lookup_greedy", sharding=sharding,
                                 constraints={"big": ParameterConstraints(pooling_factors=[2.0])})
-    model = Model(torch.device("meta"))
+    model = Model(torch.device("meta"), half)
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": 0.1})
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
@@ -259,13 +262,15 @@ def run(sharding, rank):
     reference = Model(torch.device("cpu"))
     with torch.no_grad():
         for (name, rows, dim), bag in zip(TABLES, reference.ebc.embedding_bags.values()):
-            bag.weight.copy_(weight(rows, dim))
+            w = weight(rows, dim)
+            bag.weight.copy_(w.half().float() if name in half else w)
     features = batch(rank)
     pooled, loss = dmp(features)
     want_pooled, want_loss = reference(features)
     loss.backward()  # the fused optimizer steps the embeddings inside backward
     pooled_after, _ = dmp(features)
-    return {"rank": rank, "sharding": list(sharding), "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
+    return {"rank": rank, "sharding": list(sharding), "half": list(half),
+            "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
             "held": sorted(held), "pooled_diff": float((pooled - want_pooled).abs().max()),
             "loss": float(loss), "want_loss": float(want_loss),
             "changed": float((pooled_after - pooled).abs().max())}
@@ -274,7 +279,8 @@ def run(sharding, rank):
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    reports = [run(("table", "column", "row"), rank), run(("table", "row"), rank)]
+    reports = [run(("table", "column", "row"), rank), run(("table", "row"), rank),
+               run(("table", "column", "row"), rank, half=("big", "mid"))]
     print(json.dumps(reports), flush=True)
     dist.destroy_process_group()
 
@@ -293,12 +299,15 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
     decoder = json.JSONDecoder()
     starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
     reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
-    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 4
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 6
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
         assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
         assert r["changed"] > 0, r  # the training step moved the embeddings
-    by = {(r["rank"], tuple(r["sharding"])): r for r in reports}
+    by = {(r["rank"], tuple(r["sharding"])): r for r in reports if not r["half"]}
+    # fp16 and fp32 tables in one module: planned each at its own bytes (big, 3.7 MB in fp16, now fits a rank)
+    mixed = [r for r in reports if r["half"]]
+    assert len(mixed) == 2 and all(r["kinds"]["big"] == "table_wise" for r in mixed)
     # the 60k x 32 table (7.3 MB) exceeds a rank's 6 MB: column slices by default, row-wise when rows only
     assert by[(0, ("table", "column", "row"))]["kinds"]["big"] == "column_wise"
     assert by[(0, ("table", "row"))]["kinds"]["big"] == "row_wise"
