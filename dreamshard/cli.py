@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="json", choices=["json", "torchrec"],
                    help="json: DreamShard plan JSON; torchrec: a TorchRec ShardingPlan (torch.save; needs torchrec) "
                         "for the EBC at module 'ebc', see docs/torchrec.md")
+    p.add_argument("--placement", choices=["cuda", "cpu"],
+                   help="with --format torchrec: the ranks' devices (default cuda; cpu to try the plan on CPU ranks "
+                        "with gloo, without GPUs)")
     p.add_argument("--previous", type=Path,
                    help="re-plan: a plan JSON made before the tables (or devices: only added) changed; shards stay "
                         "in place unless moving them is worth it (docs/replan.md)")
@@ -267,6 +270,8 @@ def table_changes(task: Task, previous: Plan, meta: Any, args: argparse.Namespac
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
+    if args.placement is not None and args.format != "torchrec":
+        raise DreamShardError("--placement: only with --format torchrec (where the plan places its ranks)")
     check_replan_args(args)
     check_output_file(args.output, "-o")
     task = task_of(args)
@@ -279,7 +284,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if args.format == "torchrec":
         from dreamshard.interop.torchrec import save_torchrec_plan  # imports torchrec: only for this format
 
-        save_torchrec_plan(task, plan, args.output)
+        save_torchrec_plan(task, plan, args.output, device_type=args.placement or "cuda")
     else:
         shapes = {t.name: [t.rows, t.dim] for t in tables}  # what a later re-plan (--previous) tells changes by
         made_by = provenance(args.algo, args.model, options.get("model"), task, sharder)

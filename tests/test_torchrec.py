@@ -527,3 +527,20 @@ def test_the_estimate_block_of_the_docs_runs_as_written(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     cost, hbm = proc.stdout.strip().splitlines()[-2:]
     assert float(cost) > 0 and all(int(x) > 0 for x in hbm.strip("()").split(","))
+
+
+def test_cli_placement_cpu_writes_a_plan_for_cpu_ranks(tmp_path, tables_csv, capsys):
+    out = tmp_path / "plan.pt"
+    args = ["plan", "--tables", str(tables_csv), "--devices", "2", "--memory-gb", "0.5", "--algo", "lookup_greedy",
+            "--format", "torchrec", "-o", str(out)]
+    assert main([*args, "--placement", "cpu"]) == 0
+    module_plan = torch.load(out, weights_only=False).plan["ebc"]
+    placements = {str(p.placement) for ps in module_plan.values() for p in ps.sharding_spec.shards}
+    assert placements and all(p.endswith("/cpu") for p in placements), placements
+    assert main(args) == 0  # default: GPUs
+    placements = {str(p.placement) for ps in torch.load(out, weights_only=False).plan["ebc"].values()
+                  for p in ps.sharding_spec.shards}
+    assert all("/cuda:" in p for p in placements), placements
+    json_out = tmp_path / "plan.json"
+    assert main([*args[:-4], "-o", str(json_out), "--placement", "cpu"]) == 1
+    assert "--placement: only with --format torchrec" in capsys.readouterr().err
