@@ -105,7 +105,11 @@ def test_sharders_restrictions_are_honoured_or_refused():
     rows_only = RestrictedSharder(["table_wise", "row_wise"])
     plan = DreamShardPlanner(topology(2, 10.0), algo="lookup_greedy", **roomy).plan(TwoCollections(), [rows_only])
     assert plan.plan["sparse.ebc"]["big"].sharding_type == "row_wise"  # column_wise is not offered: rows instead
-    for sharder, said in ((RestrictedSharder(["column_wise"]), r"offers \['column_wise'\]"),
+    columns_only = RestrictedSharder(["column_wise"])  # as TorchRec's tests restrict one: whole tables are one slice
+    plan = DreamShardPlanner(topology(2, 10.0), algo="lookup_greedy", **roomy).plan(TwoCollections(), [columns_only])
+    assert {ps.sharding_type for m in plan.plan.values() for ps in m.values()} == {"column_wise"}
+    assert len(plan.plan["sparse.ebc"]["big"].ranks) > 1 and len(plan.plan["other"]["thin"].ranks) == 1
+    for sharder, said in ((RestrictedSharder(["row_wise"]), r"offers \['row_wise'\]"),
                           (RestrictedSharder(["table_wise"], kernels=("dense",)), "fused kernel none")):
         with pytest.raises(DreamShardError, match=said):
             DreamShardPlanner(topology(2, 100.0), **roomy).plan(TwoCollections(), [sharder])
@@ -240,9 +244,17 @@ class CpuRowWiseSharder(EmbeddingBagCollectionSharder):
         return [*super().sharding_types(compute_device_type), "row_wise"]
 
 
-def run(sharding, rank, half=()):
-    """`half`: tables with fp16 weights in the sharded model (the unsharded one holds the same values in fp32)."""
-    sharders = [CpuRowWiseSharder()]
+class ColumnsOnlySharder(EmbeddingBagCollectionSharder):
+    """Restricted to column_wise, as TorchRec's tests restrict a sharder to one type."""
+
+    def sharding_types(self, compute_device_type):
+        return ["column_wise"]
+
+
+def run(sharding, rank, half=(), columns_only=False):
+    """`half`: tables with fp16 weights in the sharded model (the unsharded one holds the same values in fp32);
+    `columns_only`: a sharder offering column_wise alone (every table, whole or cut, column-wise)."""
+    sharders = [ColumnsOnlySharder() if columns_only else CpuRowWiseSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
     planner = DreamShardPlanner(topology, batch_size=64, algo="size_lookup_greedy", sharding=sharding,
                                 constraints={"big": ParameterConstraints(pooling_factors=[2.0])})
@@ -269,7 +281,7 @@ def run(sharding, rank, half=()):
     want_pooled, want_loss = reference(features)
     loss.backward()  # the fused optimizer steps the embeddings inside backward
     pooled_after, _ = dmp(features)
-    return {"rank": rank, "sharding": list(sharding), "half": list(half),
+    return {"rank": rank, "sharding": list(sharding), "half": list(half), "columns_only": columns_only,
             "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
             "held": sorted(held), "pooled_diff": float((pooled - want_pooled).abs().max()),
             "loss": float(loss), "want_loss": float(want_loss),
@@ -280,7 +292,8 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     reports = [run(("table", "column", "row"), rank), run(("table", "row"), rank),
-               run(("table", "column", "row"), rank, half=("big", "mid"))]
+               run(("table", "column", "row"), rank, half=("big", "mid")),
+               run(("table", "column", "row"), rank, columns_only=True)]
     print(json.dumps(reports), flush=True)
     dist.destroy_process_group()
 
@@ -299,12 +312,13 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
     decoder = json.JSONDecoder()
     starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
     reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
-    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 6
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 8
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
         assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
         assert r["changed"] > 0, r  # the training step moved the embeddings
-    by = {(r["rank"], tuple(r["sharding"])): r for r in reports if not r["half"]}
+    by = {(r["rank"], tuple(r["sharding"])): r for r in reports if not r["half"] and not r["columns_only"]}
+    assert all(set(r["kinds"].values()) == {"column_wise"} for r in reports if r["columns_only"])
     # fp16 and fp32 tables in one module: planned each at its own bytes (big, 3.7 MB in fp16, now fits a rank)
     mixed = [r for r in reports if r["half"]]
     assert len(mixed) == 2 and all(r["kinds"]["big"] == "table_wise" for r in mixed)

@@ -125,6 +125,7 @@ class DreamShardPlanner(ShardingPlanner):
         self.last_task: Task | None = None
         self.last_plan: Plan | None = None
         self.last_hbm: tuple[int, ...] = ()  # TorchRec's storage estimate of the last plan, per rank
+        self._whole_as = "table_wise"  # TorchRec's sharding type of a whole table (_kinds_allowed)
 
     def plan(self, module, sharders) -> Any:
         import time
@@ -144,7 +145,7 @@ class DreamShardPlanner(ShardingPlanner):
             raise DreamShardError(f"DreamShardPlanner: planning took {elapsed:.1f} s, over timeout_seconds="
                                   f"{self.timeout_seconds}")
         self.last_task, self.last_plan = task, plan
-        generators = table_generators(task, plan)  # every table's TorchRec sharding, once for all modules
+        generators = table_generators(task, plan, self._whole_as)  # every table's sharding, once for all modules
         sharding_plan = ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
         if self.debug:
             self._print_summary(task, plan, elapsed)
@@ -254,16 +255,20 @@ class DreamShardPlanner(ShardingPlanner):
         without table_wise or without the fused kernel cannot run DreamShard's plans: an error naming both."""
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
+        self._whole_as = "table_wise"
         sharder = next((s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)), None)
         if sharder is None:
             return self.sharding
         device = self.topology.compute_device
         offered = [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
-        if "table_wise" not in offered:
+        if "table_wise" not in offered and "column_wise" in offered:
+            self._whole_as = "column_wise"  # a whole table is one column slice
+        elif "table_wise" not in offered:
             raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
                                   f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
-                                  f"{offered or 'none'}; DreamShard's plans need table_wise with the fused kernel")
-        by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
+                                  f"{offered or 'none'}; DreamShard's plans need table_wise or column_wise with the "
+                                  "fused kernel")
+        by_kind = {"table": self._whole_as, "column": "column_wise", "row": "row_wise"}
         return tuple(k for k in self.sharding if by_kind[k] in offered)
 
     def _table_wise_only(self, name: str) -> bool:

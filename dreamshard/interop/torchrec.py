@@ -228,8 +228,9 @@ def _column_slices_generator(slices: list[Shard]):
     return generate
 
 
-def table_generators(task: Task, plan: Plan) -> dict[str, Any]:
-    """Table name -> TorchRec's ParameterShardingGenerator placing it as `plan` does."""
+def table_generators(task: Task, plan: Plan, whole_as: str = TABLE_WISE) -> dict[str, Any]:
+    """Table name -> TorchRec's ParameterShardingGenerator placing it as `plan` does; a whole table as
+    `whole_as`: table_wise, or column_wise with one slice (for a sharder that offers column_wise only)."""
     require_torchrec()
     from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 
@@ -238,7 +239,9 @@ def table_generators(task: Task, plan: Plan) -> dict[str, Any]:
     for i, t in enumerate(task.tables):
         blocks = shards[t.name]
         layout = table_layout(task, i, blocks)
-        if layout == TABLE_WISE:
+        if layout == TABLE_WISE and whole_as == COLUMN_WISE:
+            per_table[t.name] = column_wise(ranks=[blocks[0].device], compute_kernel=COMPUTE_KERNEL)
+        elif layout == TABLE_WISE:
             per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=COMPUTE_KERNEL)
         elif layout == ROW_WISE:
             per_table[t.name] = row_wise(compute_kernel=COMPUTE_KERNEL)
