@@ -544,3 +544,15 @@ def test_cli_placement_cpu_writes_a_plan_for_cpu_ranks(tmp_path, tables_csv, cap
     json_out = tmp_path / "plan.json"
     assert main([*args[:-4], "-o", str(json_out), "--placement", "cpu"]) == 1
     assert "--placement: only with --format torchrec" in capsys.readouterr().err
+
+
+def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_path):
+    """docs/torchrec.md's DreamShardPlanner block: planned inside the job, DMP, one step, on 2 gloo ranks."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "DreamShardPlanner(" in b.split("```")[0])
+    (tmp_path / "plan_in_script.py").write_text(block)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "plan_in_script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    reports = [line for line in res.stdout.splitlines() if line.startswith("{'rank'")]
+    assert sorted(line[:11] for line in reports) == ["{'rank': 0,", "{'rank': 1,"]
