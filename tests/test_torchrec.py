@@ -556,3 +556,9 @@ def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_pat
     assert res.returncode == 0, res.stderr[-3000:]
     reports = [line for line in res.stdout.splitlines() if line.startswith("{'rank'")]
     assert sorted(line[:11] for line in reports) == ["{'rank': 0,", "{'rank': 1,"]
+
+
+def test_the_training_script_run_here_is_the_one_in_the_docs():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "train_sharded.py" in b.split("```")[0])
+    assert block == TRAIN_SCRIPT
