@@ -365,3 +365,106 @@ def test_mixed_precisions_are_refused_by_the_kernels_backend_not_measured_wrong(
     backend = make_backend("fbgemm", GeneratedLookups(seed=0), batch_size=16)
     with pytest.raises(DreamShardError, match="mixes fp32 tables with fp16"):
         backend.plan_cost(task, make_sharder("size_greedy").shard(task))
+
+
+WEIGHTED_FP_SCRIPT = r'''"""Two CPU ranks: a weighted EBC and a feature-processed EBC planned by DreamShardPlanner,
+against unsharded copies."""
+import json
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+from torchrec.distributed.planner import Topology
+from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from dreamshard.interop.planner import DreamShardPlanner
+
+ROWS, DIM = 40_000, 16  # 2.4 MB a table, a rank holds 3 MB: one table on each
+
+
+def fill(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embedding_bags" in name:
+                r = torch.arange(p.shape[0], dtype=torch.float64)[:, None]
+                c = torch.arange(p.shape[1], dtype=torch.float64)[None, :]
+                p.copy_((torch.sin(r * 0.37 + c * 1.3) * 0.1).float())
+
+
+def module(kind, device):
+    configs = [EmbeddingBagConfig(name=f"{kind}_{i}", embedding_dim=DIM, num_embeddings=ROWS,
+                                  feature_names=[f"{kind}_f{i}"]) for i in range(2)]
+    if kind == "weighted":
+        return EmbeddingBagCollection(tables=configs, is_weighted=True, device=device)
+    ebc = EmbeddingBagCollection(tables=configs, is_weighted=True, device=device)
+    fp = PositionWeightedModuleCollection({f"{kind}_f{i}": 5 for i in range(2)}, device=device)
+    return FeatureProcessedEmbeddingBagCollection(ebc, fp)
+
+
+def features(kind, rank, weighted):
+    g = torch.Generator().manual_seed(7 + rank)
+    lengths = torch.randint(1, 5, (2 * 8,), generator=g)
+    values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(int(lengths.sum()), generator=g) if weighted else None
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"{kind}_f{i}" for i in range(2)], values=values,
+                                               lengths=lengths, weights=weights)
+
+
+def run(kind, rank):
+    sharders = [EmbeddingBagCollectionSharder(), FeatureProcessedEmbeddingBagCollectionSharder()]
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=3 * 1024**2)
+    planner = DreamShardPlanner(topology, batch_size=8, algo="size_lookup_greedy", debug=False)
+    model = torch.nn.Module()
+    model.sparse = module(kind, torch.device("meta"))
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    apply_optimizer_in_backward(torch.optim.SGD, model.parameters(), {"lr": 0.1})
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    reference = torch.nn.Module()
+    reference.sparse = module(kind, torch.device("cpu"))
+    fill(reference)
+    with torch.no_grad():  # the same weights in the shards each rank holds
+        for name, tensor in dmp.state_dict().items():
+            if ".embedding_bags." in name and name.endswith(".weight"):
+                for s in tensor.local_shards():
+                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+                    r = torch.arange(r0, r0 + nr, dtype=torch.float64)[:, None]
+                    c = torch.arange(c0, c0 + nc, dtype=torch.float64)[None, :]
+                    s.tensor.copy_((torch.sin(r * 0.37 + c * 1.3) * 0.1).float())
+    kjt = features(kind, rank, weighted=(kind == "weighted"))
+    got = dmp.module.sparse(kjt).values()
+    want = reference.sparse(kjt).values()
+    kinds = {f"{fqn}/{t}": p.sharding_type for fqn, m in plan.plan.items() for t, p in m.items()}
+    return {"rank": rank, "kind": kind, "diff": float((got - want).abs().max()), "kinds": kinds,
+            "planned": sorted(plan.plan)}
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(json.dumps([run("weighted", rank), run("fp", rank)]), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.slow  # two processes that each import torchrec
+def test_weighted_and_feature_processed_collections_shard_as_planned(tmp_path):
+    """A weighted EBC and a FeatureProcessedEmbeddingBagCollection (planned at its own fqn, with its own sharder),
+    on 2 gloo ranks: pooled outputs equal unsharded copies holding the same weights."""
+    (tmp_path / "wfp.py").write_text(WEIGHTED_FP_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "wfp.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    reports = [r for line in res.stdout.splitlines() if line.startswith('[{"rank"') for r in json.loads(line)]
+    assert sorted((r["rank"], r["kind"]) for r in reports) == [(0, "fp"), (0, "weighted"), (1, "fp"), (1, "weighted")]
+    for r in reports:
+        assert r["planned"] == ["sparse"], r  # the feature-processed module's own fqn, not the EBC inside it
+        assert r["diff"] < 1e-6, r

@@ -191,19 +191,18 @@ class DreamShardPlanner(ShardingPlanner):
     def task(self, module, sharders=None) -> tuple[Task, list[ModuleTables]]:
         """The DreamShard task of every EBC table in `module`, and where each table lives: memory as TorchRec
         counts it (the module's optimizer, buffers at batch_size, each rank's HBM less TorchRec's reservation)."""
-        from torchrec import EmbeddingBagCollection
         from torchrec.modules.embedding_configs import DataType
 
-        found = [(fqn, m) for fqn, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)]
+        found = _embedding_bag_modules(module)
         _refuse_unplanned_modules(module)
         if not found:
             raise DreamShardError("DreamShardPlanner: the module holds no EmbeddingBagCollection to plan")
-        all_names = [c.name for _, m in found for c in m.embedding_bag_configs()]
+        all_names = [c.name for _, m in found for c in _ebc_of(m).embedding_bag_configs()]
         clash = {n for n in all_names if all_names.count(n) > 1}
         tables, modules, precisions, whole = [], [], set(), []
         for fqn, m in found:
             names = []
-            for c in m.embedding_bag_configs():
+            for c in _ebc_of(m).embedding_bag_configs():
                 key = f"{fqn}/{c.name}" if c.name in clash else c.name
                 if c.data_type not in (DataType.FP32, DataType.FP16):
                     raise DreamShardError(f"DreamShardPlanner: table {c.name!r} ({fqn or 'module'}): data type "
@@ -318,12 +317,16 @@ class DreamShardPlanner(ShardingPlanner):
 
     def _module_plan(self, task: Task, plan: Plan, generators: dict[str, Any], m: ModuleTables, sharders) -> Any:
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
         from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+        from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
         from dreamshard.interop.torchrec import check_module_plan
 
-        sharder = next((s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)),
-                       EmbeddingBagCollectionSharder())
+        kind = (FeatureProcessedEmbeddingBagCollectionSharder if isinstance(m.module, FeatureProcessedEmbeddingBagCollection)
+                else EmbeddingBagCollectionSharder)
+        sharder = next((s for s in sharders if type(s) is kind), None) or next(
+            (s for s in sharders if isinstance(s, kind)), None) or kind()
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
             m.module, per_table, sharder=sharder, local_size=self.topology.local_world_size,
@@ -338,6 +341,12 @@ class DreamShardPlanner(ShardingPlanner):
             if c is not None:  # written into the plan as TorchRec's planner writes them
                 for field in WRITTEN_FIELDS:
                     setattr(module_plan[name], field, getattr(c, field))
+        if isinstance(m.module, FeatureProcessedEmbeddingBagCollection):
+            rows = [name for _, name in m.names if module_plan[name].sharding_type == "row_wise"]
+            if rows:  # TorchRec guards row-wise sharding of feature-processed tables
+                raise DreamShardError(f"DreamShardPlanner: feature-processed table(s) {rows} ({m.fqn}) planned "
+                                      "row-wise, which TorchRec runs for feature-processed modules only when a "
+                                      "constraint asks for it; restrict `sharding` to table and column")
         return module_plan
 
 
@@ -411,3 +420,21 @@ def _refuse_unplanned_modules(module) -> None:
                 raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a {kind.__name__}, which "
                                       "DreamShard does not plan (EmbeddingBagCollections only); plan it with "
                                       "TorchRec's planner")
+
+
+def _embedding_bag_modules(module) -> list:
+    """(fqn, module) of every EBC to plan: a FeatureProcessedEmbeddingBagCollection as one unit (its sharder
+    shards the EBC inside it, keyed by its own fqn), every other EBC on its own."""
+    from torchrec import EmbeddingBagCollection
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+    fp = [(fqn, m) for fqn, m in module.named_modules() if isinstance(m, FeatureProcessedEmbeddingBagCollection)]
+    inside = {f"{fqn}.{name}" if fqn else name for fqn, m in fp for name, _ in m.named_modules() if name}
+    plain = [(fqn, m) for fqn, m in module.named_modules()
+             if isinstance(m, EmbeddingBagCollection) and fqn not in inside]
+    return sorted(fp + plain, key=lambda item: item[0])
+
+
+def _ebc_of(m):
+    """The EmbeddingBagCollection a planned module holds: itself, or a feature-processed one's."""
+    return getattr(m, "_embedding_bag_collection", m)
