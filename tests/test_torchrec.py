@@ -554,8 +554,10 @@ def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_pat
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "plan_in_script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    reports = [line for line in res.stdout.splitlines() if line.startswith("{'rank'")]
-    assert sorted(line[:11] for line in reports) == ["{'rank': 0,", "{'rank': 1,"]
+    import re
+
+    # both ranks print to one pipe: their lines may run together
+    assert sorted(re.findall(r"\{'rank': (\d),", res.stdout)) == ["0", "1"]
 
 
 def test_the_training_script_run_here_is_the_one_in_the_docs():

@@ -463,7 +463,9 @@ def test_weighted_and_feature_processed_collections_shard_as_planned(tmp_path):
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "wfp.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    reports = [r for line in res.stdout.splitlines() if line.startswith('[{"rank"') for r in json.loads(line)]
+    decoder = json.JSONDecoder()  # both ranks print to one pipe: decode each report where it starts
+    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
+    reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
     assert sorted((r["rank"], r["kind"]) for r in reports) == [(0, "fp"), (0, "weighted"), (1, "fp"), (1, "weighted")]
     for r in reports:
         assert r["planned"] == ["sparse"], r  # the feature-processed module's own fqn, not the EBC inside it
