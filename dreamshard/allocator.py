@@ -5,9 +5,8 @@ Torch's CPU allocator puts allocations of 2 MB and more on transparent huge page
 (c10 alloc_cpu). It reads the variable once, at the process's first allocation, so the program sets it
 before importing torch (`python -m pipeline` does, from params backend.fbgemm.huge_pages), and the backend
 refuses to measure where the process's setting differs from its config. Building an operator first-touches
-all its weights (torch.zeros inside FBGEMM took 85% of a build); with huge pages a task's interleaved
-measurements took 0.38-0.52x the wall time at batch 512 and 0.63-0.86x at 2048 (AMD EPYC, 2 dlrm-20-4 and
-2 dlrm-80-8 tasks, 7 sharders, 3 rounds).
+all its weights, most of a build's time; huge pages make that first touch, and so each measurement's
+wall time, much shorter.
 """
 from __future__ import annotations
 

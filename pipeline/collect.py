@@ -18,7 +18,7 @@ files follow the plans' order, so they are the same bytes whichever runner produ
 
 GPUs: with `gpus_per_chunk: 1` each chunk asks Dask for the worker resource `GPU`, so a
 worker started with `--resources GPU=1` and its own `CUDA_VISIBLE_DEVICES` measures one
-chunk at a time on its one GPU (README, "Running on a GPU cluster"). `orchestration` is not a DVC
+chunk at a time on its one GPU (docs/gpu-cluster.md). `orchestration` is not a DVC
 dependency: it changes where the chunks are measured, never what the stage writes.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class RunnerConfig:
             raise ValueError(f"gpus_per_chunk: expected a number >= 0, got {self.gpus_per_chunk!r}")
         if self.gpus_per_chunk and not (self.runner == "dask" and self.address):
             raise ValueError("gpus_per_chunk: needs runner 'dask' with the address of a cluster whose workers were "
-                             "started with --resources GPU=1, one per GPU (README, 'Running on a GPU cluster')")
+                             "started with --resources GPU=1, one per GPU (docs/gpu-cluster.md)")
 
 
 def runner_config(params: dict[str, Any]) -> RunnerConfig:

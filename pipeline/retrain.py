@@ -1,4 +1,4 @@
-"""Scheduled retraining: the flow of the `retrain` deployment (prefect.yaml, README, "Running on a GPU cluster").
+"""Scheduled retraining: the flow of the `retrain` deployment (prefect.yaml, docs/gpu-cluster.md).
 
 One run works in a checkout of the project (the deployment's pull step clones it into
 the worker's temporary directory, or `working_dir` points at a checkout) and uses DVC

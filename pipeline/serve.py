@@ -1,8 +1,8 @@
 """`python -m pipeline.serve -- COMMAND ...`: run COMMAND (`dvc repro`) with one local Prefect server for all its stages.
 
-Without PREFECT_API_URL every `python -m pipeline STAGE` starts a temporary Prefect server of its own:
-10.8 s for the tasks stage, whose work takes 0.75 s (AMD EPYC, 2 cores). `make run` starts one server on a
-free local port instead, points every stage at it with PREFECT_API_URL (4.4 s for the same stage), and stops
+Without PREFECT_API_URL every `python -m pipeline STAGE` starts a temporary Prefect server of its own, which
+takes many times the work of a small stage. `make run` starts one server on a
+free local port instead, points every stage at it with PREFECT_API_URL, and stops
 it when the command ends, whatever its exit status. The server keeps its state in the project's PREFECT_HOME
 and logs to PREFECT_HOME/server.log. Where PREFECT_API_URL is set already (a server of your own), the
 command just runs against it.

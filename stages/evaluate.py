@@ -110,9 +110,8 @@ def _start_planner(params: dict[str, Any]) -> None:
 
     # A worker is a program: one thread per planning process, set once at its start. torch's count does not
     # reach NumPy's BLAS (OpenBLAS starts a thread per core), and the decoders' NumPy steps use it: two
-    # workers on 2 cores then ran 4 BLAS threads. From about 100 tables (80 were unaffected) planning took
-    # 2-3x as long: DreamShard's median 15.1 ms against 4.9 ms on 16 paper-scale dlrm-100-4 tasks, 24.3
-    # against 10.2 on dlrm-200-8 (AMD EPYC, 2 cores; neuroshard_tw 21.7 against 10.5, 46.9 against 22.8).
+    # workers on 2 cores then ran 4 BLAS threads, and planning from about 100 tables took 2-3x as long
+    # (results/paper-today).
     torch.set_num_threads(1)
     threadpool_limits(1)
     _PLANNER["sharders"] = make_sharders(params, int(section(params, "backend.batch_size")))

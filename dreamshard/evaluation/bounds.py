@@ -10,12 +10,12 @@ How sum_d compute(S_d) is bounded depends on how fusing tables changes their cos
 which is measured (`additivity_ratio`: fused cost / sum of single costs on probe sets),
 never assumed from the kind of processor:
   super_additive or mixed (large tables compete for cache while small ones still share
-    the operator's fixed cost; measured for FBGEMM's CPU kernels on an Intel Xeon, 1.5-1.8x):
+    the operator's fixed cost; seen with FBGEMM's CPU kernels on some processors, results/):
     assume fusion saves at most the fixed per-operator cost o per table joined, i.e.
     compute(S) >= o + sum_{t in S} (c(t) - o). o is at most the cheapest table's single
     cost m, so sum_d compute(S_d) >= sum_t c(t) - (T - 1) m.
   sub_additive (compute(A u B) <= compute(A) + compute(B): fusion saves launches and more;
-    measured for FBGEMM's CPU kernels on an AMD EPYC, 0.96x): sum_d compute(S_d) >=
+    seen with FBGEMM's CPU kernels on other processors): sum_d compute(S_d) >=
     compute(all tables fused). Probes of single tables cannot prove that for every split,
     so the smaller of this and the first bound is used.
   mixed (probes of both kinds) and either (no assumption on the direction: the evaluate stage's
@@ -26,13 +26,12 @@ never assumed from the kind of processor:
     is bounded below by the fused cost of the costliest tables that fit: adding tables never makes an
     operator cheaper, the assumption of the per-table term below (`fused_all_bound`).
   non_monotone (a set of tables measured cheaper fused than its costliest table alone: fused(S) <
-    max_t c(t), `fusion_probe(...).monotone` below 1; measured for FBGEMM's CUDA kernels on an H100
-    at batch 2048, where each operator's cost is the host launching its kernels, 0.6-1.0 ms whatever
-    it holds, and single readings vary by 10-40%, results/gpu/): the compute term of `either`, without
+    max_t c(t), `fusion_probe(...).monotone` below 1; seen with FBGEMM's CUDA kernels at a small batch,
+    where each operator's cost is the host launching its kernels, results/gpu/): the compute term of `either`, without
     the per-table term below, whose assumption (a table's cost does not drop when others join it) the
     probes refuted. `bound_regime` picks it from the probes.
-The plain sum of single costs is NOT a bound on super-additive kernels: 8 small tables on
-2 devices had an optimum below it (the evaluate stage's exhaustive check, Intel Xeon).
+The plain sum of single costs is NOT a bound on super-additive kernels: the evaluate stage's
+exhaustive check found small tasks whose optimum lies below it.
 Transfers: every device sends its outputs to N-1 others,
 so mean_d transfer_d >= latency + (N-1) B D bytes / (N^2 x fastest link), D the task's
 total dim. Independently, the device holding table t costs at least c(t) + 2 x

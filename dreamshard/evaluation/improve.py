@@ -55,7 +55,7 @@ min_gain = 0 keeps the returned plan's true cost within (1 + e) / (1 - e) of the
 min_gain >= 2e / (1 + e) makes every accepted step a true improvement (tests/test_improve.py checks both
 with e = 0.1). In practice measure the spread on that machine first: take min_gain about twice the relative
 spread of the median of `rounds` measurements of one plan (measure a seed 10 times or so), with rounds = 3
-or 5; a machine shared with other work can spread far more than a quiet one (README, "Cost backends").
+or 5; a machine shared with other work can spread far more than a quiet one (docs/cost-backends.md).
 """
 from __future__ import annotations
 

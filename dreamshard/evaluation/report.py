@@ -1,4 +1,4 @@
-"""Markdown summaries of metrics/eval.json, for README and Prefect artifacts."""
+"""Markdown summaries of metrics/eval.json, for results pages and Prefect artifacts."""
 from __future__ import annotations
 
 import re
@@ -150,7 +150,7 @@ def replace_block(readme: Path, text: str, begin: str = BEGIN, end: str = END) -
 
 
 def update_readme(readme: Path, metrics: dict) -> None:
-    """Replace the summary block of README with the table of `metrics`."""
+    """Replace the summary block of a results page (a markdown file) with the table of `metrics`."""
     replace_block(readme, summary_markdown(metrics))
 
 

@@ -1,6 +1,6 @@
 """What the evaluate stage reports: result rows, per-family summaries, generalisation labels, the exhaustive check.
 
-These produce metrics/eval.json and README's results table (dreamshard.evaluation.report).
+These produce metrics/eval.json and the results tables built from it (dreamshard.evaluation.report, readme_table).
 """
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ bins absent: 0.5). The working set is taken over
                            fusing tables with large working sets costs more than running
                            them apart (small ones still share the launch).
 Which regime real kernels are in is a measured property of the processor, not of "CPU" or
-"GPU": FBGEMM's CPU kernels fused 20 tables at 1.5-1.8x the sum of their single costs on an
-Intel Xeon and at 0.96x on an AMD EPYC (`python -m benchmarks.cpu_kernels`; the evaluate
-stage records the regime it measured). There is no default: choose the regime to model.
+"GPU": FBGEMM's CPU kernels fuse super-additively on some processors and sub-additively on
+others (`python -m benchmarks.cpu_kernels` measures it; the evaluate stage records the regime
+it measured). There is no default: choose the regime to model.
 Communication comes from the all-to-all model in dreamshard.hardware.comm.
 Devices of different speed (Device.speed): `compute_cost` is a reference device's (speed 1),
 and `plan_cost` divides each device's compute by its speed.

@@ -354,8 +354,8 @@ class FbgemmBackend:
         gen = torch.Generator(device=device).manual_seed(0)
         with torch.no_grad():
             # one seeded block of uniform values, tiled over every table: drawing each weight from the
-            # generator took 35% of a measurement's wall time (1.7 of 4.9 s for an 80-table plan on 8 devices,
-            # AMD EPYC); the kernels' work does not depend on the values (benchmarks/init_ab.py compares them)
+            # generator took a third of a measurement's wall time, and the kernels' work does not depend on
+            # the values (benchmarks/init_ab.py compares them)
             block = torch.empty(INIT_BLOCK, device=device).uniform_(-INIT_RANGE, INIT_RANGE, generator=gen)
             for w in op.split_embedding_weights():
                 fill_tiled(w, block)
