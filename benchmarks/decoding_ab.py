@@ -23,13 +23,15 @@ from typing import Any
 import pandas as pd
 
 from dreamshard.errors import DreamShardError
+from dreamshard.plan import Plan, PlanKey
 from dreamshard.sharders.heuristics import GREEDY_KEYS
 
 VARIANT = "{sharder}+rivals"
 
 
-def plan_key(shards: list[dict[str, Any]]) -> tuple:
-    return tuple(sorted(tuple(sorted(s.items())) for s in shards))
+def plan_key(shards: list[dict[str, Any]]) -> PlanKey:
+    """Plan.key() of a plan's shards as written (JSON objects)."""
+    return Plan.from_dict({"num_devices": 1 + max(s["device"] for s in shards), "shards": shards}).key()
 
 
 def plan_key_of(shards_json: str) -> tuple:

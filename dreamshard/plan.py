@@ -72,6 +72,9 @@ class Shard:
         return out
 
 
+PlanKey = tuple[tuple[str, int, int, int, int, int], ...]  # Plan.key(): table, device, columns, rows per shard
+
+
 @dataclass(frozen=True)
 class Plan:
     num_devices: int
@@ -87,6 +90,11 @@ class Plan:
 
     def device_shards(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
+
+    def key(self) -> PlanKey:
+        """The plan's identity: its shards sorted, equal for plans listing the same shards in another order."""
+        return tuple(sorted((s.table, s.device, s.col_start, s.col_end, s.row_start,
+                             -1 if s.row_end is None else s.row_end) for s in self.shards))
 
     def to_dict(self, **extra: Any) -> dict:
         return {"num_devices": self.num_devices, "shards": [s.to_dict() for s in self.shards], **extra}

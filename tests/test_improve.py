@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from dreamshard.errors import InvalidPlanError
-from dreamshard.evaluation.improve import ImproveConfig, improve, plan_key
+from dreamshard.evaluation.improve import ImproveConfig, improve
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
@@ -32,18 +32,18 @@ class Checked:
         self.inner, self.name, self.measured = inner, inner.name, inner.measured
         self.calls = 0
         self.per_plan: Counter = Counter()
-        self.seed_keys = {plan_key(p) for p in seeds}
+        self.seed_keys = {p.key() for p in seeds}
 
     def device_name(self):
         return self.inner.device_name()
 
     def plan_cost(self, task, plan):
         validate_plan(task, plan)
-        if "column" not in task.sharding and plan_key(plan) not in self.seed_keys:
+        if "column" not in task.sharding and plan.key() not in self.seed_keys:
             dims = {t.name: t.dim for t in task.tables}
             assert all((s.col_start, s.col_end) == (0, dims[s.table]) for s in plan.shards), plan
         self.calls += 1
-        self.per_plan[plan_key(plan)] += 1
+        self.per_plan[plan.key()] += 1
         return self.inner.plan_cost(task, plan)
 
 
@@ -69,7 +69,7 @@ class LuckyOnce(Checked):
 
     def plan_cost(self, task, plan):
         cost = super().plan_cost(task, plan)
-        return scaled(cost, 0.5) if self.per_plan[plan_key(plan)] == 1 else cost
+        return scaled(cost, 0.5) if self.per_plan[plan.key()] == 1 else cost
 
 
 # ---------------------------------------------------------------- tasks
@@ -166,7 +166,7 @@ def test_never_worse_than_its_seeds_and_every_plan_it_measures_is_valid(regime):
         assert truth.plan_cost(task, result.best_plan).cost_ms == pytest.approx(result.best_cost.cost_ms, rel=1e-12)
         assert result.seed_costs[result.start_seed].cost_ms == min(c.cost_ms for c in result.seed_costs)
         assert 0 <= result.best_seed < len(seeds)
-        assert result.history[0] == (len({plan_key(p) for p in seeds}) * config.rounds, min(true_seeds))
+        assert result.history[0] == (len({p.key() for p in seeds}) * config.rounds, min(true_seeds))
         assert result.history[-1][1] == result.best_cost.cost_ms
         assert [c for _, c in result.history] == sorted((c for _, c in result.history), reverse=True)
         if task.constrained:
@@ -246,7 +246,7 @@ def test_the_budget_is_respected_and_no_plan_is_measured_twice_for_its_single_me
     rng = random.Random(budget * 10 + rounds)
     task, witness = random_task(rng, 8, 3, hetero=True)
     seeds = [witness, make_sharder("size_lookup_greedy").shard(task)]
-    distinct = len({plan_key(p) for p in seeds})
+    distinct = len({p.key() for p in seeds})
     backend = Checked(analytic())
     if distinct * rounds > budget:
         with pytest.raises(ValueError, match="cannot measure"):
@@ -258,7 +258,7 @@ def test_the_budget_is_respected_and_no_plan_is_measured_twice_for_its_single_me
     # a plan is measured once (its single measurement) or `rounds` times (a seed, or a candidate confirmed)
     assert set(backend.per_plan.values()) <= {1, rounds}
     for p in seeds:
-        assert backend.per_plan[plan_key(p)] == rounds
+        assert backend.per_plan[p.key()] == rounds
 
 
 def test_a_bad_config_or_seed_is_refused():
@@ -298,7 +298,7 @@ def test_a_lucky_first_measurement_is_not_taken_as_an_improvement():
         # medians of 3 are the true costs: the returned plan is truly no worse than the seed, and its cost is true
         assert truth.plan_cost(task, result.best_plan).cost_ms == pytest.approx(result.best_cost.cost_ms, rel=1e-12)
         assert result.best_cost.cost_ms <= seed_ms
-        confirmed = [k for k, n in backend.per_plan.items() if n == 3 and k != plan_key(seed)]
+        confirmed = [k for k, n in backend.per_plan.items() if n == 3 and k != seed.key()]
         assert confirmed  # re-measurements happened
         # without confirmation (rounds=1) the same search takes a lucky reading for the truth
         blind = improve(LuckyOnce(truth), task, [seed], ImproveConfig(budget=150, rounds=1, seed=i))
@@ -323,6 +323,6 @@ def test_random_noise_does_not_make_it_accept_a_worse_plan_than_the_noise_allows
             assert true_found <= true_best_seed  # every accepted step was a true improvement
         else:
             assert true_found <= true_best_seed * (1 + spread) / (1 - spread)
-        seed_keys = {plan_key(p) for p in seeds}
+        seed_keys = {p.key() for p in seeds}
         assert any(n == 3 for k, n in backend.per_plan.items() if k not in seed_keys)  # candidates re-measured
         assert set(backend.per_plan.values()) <= {1, 3}

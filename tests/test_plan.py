@@ -253,3 +253,12 @@ def test_a_pinned_table_off_its_device_is_refused():
         _replace(task, pins=(("c", 0),))
     with pytest.raises(ValueError, match="pinned to device 2"):
         _replace(task, pins=(("a", 2),))
+
+
+def test_plan_key_is_the_plans_identity_whatever_the_shard_order():
+    a = Plan(2, (Shard("x", 0, 0, 8), Shard("y", 1, 0, 4, 0, 10), Shard("y", 0, 0, 4, 10, 20)))
+    b = Plan(2, tuple(reversed(a.shards)))
+    assert a.key() == b.key() and hash(a.key()) == hash(b.key())
+    assert Plan(2, (Shard("x", 1, 0, 8), *a.shards[1:])).key() != a.key()  # another device
+    assert Plan(2, (Shard("x", 0, 0, 8, 0, 5), Shard("x", 0, 0, 8, 5, None))).key() != \
+        Plan(2, (Shard("x", 0, 0, 8),)).key()  # row ranges are part of it

@@ -43,11 +43,6 @@ def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:
     return planned
 
 
-def _plan_key(plan: Plan) -> tuple:
-    return tuple(sorted((s.table, s.device, s.col_start, s.col_end, s.row_start, s.row_end or -1)
-                        for s in plan.shards))
-
-
 def _device_key(shards: Sequence) -> tuple:
     return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1) for s in shards))
 
@@ -69,7 +64,7 @@ def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan],
     is measured once and its compute cost used for each of them (backend.plan_cost_from): the same
     fused operator, so the plans compare on the same measurement of it; `count` tallies both.
     """
-    keys = [_plan_key(p) for p in plans]
+    keys = [p.key() for p in plans]
     distinct = list(dict.fromkeys(keys))
     first = {k: plans[keys.index(k)] for k in distinct}
     measured: dict[tuple, list[PlanCost]] = {k: [] for k in distinct}
@@ -189,7 +184,7 @@ def estimated_bins_check(backend: CostBackend, tasks: Sequence[Task], sharders: 
             validate_plan(task, with_bins)
             validate_plan(task, without)
             a, b = measure_interleaved(backend, task, [with_bins, without], rounds)
-            out.append(BinsComparison(task, sharder.name, a, b, _plan_key(with_bins) == _plan_key(without)))
+            out.append(BinsComparison(task, sharder.name, a, b, with_bins.key() == without.key()))
     return out
 
 

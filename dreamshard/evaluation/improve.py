@@ -64,20 +64,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dreamshard.hardware.base import CostBackend, PlanCost
-from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
+from dreamshard.plan import Plan, PlanKey, Shard, device_memory_bytes, validate_plan
 from dreamshard.tasks import Task
 
 MOVE_KINDS = ("move", "swap", "exchange", "split", "merge")
 # neighbourhoods in the order a descent tries them: the next only when the previous has no improvement
 TIERS = (("move", "exchange"), ("swap",), ("split", "merge"))
 
-PlanKey = tuple[tuple[str, int, int, int, int, int], ...]
-
-
-def plan_key(plan: Plan) -> PlanKey:
-    """The plan as a sorted tuple of its shards: equal for plans that list the same shards in another order."""
-    return tuple(sorted((s.table, s.device, s.col_start, s.col_end, s.row_start, -1 if s.row_end is None else s.row_end)
-                        for s in plan.shards))
 
 
 @dataclass(frozen=True)
@@ -362,7 +355,7 @@ class _Search:
         return cost
 
     def _register(self, plan: Plan) -> PlanKey:
-        key = plan_key(plan)
+        key = plan.key()
         if key not in self.plans:
             validate_plan(self.task, plan)
             self.plans[key] = plan
