@@ -19,7 +19,7 @@ from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DreamShardError
 from dreamshard.evaluation.plan_report import add_report_parser
 from dreamshard.io import check_output_file
-from dreamshard.limits import MAX_DEVICES, MAX_SAMPLES, check_limit
+from dreamshard.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_SAMPLES, check_limit
 from dreamshard.measuring import (
     add_plan_measure_arguments,
     default_regime,
@@ -33,7 +33,6 @@ from dreamshard.memory import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_RESERVATION,
     GB,
-    MAX_BATCH_SIZE,
     OPTIMIZER_STATE_BYTES,
     MemoryModel,
 )

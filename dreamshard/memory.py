@@ -25,7 +25,6 @@ OPTIMIZER_STATE_BYTES = {
 INPUT_BYTES = 8  # TorchRec counts each looked-up index as int64 (FBGEMM's TBE converts int32 ids to int64)
 DEFAULT_RESERVATION = 0.15  # TorchRec's planner default (HeuristicalStorageReservation's percentage)
 DEFAULT_BATCH_SIZE = 512  # TorchRec's planner default batch size per device
-MAX_BATCH_SIZE = 2**24  # samples per device: far above any training batch; keeps buffer bytes inside int64
 
 GB = 1024**3
 
