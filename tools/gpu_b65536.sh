@@ -24,6 +24,8 @@ finish() {
 }
 trap finish TERM
 
+# parts carried in earlier calls wait in /tmp/parts (a carried path is removed from the checkout by the next call)
+if ls /tmp/parts/part.* >/dev/null 2>&1; then mkdir -p .gpu/p00 && mv /tmp/parts/part.* .gpu/p00/; fi
 [ -n "${SKIP_INSTALL:-}" ] && INSTALL_CMD=true || INSTALL_CMD="bash .gpu/meta/install-on-device.sh"
 ( $INSTALL_CMD \
   && { [ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl; } ) \
