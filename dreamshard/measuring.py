@@ -19,6 +19,8 @@ from dreamshard.plan import Plan, device_memory_bytes, read_plan_json, validate_
 from dreamshard.tables import Table, read_tables_file
 from dreamshard.tasks import Task
 
+UNRECORDED_BATCH_SIZE = 2048  # what plans that record no batch size are measured at
+
 
 def add_plan_measure_arguments(p: argparse.ArgumentParser, regime_help: str) -> None:
     """The options naming a plan and how to cost it."""
@@ -28,7 +30,9 @@ def add_plan_measure_arguments(p: argparse.ArgumentParser, regime_help: str) -> 
     p.add_argument("--regime", choices=REGIMES, help=regime_help)
     p.add_argument("--memory-gb", type=float, help="device memory, GB (default: the devices the plan records)")
     p.add_argument("--devices-file", type=Path, help="devices file (default: the devices the plan records)")
-    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--batch-size", type=int,
+                   help="samples per device the operators run (default: the batch the plan records, the one it was "
+                        f"planned to train with; {UNRECORDED_BATCH_SIZE} for a plan that records none)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="fbgemm: where the kernels run")
     p.add_argument("--threads", type=int, default=1, help="fbgemm on cpu: threads")
     p.add_argument("--iterations", type=int, default=10, help="fbgemm: timed iterations (median reported)")
@@ -156,6 +160,12 @@ def planned_task(args: argparse.Namespace) -> tuple[Task, Plan]:
     tables = read_tables_file(args.tables)
     meta = read_plan_file(args.plan, "--plan")  # the plan and the settings it was made under
     plan = Plan.from_dict(meta, str(args.plan))
+    if args.batch_size is None:  # measure at the batch the plan was made to train with
+        recorded = meta.get("batch_size") if isinstance(meta, dict) else None
+        args.batch_size = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 \
+            else UNRECORDED_BATCH_SIZE
+    if args.batch_size < 1:
+        raise DreamShardError(f"--batch-size: expected a positive integer, got {args.batch_size}")
     check_limit(plan.num_devices, MAX_DEVICES, f"{args.plan}: num_devices")
     check_same_tables(tables, meta, args)
     task = task_from_plan(args.tables.stem, tables, meta, plan.num_devices, str(args.plan), args.memory_gb,

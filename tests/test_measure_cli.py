@@ -153,3 +153,18 @@ def test_measure_bad_tables_file(planned, capsys, tmp_path, write, words):
     for w in words:
         assert w in line
 
+
+
+def test_measure_runs_at_the_batch_the_plan_records(planned, capsys, tmp_path):
+    tables, plan = planned
+    assert json.loads(plan.read_text())["batch_size"] == 512  # `plan`'s default, recorded
+    assert main(measure(tables, plan, "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["batch_size"] == 512
+    obj = json.loads(plan.read_text())
+    del obj["batch_size"]  # a plan that records none: the old default
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(obj))
+    assert main(measure(tables, old, "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["batch_size"] == 2048
+    assert main(measure(tables, plan, "--json", "--batch-size", "0")) == 1
+    assert "--batch-size: expected a positive integer" in capsys.readouterr().err
