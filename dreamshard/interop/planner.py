@@ -125,7 +125,6 @@ class DreamShardPlanner(ShardingPlanner):
         self.last_task: Task | None = None
         self.last_plan: Plan | None = None
         self.last_hbm: tuple[int, ...] = ()  # TorchRec's storage estimate of the last plan, per rank
-        self._whole_as = "table_wise"  # TorchRec's sharding type of a whole table (_kinds_allowed)
 
     def plan(self, module, sharders) -> Any:
         import time
@@ -145,7 +144,8 @@ class DreamShardPlanner(ShardingPlanner):
             raise DreamShardError(f"DreamShardPlanner: planning took {elapsed:.1f} s, over timeout_seconds="
                                   f"{self.timeout_seconds}")
         self.last_task, self.last_plan = task, plan
-        generators = table_generators(task, plan, self._whole_as)  # every table's sharding, once for all modules
+        # every table's sharding, once for all modules
+        generators = table_generators(task, plan, self._whole_as(self._offered(sharders)))
         sharding_plan = ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
         if self.debug:
             self._print_summary(task, plan, elapsed)
@@ -207,6 +207,8 @@ class DreamShardPlanner(ShardingPlanner):
                 if c.data_type not in (DataType.FP32, DataType.FP16):
                     raise DreamShardError(f"DreamShardPlanner: table {c.name!r} ({fqn or 'module'}): data type "
                                           f"{c.data_type} is not planned; fp32 or fp16 weights are")
+                if c.name in self.constraints:
+                    _check_constraint_fields(c, self.constraints[c.name])
                 precision = "fp16" if c.data_type == DataType.FP16 else "fp32"
                 precisions.add(precision)
                 tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c),
@@ -248,26 +250,35 @@ class DreamShardPlanner(ShardingPlanner):
                                   f"with {chosen!r}; drop the argument or make them agree")
         return chosen
 
-    def _kinds_allowed(self, sharders) -> tuple[str, ...]:
-        """`sharding` narrowed to what the EBC sharder offers with the fused kernel on this compute device (a
-        sharder restricted to some sharding types, as TorchRec's tests make them, is honoured); a sharder
-        without table_wise or without the fused kernel cannot run DreamShard's plans: an error naming both."""
+    def _offered(self, sharders) -> list[str] | None:
+        """The sharding types the EBC sharder offers with the fused kernel on this compute device (None: no EBC
+        sharder given, TorchRec's default offers them all)."""
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-        self._whole_as = "table_wise"
         sharder = next((s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)), None)
         if sharder is None:
-            return self.sharding
+            return None
         device = self.topology.compute_device
         offered = [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
-        if "table_wise" not in offered and "column_wise" in offered:
-            self._whole_as = "column_wise"  # a whole table is one column slice
-        elif "table_wise" not in offered:
+        if "table_wise" not in offered and "column_wise" not in offered:
             raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
                                   f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
                                   f"{offered or 'none'}; DreamShard's plans need table_wise or column_wise with the "
                                   "fused kernel")
-        by_kind = {"table": self._whole_as, "column": "column_wise", "row": "row_wise"}
+        return offered
+
+    @staticmethod
+    def _whole_as(offered: list[str] | None) -> str:
+        """TorchRec's sharding type of a whole table: table_wise, or one column slice for a sharder offering
+        column_wise and not table_wise (as TorchRec's tests restrict one)."""
+        return "column_wise" if offered is not None and "table_wise" not in offered else "table_wise"
+
+    def _kinds_allowed(self, sharders) -> tuple[str, ...]:
+        """`sharding` narrowed to what the EBC sharder offers (`_offered`): a restricted sharder is honoured."""
+        offered = self._offered(sharders)
+        if offered is None:
+            return self.sharding
+        by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
         return tuple(k for k in self.sharding if by_kind[k] in offered)
 
     def _table_wise_only(self, name: str) -> bool:
@@ -277,8 +288,6 @@ class DreamShardPlanner(ShardingPlanner):
 
     def _pooling(self, config) -> float:
         c = self.constraints.get(config.name)
-        if c is not None:
-            _check_constraint_fields(config, c)
         if c is not None and c.compute_kernels is not None and "fused" not in c.compute_kernels:
             raise DreamShardError(f"DreamShardPlanner: table {config.name!r}: constraint compute_kernels "
                                   f"{c.compute_kernels} exclude 'fused', the kernel DreamShard plans for")
@@ -325,8 +334,7 @@ class DreamShardPlanner(ShardingPlanner):
 
         kind = (FeatureProcessedEmbeddingBagCollectionSharder if isinstance(m.module, FeatureProcessedEmbeddingBagCollection)
                 else EmbeddingBagCollectionSharder)
-        sharder = next((s for s in sharders if type(s) is kind), None) or next(
-            (s for s in sharders if isinstance(s, kind)), None) or kind()
+        sharder = next((s for s in sharders if isinstance(s, kind)), None) or kind()
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
             m.module, per_table, sharder=sharder, local_size=self.topology.local_world_size,
@@ -358,12 +366,9 @@ def _default_sharders() -> list:
 
 def _optimizer_name(cls) -> str:
     """Our optimizer name (dreamshard.memory) for an optimizer class attached to a table's weight."""
-    import torch
-    from torchrec import optim as trec_optim
+    from dreamshard.interop.torchrec import torchrec_optimizer_classes
 
-    known = {torch.optim.SGD: "exact_sgd", trec_optim.SGD: "exact_sgd", torch.optim.Adam: "adam",
-             trec_optim.Adam: "adam", trec_optim.RowWiseAdagrad: "exact_row_wise_adagrad",
-             torch.optim.Adagrad: "exact_adagrad", trec_optim.Adagrad: "exact_adagrad"}
+    known = {c: name for name, classes in torchrec_optimizer_classes().items() for c in classes}
     if cls not in known:
         raise DreamShardError(f"DreamShardPlanner: optimizer {getattr(cls, '__name__', cls)} is attached to the "
                               f"tables, and its state is not modelled; planned are {sorted(set(known.values()))}")

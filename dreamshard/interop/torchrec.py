@@ -172,12 +172,14 @@ def _storage_estimator_class():
     return DreamShardStorageEstimator
 
 
-def enumerator(task: Task, topo, constraints: dict, batch_size: int):
-    """TorchRec's enumerator with its perf estimator and DreamShard's storage estimator."""
+def enumerator(task: Task, topo, constraints: dict, batch_size: int, torchrec_storage: bool = False):
+    """TorchRec's enumerator with its perf estimator and DreamShard's storage estimator (TorchRec's own with
+    `torchrec_storage`: to judge a plan by TorchRec's count)."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
-    estimators = [EmbeddingPerfEstimator(topo, constraints), _storage_estimator_class()(task)]
+    storage = EmbeddingStorageEstimator(topo, constraints) if torchrec_storage else _storage_estimator_class()(task)
+    estimators = [EmbeddingPerfEstimator(topo, constraints), storage]
     return EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
 
 
@@ -396,37 +398,37 @@ def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BAT
         return _perf_estimate(task, plan, batch_size)
 
 
-def torchrec_optimizer_class(optimizer: str):
-    """The optimizer class TorchRec's storage estimator reads off a parameter for our optimizer name."""
+def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
+    """Our optimizer name (dreamshard.memory) -> the optimizer classes TorchRec's storage estimator reads off a
+    weight for it (torch's and TorchRec's own); the first is the one attached to a module built here."""
     import torch
-    from torchrec.optim import RowWiseAdagrad
+    from torchrec import optim as trec_optim
 
-    return {"exact_sgd": torch.optim.SGD, "exact_row_wise_adagrad": RowWiseAdagrad,
-            "exact_adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[optimizer]
+    return {"exact_sgd": (torch.optim.SGD, trec_optim.SGD), "exact_row_wise_adagrad": (trec_optim.RowWiseAdagrad,),
+            "exact_adagrad": (torch.optim.Adagrad, trec_optim.Adagrad), "adam": (torch.optim.Adam, trec_optim.Adam)}
 
 
 def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.perf_models import NoopPerfModel
-    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.types import Shard as TRShard
 
     slices = _table_shards(task, plan)
     topo = topology(task)
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
     constraints = table_constraints(task, kinds)
-    enum = enumerator(task, topo, constraints, batch_size)
+    enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True)
     module = meta_ebc(task)
+    optimizer = torchrec_optimizer_classes()[task.memory.optimizer][0]
     for param in module.parameters():  # TorchRec counts the optimizer state of the class attached to a weight
-        param._optimizer_classes = [torchrec_optimizer_class(task.memory.optimizer)]
+        param._optimizer_classes = [optimizer]
     options = enum.enumerate(module, [EmbeddingBagCollectionSharder()])
     by_name = {o.name: o for o in options}
     for t in task.tables:
         option = by_name[t.name]
         option.shards = [TRShard(size=[s.num_rows(t.rows), s.width], offset=[s.row_start, s.col_start])
                          for s in slices[t.name]]
-    enum.populate_estimates(options)  # per-shard perf for the plan's own slices
-    EmbeddingStorageEstimator(topo, constraints).estimate(options, enum._sharder_data_map)  # TorchRec's storage
+    enum.populate_estimates(options)  # per-shard perf and TorchRec's storage for the plan's own slices
     for t in task.tables:
         for shard, s in zip(by_name[t.name].shards, slices[t.name]):
             shard.rank = s.device
