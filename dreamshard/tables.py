@@ -174,10 +174,9 @@ def tables_from_frame(df: pd.DataFrame, origin: str, places: list[str] | None = 
                 if present_bins else None
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{where}: {exc}") from None
-        for column, value, limit in (("rows", rows, MAX_ROWS), ("dim", dim, MAX_DIM)):
-            if value > limit:
-                raise DataFormatError(f"{where}: column {column!r}: {value} is more than {limit}, the most this tool "
-                                      "accepts (dreamshard.limits)")
+        if dim > MAX_DIM:  # rows beyond MAX_ROWS were refused by _as_int
+            raise DataFormatError(f"{where}: column 'dim': {dim} is more than {MAX_DIM}, the most this tool accepts "
+                                  "(dreamshard.limits)")
         if bins is not None and all(math.isnan(b) for b in bins):
             bins = None  # this table's bins left empty: unknown, like a file without bin columns
         if bins is not None and any(math.isnan(b) for b in bins):
@@ -192,7 +191,7 @@ def tables_from_frame(df: pd.DataFrame, origin: str, places: list[str] | None = 
     return tables
 
 
-MAX_INT_FIELD = 2**40  # rows or dims beyond this are no embedding table, and would overflow byte counts
+MAX_INT_FIELD = MAX_ROWS  # rows or dims beyond this are no embedding table, and would overflow byte counts
 
 
 def _as_float(value: Any, field: str) -> float:

@@ -138,7 +138,6 @@ class _Neighbourhood:
     def __init__(self, task: Task, plan: Plan, moves: Sequence[str]) -> None:
         self.task, self.plan, self.moves = task, plan, moves
         self.shards = plan.shards
-        self.rows = {t.name: t.rows for t in task.tables}
         self.table = {t.name: t for t in task.tables}
         self.capacity = task.capacities()
         self.used = device_memory_bytes(task, plan)
@@ -171,7 +170,8 @@ class _Neighbourhood:
             self.unit_allowed.append(ok)
 
     def _bytes(self, s: Shard) -> int:
-        return self.task.shard_bytes(self.table[s.table], s.num_rows(self.rows[s.table]), s.width)
+        t = self.table[s.table]
+        return self.task.shard_bytes(t, s.num_rows(t.rows), s.width)
 
     def _fits(self, device: int, delta: int) -> bool:
         return self.used[device] + delta <= self.capacity[device]

@@ -229,11 +229,11 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB")
     while True:
         cut, pieces = cut_task(task, cuts)
-        if pieces and not _packs(cut) and _largest_refinable(task, cuts) is not None:
-            widest = _largest_refinable(task, cuts)
-            assert widest is not None
-            cuts[widest[0]] = widest[1]  # too coarse to pack quickly: cut finer before the sharder tries
-            continue
+        if pieces and not _packs(cut):
+            finer_cut = _largest_refinable(task, cuts)
+            if finer_cut is not None:
+                cuts[finer_cut[0]] = finer_cut[1]  # too coarse to pack quickly: cut finer before the sharder tries
+                continue
         try:
             plan = shard_whole(cut)
         except InfeasibleTaskError:
