@@ -39,7 +39,7 @@ from dreamshard.memory import (
 from dreamshard.plan import Plan, device_memory_breakdown, validate_plan
 from dreamshard.provenance import provenance
 from dreamshard.replan_changes import changed_tables, describe_changes
-from dreamshard.sharders import SHARDERS, load_model, make_sharder, spec
+from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--memory-gb)")
     p.add_argument("--constraints", type=Path,
                    help="JSON: group, pin, avoid, whole (besides those columns in the tables file)")
-    p.add_argument("--algo", required=True, choices=sorted(SHARDERS), help="sharder")
+    p.add_argument("--algo", choices=sorted(SHARDERS),
+                   help=f"sharder; default: {DEFAULT_LEARNED} with --model (a dreamshard checkpoint), else "
+                        f"{DEFAULT_HEURISTIC}")
     p.add_argument("-o", "--output", required=True, type=Path, help="plan JSON to write")
     p.add_argument("--seed", type=int, help="seed of randomised sharders (random, dreamshard, autoshard)")
     p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard, neuroshard)")
@@ -269,6 +271,8 @@ def table_changes(task: Task, previous: Plan, meta: Any, args: argparse.Namespac
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
+    if args.algo is None:
+        args.algo = DEFAULT_LEARNED if args.model is not None else DEFAULT_HEURISTIC
     if args.placement is not None and args.format != "torchrec":
         raise DreamShardError("--placement: only with --format torchrec (where the plan places its ranks)")
     check_replan_args(args)

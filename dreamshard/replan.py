@@ -63,7 +63,7 @@ from dreamshard.errors import DataFormatError, DreamShardError, InfeasibleTaskEr
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, Shard, check_shard_block, validate_plan
 from dreamshard.sharders import SHARDERS, Sharder
-from dreamshard.sharders.pieces import PieceOf, _merge
+from dreamshard.sharders.pieces import PieceOf, merge_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -87,11 +87,6 @@ class ReplanResult:
     accepted: int
     evaluations: int  # sharder runs on pieces tasks (each plan's cost evaluated once)
     source: str  # "full" | "kept" | "search": where the returned plan came from
-
-
-def merge_pieces(task: Task, plan: Plan, pieces: Mapping[str, PieceOf]) -> Plan:
-    """The plan of a pieces task (`task`) as a plan of the user's tables: each piece back to its block."""
-    return _merge(task, plan, dict(pieces))
 
 
 def check_device_count(task: Task, previous: Plan) -> None:

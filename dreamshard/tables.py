@@ -81,6 +81,18 @@ class Table:
     def with_dim(self, dim: int) -> Table:
         return replace(self, dim=dim)
 
+    def block(self, row_start: int, row_end: int, width: int | None = None) -> Table:
+        """Rows [row_start, row_end) of this table (`width` columns of it, all by default) as a table of its own:
+        its rows' share of the lookups (pooling x block rows / rows: hot rows are scattered over a table), the
+        table's bins, and `block_of_pooling` by which TorchRec sizes a row-wise shard's buffers. The one rule by
+        which every cost model, memory count and sharder prices a row piece."""
+        width = self.dim if width is None else width
+        rows = row_end - row_start
+        if not 0 <= row_start < row_end <= self.rows:
+            raise ValueError(f"table {self.name!r}: rows [{row_start}, {row_end}) are not a block of its {self.rows}")
+        return replace(self, name=f"{self.name}[rows {row_start}:{row_end}]", rows=rows, dim=width,
+                       pooling_factor=self.pooling_factor * rows / self.rows, block_of_pooling=self.pooling_factor)
+
 
 def access_count_bins(counts) -> list[float]:
     """Fractions of distinct rows whose access count falls in each of the 17 bins."""

@@ -76,7 +76,8 @@ def prepare(params: dict[str, Any]) -> CollectJob:
     fingerprint = json.dumps({"backend": section(params, "backend"), "versions": backend.versions(),
                               "device": backend.device_name(), "rounds": cfg["rounds"]}, sort_keys=True)
     perturb = float(section(params, "collect.perturb_fraction"))
-    items = plans_to_measure(tasks, cfg["num_plans"], perturb, cfg["seed"], fingerprint)
+    items = plans_to_measure(tasks, cfg["num_plans"], perturb, cfg["seed"], fingerprint,
+                             float(section(params, "collect.cut_fraction")))
     out = Path(section(params, "paths.costs"))
     journal = CostJournal(out / "journal")
     chunks = pending_chunks(items, journal.done_ids(), cfg["chunk_size"])

@@ -44,6 +44,7 @@ from dreamshard.evaluation.summary import (
 from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_parquet, write_text
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
+from dreamshard.sharders.cuts import CutConfig
 from dreamshard.sharders.search import SearchConfig
 from dreamshard.tasks import Task, read_tasks
 from stages.backend import make_stage_backend
@@ -53,6 +54,7 @@ from stages.common import ParamsError, build, section
 def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
     """The checkpoint of each sharder that needs a trained model."""
     return {"dreamshard": section(params, "paths.dreamshard_model"),
+            "dreamshard_cut": section(params, "paths.dreamshard_model"),  # DreamShard's model, searching cuts
             "autoshard": section(params, "paths.autoshard_model"),
             "rnn": section(params, "paths.rnn_model"),
             "neuroshard": section(params, "paths.neuroshard_model"),
@@ -67,7 +69,8 @@ def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
         raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
     model_paths = model_paths_of(params)
     settings = {"seed": int(cfg["seed"]), "batch_size": batch_size,
-                "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard")}
+                "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard"),
+                "cuts": build(CutConfig, section(params, "cut_search"), "cut_search")}
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
     if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
         raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -70,6 +71,15 @@ def fit_network(params: dict[str, Any], scaler: FeatureScaler, data: CostData, s
     return net, losses
 
 
+def plans_with_cuts(plans: pd.DataFrame) -> pd.Series:
+    """Per collected plan: does it place some table on more than one device (column slices or row ranges)?"""
+    def cut(shards: str) -> bool:
+        names = [s["table"] for s in json.loads(shards)]
+        return len(set(names)) < len(names)
+
+    return plans["shards"].map(cut).astype(bool)
+
+
 def run(params: dict[str, Any]) -> None:
     seed = int(section(params, "train_cost.seed"))
     scaler, data, tasks = load_scaler_and_data(params)
@@ -84,7 +94,13 @@ def run(params: dict[str, Any]) -> None:
     held_ids = set(collected_plans["plan_id"].iloc[held_idx])
     noise = measurement_noise(collected_plans[collected_plans["plan_id"].isin(held_ids)],
                               collected_devices[collected_devices["plan_id"].isin(held_ids)])
+    cut = plans_with_cuts(collected_plans).to_numpy()
     metrics = {"held_out": evaluate_cost_net(net, scaler, held), "train": evaluate_cost_net(net, scaler, fit_on),
+               # accuracy on held-out plans with tables cut into slices (a table on several devices) and without
+               "held_out_by_cuts": {
+                   label: evaluate_cost_net(net, scaler, held.subset(idx)) if len(idx) > 1 else None
+                   for label, idx in (("with_cuts", np.flatnonzero(cut[held_idx])),
+                                      ("without_cuts", np.flatnonzero(~cut[held_idx])))},
                "held_out_measurement_noise": noise,
                "holdout_fraction": float(section(params, "train_cost.holdout_fraction")), "final_loss": losses[-1],
                "collected_plans": data.num_plans, "plans_learned_from": learn_from.num_plans,

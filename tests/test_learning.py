@@ -7,6 +7,7 @@ Networks are small-step, seeded fits: each test states its threshold and what wa
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -60,9 +61,11 @@ from dreamshard.learning.train import (
     train_dreamshard,
 )
 from dreamshard.memory import GB, MemoryModel
-from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import load_model, make_sharder
+from dreamshard.sharders.cuts import ROW_WISE, _Universe
 from dreamshard.sharders.learned import PolicySharder
+from dreamshard.sharders.pieces import row_blocks
 from dreamshard.sharders.search import (
     NeuroShardSharder,
     SearchConfig,
@@ -144,8 +147,8 @@ def scaler(world) -> FeatureScaler:
     return FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
 
 
-def measured(backend, tasks, num_plans: int, seed: int) -> CostData:
-    items = plans_to_measure(tasks, num_plans, 0.5, seed, "fp")
+def measured(backend, tasks, num_plans: int, seed: int, cut_fraction: float = 0.0) -> CostData:
+    items = plans_to_measure(tasks, num_plans, 0.5, seed, "fp", cut_fraction)
     return cost_data_from_plans([(it.task, it.plan, backend.plan_cost(it.task, it.plan)) for it in items])
 
 
@@ -792,3 +795,94 @@ def test_trained_on_one_small_task_the_policy_reaches_its_known_optimum(backend,
           f"random {random_reached}")
     assert reached >= 6 and np.mean(ratios) <= 1.02
     assert random_reached <= 3
+
+
+# ---------------------------------------------------------------- DreamShard with cuts (sharders/cuts.py)
+
+
+def _cut_optimum(backend, task: Task) -> float:
+    """The cheapest plan of a 2-device task over every cut of every table (whole, column halves in either order,
+    TorchRec's row-wise halves: block i on device i) and every placement of the whole tables, by the backend:
+    the brute-force reference."""
+    best = math.inf
+    choices = []
+    for t in task.tables:
+        half, rows = 4 * (t.dim // 8), -(-t.rows // 2)
+        ways = [None]
+        if t.dim >= 8:
+            ways += [[Shard(t.name, 0, 0, half), Shard(t.name, 1, half, t.dim)],
+                     [Shard(t.name, 1, 0, half), Shard(t.name, 0, half, t.dim)]]
+        if t.rows >= 2:
+            ways.append([Shard(t.name, 0, 0, t.dim, 0, rows), Shard(t.name, 1, 0, t.dim, rows, t.rows)])
+        choices.append(ways)
+    for cut in itertools.product(*choices):
+        whole = [t for t, c in zip(task.tables, cut) if c is None]
+        pieces = [s for c in cut if c is not None for s in c]
+        for devices in itertools.product(range(2), repeat=len(whole)):
+            plan = Plan(2, tuple([Shard(t.name, d, 0, t.dim) for t, d in zip(whole, devices)] + pieces))
+            if all(u <= task.capacity(d) for d, u in enumerate(device_memory_bytes(task, plan))):
+                best = min(best, backend.plan_cost(task, plan).cost_ms)
+    return best
+
+
+@pytest.fixture(scope="module")
+def cut_model(world, backend, scaler) -> LearnedModel:
+    """DreamShard trained as the pipeline trains it: measured plans with cuts among them (collect.cut_fraction),
+    single devices at random dims (collect_devices) and the all-to-all model for communication (train_cost.comm)."""
+    data = measured(backend, world["train"], 60, 0, cut_fraction=0.3)
+    pool = list({t.name: t for task in world["train"] + world["train_more"] for t in task.tables}.values())
+    single = compute_dataset(backend, pool, AugmentConfig(compute_samples=100, max_tables=8, memory_cap_gb=1.0,
+                                                          comm_samples=1, dims=(4, 8, 16, 32, 64, 128), seed=0),
+                             world["train"][0])
+    config = CostNetConfig.with_topology(backend.config.topology, BATCH, comm="model")
+    trainer = Trainer(world["train"], backend, scaler, TrainConfig(**TRAIN), data, cost_config=config, devices=single)
+    train_dreamshard(trainer)
+    return trainer.model("dreamshard", {"note": "test"})
+
+
+def test_dreamshard_cut_reaches_the_optimum_that_needs_a_cut(backend, cut_model):
+    """One table with most of the work on two devices: every plan of whole tables leaves it on one device, so
+    table-wise DreamShard stays far above the optimum; DreamShard with cuts, the same trained model, must come
+    within 2% of the brute-force optimum over cuts and placements."""
+    hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
+    small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(3)]
+    task = Task.uniform("one-hot-table", [hot, *small], 2, 1.0)
+    best = _cut_optimum(backend, task)
+    cut_plan = make_sharder("dreamshard_cut", model=cut_model).shard(task)
+    validate_plan(task, cut_plan)
+    table_wise = make_sharder("dreamshard", model=cut_model).shard(task)
+    cut_cost, whole_cost = backend.plan_cost(task, cut_plan).cost_ms, backend.plan_cost(task, table_wise).cost_ms
+    print(f"optimum {best:.4f} ms, dreamshard_cut {cut_cost:.4f}, dreamshard {whole_cost:.4f}")
+    assert cut_cost <= 1.02 * best
+    assert whole_cost > 1.02 * best
+    assert len({s.device for s in cut_plan.shards if s.table == "hot"}) == 2
+
+
+def test_dreamshard_cut_plans_are_valid_and_never_rated_worse_than_dreamshard(world, cut_model):
+    """Every test task, tight ones included: valid plans (memory, each table's columns and rows once, row-wise
+    blocks where TorchRec puts them), and the cost network rates them no worse than table-wise DreamShard's (the
+    search starts from its plan and only takes gains)."""
+    from dreamshard.sharders.cuts import CutConfig, CutSearchSharder, cut_options
+
+    cut_sharder = make_sharder("dreamshard_cut", model=cut_model)
+    assert isinstance(cut_sharder, CutSearchSharder)
+    for task in world["test2"] + world["test4"] + world["tight"]:
+        plan = cut_sharder.shard(task)
+        validate_plan(task, plan)
+        for t in task.tables:
+            rows = sorted((s.row_start, s.row_end, s.device) for s in plan.shards if s.table == t.name and s.is_row_range)
+            if rows:  # TorchRec's row-wise layout: block i on device i
+                assert rows == [(a, b, d) for d, (a, b) in enumerate(row_blocks(t.rows, task.num_devices))]
+        whole = make_sharder("dreamshard", model=cut_model).shard(task)
+        u = _Universe.build(task, cut_model, [cut_options(task, t, CutConfig()) for t in task.tables])
+        assert _rated(u, task, plan) <= _rated(u, task, whole) * (1 + 1e-9), task.name
+
+
+def _rated(u, task: Task, plan: Plan) -> float:
+    """The cost network's device-max estimate of `plan`, through the universe's pieces (sharders/cuts.py)."""
+    cuts, where = [], []
+    for t in task.tables:
+        shards = sorted((s for s in plan.shards if s.table == t.name), key=lambda s: (s.row_start, s.col_start))
+        cuts.append(ROW_WISE if shards[0].is_row_range else len(shards))
+        where.append([s.device for s in shards])
+    return u.cost(cuts, where)

@@ -47,7 +47,7 @@ def test_the_production_model_plans_on_eight_16_gb_devices(name):
     task = Task.uniform("production", production_tables(bins=name in LEARNED), 8, 16.0)
     options = {}
     if name in LEARNED:
-        options["model"] = untrained_models()["neuroshard" if name == "neuroshard_tw" else name]
+        options["model"] = untrained_models()[{"neuroshard_tw": "neuroshard", "dreamshard_cut": "dreamshard"}.get(name, name)]
     if name in ("neuroshard", "neuroshard_tw"):
         options["search"] = SearchConfig(beams=2, depth=3, candidates=3, scale_steps=3)
     plan = make_sharder(name, **options, **seeded(name, 0)).shard(task)

@@ -1,8 +1,11 @@
 """Cost collection: which plans to measure, and measuring them into rows that survive a crash.
 
-Plans come from a mix of sharders (random and the greedy heuristics) and from
+Plans come from a mix of sharders (random and the greedy heuristics), from
 perturbed heuristic plans (a few tables moved to random devices with room), so the
-data covers balanced and unbalanced devices alike. Rows are written chunk by chunk to
+data covers balanced and unbalanced devices alike, and from plans with cuts (`cut_tables`:
+the costliest tables of the busiest device cut into column slices spread over other
+devices, or into row-wise blocks), so that the cost network sees the column-wise and
+row-wise plans that TorchRec's planner and `dreamshard_cut` make. Rows are written chunk by chunk to
 a journal folder; a rerun skips every plan whose rows are already there. The chunks
 (`pending_chunks`) can be measured anywhere (`measure_chunk` writes nothing) and
 journaled by the caller as they finish, in any order: the merged rows
@@ -23,8 +26,9 @@ import pyarrow as pa
 
 from dreamshard.hardware.base import ComputeCost, CostBackend, turns
 from dreamshard.io import write_parquet
-from dreamshard.plan import Plan, device_memory_bytes
+from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
+from dreamshard.sharders.pieces import column_widths, row_blocks
 from dreamshard.tasks import Task
 
 
@@ -55,15 +59,68 @@ def perturb(task: Task, plan: Plan, rng: np.random.Generator, max_moves: int) ->
     return Plan.from_assignment(task, [assignment[t.name] for t in task.tables])
 
 
+def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int = 2) -> Plan:
+    """`plan` with 1..max_tables of the tables of its busiest device (by summed dim x pooling) cut: into 2 or 4
+    column slices (at least 4 columns wide; the first slice stays, the others go to distinct random devices with
+    room), or, one time in three where the task allows row cuts, into TorchRec's row-wise blocks (block i on
+    device i). A table that cannot be cut so (too narrow, no room) stays as it was."""
+    if task.num_devices < 2:
+        return plan
+    tables = {t.name: t for t in task.tables}
+    load = np.zeros(task.num_devices)
+    for s in plan.shards:
+        load[s.device] += s.width * tables[s.table].pooling_factor
+    busiest = int(np.argmax(load))
+    uncut = task.never_cut()
+    whole = [s for s in plan.device_shards(busiest)
+             if s.table not in uncut and s.width == tables[s.table].dim and not s.is_row_range]
+    whole.sort(key=lambda s: -s.width * tables[s.table].pooling_factor)
+    used = device_memory_bytes(task, plan)
+    shards = list(plan.shards)
+    for s in whole[:int(rng.integers(1, max_tables + 1))]:
+        t = tables[s.table]
+        free = used.copy()
+        free[s.device] -= task.shard_bytes(t)
+        row_wise = ("row" in task.sharding and t.name not in task.avoided() and t.rows >= task.num_devices
+                    and rng.random() < 1 / 3)
+        if row_wise:
+            blocks = row_blocks(t.rows, task.num_devices)
+            new = [Shard(t.name, d, 0, t.dim, r0, r1) for d, (r0, r1) in enumerate(blocks)]
+        elif "column" in task.sharding and t.dim >= 8:
+            k = int(rng.choice([k for k in (2, 4) if k <= min(t.dim // 4, task.num_devices)]))
+            others = [d for d in task.allowed_devices(t.name) if d != s.device]
+            rng.shuffle(others)
+            devices = [s.device] + others[:k - 1]
+            if len(devices) < k:
+                continue
+            starts = np.cumsum([0] + column_widths(t.dim, k))
+            new = [Shard(t.name, d, int(a), int(b)) for d, a, b in zip(devices, starts[:-1], starts[1:])]
+        else:
+            continue
+        for piece in new:
+            free[piece.device] += task.shard_bytes(t, piece.num_rows(t.rows), piece.width)
+        if any(free[d] > task.capacity(d) for d in range(task.num_devices)):
+            continue
+        used = free
+        shards.remove(s)
+        shards += new
+    out = Plan(plan.num_devices, tuple(shards))
+    validate_plan(task, out)
+    return out
+
+
 def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
-    shards = sorted((s.table, s.device, s.col_start, s.col_end) for s in plan.shards)
+    # row ranges only where a shard has one: the ids of plans of whole rows stay as they were
+    shards = sorted((s.table, s.device, s.col_start, s.col_end, *((s.row_start, s.row_end) if s.is_row_range else ()))
+                    for s in plan.shards)
     text = json.dumps([task.name, [(t.name, t.dim) for t in task.tables], shards, fingerprint])
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: float, seed: int,
-                     fingerprint: str) -> list[PlanToMeasure]:
-    """`num_plans` plans cycling over the tasks, a share of them perturbed. The heuristic advances once per
+                     fingerprint: str, cut_fraction: float = 0.0) -> list[PlanToMeasure]:
+    """`num_plans` plans cycling over the tasks, a share of them perturbed and a share (`cut_fraction`) with
+    tables cut into column slices (`cut_tables`; source "+cut"). The heuristic advances once per
     pass over the tasks (HEURISTICS' order), so with no more plans than tasks every plan is `random`'s, as at
     paper scale (100 plans, 100 training tasks). Heuristics mixed within a pass were measured there and
     dropped: policies trained from them planned no better (results/paper-today/collect_mix/)."""
@@ -78,6 +135,9 @@ def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: fl
         if rng.random() < perturb_fraction:
             plan = perturb(task, plan, rng, max(1, len(task.tables) // 4))
             name += "+perturbed"
+        if cut_fraction and rng.random() < cut_fraction:
+            plan = cut_tables(task, plan, rng)
+            name += "+cut"
         out.append(PlanToMeasure(plan_id(task, plan, fingerprint), task, name, plan))
     return out
 
@@ -103,10 +163,13 @@ def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict,
                 "shards": json.dumps(item.plan.to_dict()["shards"]), "cost_ms": cost.cost_ms,
                 "rounds": len(rounds), "cost_ms_rounds": [c.cost_ms for c in each]}
     device_rows = []
+    table_rows = {t.name: t.rows for t in item.task.tables}
     for d, dc in enumerate(cost.devices):
         shards = item.plan.device_shards(d)
+        rows = [s.rows(table_rows[s.table]) for s in shards]
         device_rows.append({**common, "device": d, "tables": [s.table for s in shards],
                             "col_starts": [s.col_start for s in shards], "col_ends": [s.col_end for s in shards],
+                            "row_starts": [r[0] for r in rows], "row_ends": [r[1] for r in rows],
                             "fwd_ms": dc.fwd_ms, "bwd_ms": dc.bwd_ms,
                             "fwd_comm_ms": dc.fwd_comm_ms, "bwd_comm_ms": dc.bwd_comm_ms,
                             "fwd_ms_rounds": [c.devices[d].fwd_ms for c in each],

@@ -32,9 +32,10 @@ sharder replaces: giving one is an error. `debug` prints each rank's memory; `ti
 planning.
 
 It plans one task holding every table of every EBC with `algo` (a name from
-dreamshard.sharders; a learned sharder needs `model`, a checkpoint path or a loaded
-model), within `sharding` kinds (table, column, row), and returns a `ShardingPlan`
-with one module plan per EBC fqn: table-wise, column-wise and row-wise shardings as
+dreamshard.sharders; by default `dreamshard_cut` when a model is given, else
+`size_lookup_greedy`; a learned sharder needs `model`, a checkpoint path or a loaded model),
+within `sharding` kinds (table, column, row), and returns a `ShardingPlan` with one module plan per EBC fqn:
+table-wise, column-wise and row-wise shardings as
 planned (dreamshard.interop.torchrec), compute kernel `fused`, placed on
 `{compute_device}:{rank % local_world_size}`. A constraint TorchRec states and the
 plan cannot honour (a compute kernel other than `fused`, a table restricted to sharding
@@ -79,13 +80,16 @@ class DreamShardPlanner(ShardingPlanner):
                  proposer=None, partitioner=None, performance_model=None, stats=None,
                  constraints: dict | None = None, debug: bool = True, callbacks=None,
                  timeout_seconds: int | None = None, plan_loader=None, *,
-                 algo: str = "size_lookup_greedy", model: Any = None, optimizer: str | None = None,
+                 algo: str | None = None, model: Any = None, optimizer: str | None = None,
                  sharding: Sequence[str] = SHARDING_KINDS, seed: int | None = None,
                  default_pooling_factor: float = DEFAULT_POOLING_FACTOR,
                  devices: Sequence[Device] | str | Path | None = None,
                  placement: Constraints | str | Path | None = None) -> None:
         from dreamshard.cluster import read_constraints_file, read_devices_file
-        from dreamshard.sharders import load_model, spec
+        from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, load_model, spec
+
+        if algo is None:  # our best with a model (a dreamshard checkpoint), the best heuristic without one
+            algo = DEFAULT_LEARNED if model is not None else DEFAULT_HEURISTIC
 
         if topology is None:
             raise DreamShardError("DreamShardPlanner: topology is required (torchrec.distributed.planner.Topology)")

@@ -38,7 +38,9 @@ from torch import nn
 from dreamshard.hardware.base import PlanCost
 from dreamshard.hardware.comm import Topology, seconds_per_byte
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
+from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan
+from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 TARGET_EPS_MS = 0.01
@@ -230,6 +232,14 @@ class CostData:
         )
 
 
+def piece_features(table: Table, row_start: int, row_end: int, width: int, memory: MemoryModel) -> np.ndarray:
+    """The features of rows [row_start, row_end) x `width` columns of `table`: a row block is priced as the table
+    it would be on its own (Table.block)."""
+    if row_end - row_start < table.rows:
+        table = table.block(row_start, row_end, width)
+    return shard_features(table, width, memory)
+
+
 def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> CostData:
     """CostData of measured plans."""
     raw: list[np.ndarray] = []
@@ -242,7 +252,8 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
         for d, dc in enumerate(cost.devices):
             k = len(dev_plan)
             for s in plan.device_shards(d):
-                raw.append(shard_features(tables[s.table], s.col_end - s.col_start, task.memory))
+                r0, r1 = s.rows(tables[s.table].rows)
+                raw.append(piece_features(tables[s.table], r0, r1, s.col_end - s.col_start, task.memory))
                 shard_dev.append(k)
             dev_plan.append(p)
             dev_ms.append((dc.fwd_ms, dc.bwd_ms, dc.fwd_comm_ms + dc.bwd_comm_ms))
@@ -258,8 +269,14 @@ def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
     raw, shard_dev, dev_plan, dev_ms = [], [], [], []
     for k, row in enumerate(devices.itertuples(index=False)):
         tables, memory = by_task[row.task_id]
-        for name, start, end in zip(row.tables, row.col_starts, row.col_ends):
-            raw.append(shard_features(tables[name], int(end - start), memory))
+        # row ranges: rows collected before plans held row-wise pieces have none (every shard all rows)
+        starts, ends = getattr(row, "row_starts", None), getattr(row, "row_ends", None)
+        if starts is None or ends is None or (isinstance(starts, float) and math.isnan(starts)):
+            starts = ends = [None] * len(row.tables)
+        for name, start, end, r0, r1 in zip(row.tables, row.col_starts, row.col_ends, starts, ends):
+            t = tables[name]
+            r0, r1 = (0, t.rows) if r0 is None else (int(r0), int(r1))
+            raw.append(piece_features(t, r0, r1, int(end - start), memory))
             shard_dev.append(k)
         dev_plan.append(plan_index[row.plan_id])
         dev_ms.append((row.fwd_ms, row.bwd_ms, row.fwd_comm_ms + row.bwd_comm_ms))

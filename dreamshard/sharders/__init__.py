@@ -36,6 +36,7 @@ class SharderSpec:
     options: tuple[str, ...]  # keyword options the factory takes
     needs_model: bool = False  # `model` is required: an object from load_model(name, path)
     splits_tables: bool = False  # may place column slices of a table on several devices
+    checkpoint_of: str = ""  # the algorithm whose checkpoint it plans with ("": its own)
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -43,6 +44,11 @@ class SharderSpec:
             raise ValueError(f"sharder {self.name!r}: kind {self.kind!r} not one of {KINDS}")
         if self.needs_model and "model" not in self.options:
             raise ValueError(f"sharder {self.name!r} needs a model but takes no 'model' option")
+
+    @property
+    def trained_as(self) -> str:
+        """The algorithm its checkpoint is trained for (the `algorithm` of the checkpoint's metadata)."""
+        return self.checkpoint_of or self.name
 
     def taken_from(self, offered: dict[str, Any]) -> dict[str, Any]:
         """The options of `offered` this sharder takes: for callers that offer every sharder the same
@@ -78,6 +84,18 @@ def _policy(name: str) -> Callable[..., Sharder]:
         return PolicySharder(name, model, samples, seed, tuple(rivals))
 
     return factory
+
+
+def _dreamshard_cut(model: Any, cuts: Any = None) -> Sharder:
+    from dreamshard.learning.policy import LearnedModel  # imports torch
+    from dreamshard.sharders.cuts import CutConfig, CutSearchSharder
+
+    if not isinstance(model, LearnedModel):
+        raise TypeError("sharder 'dreamshard_cut': model must be a LearnedModel (load_model('dreamshard_cut', path)), "
+                        f"got {type(model).__name__}")
+    if cuts is not None and not isinstance(cuts, CutConfig):
+        raise TypeError(f"sharder 'dreamshard_cut': cuts must be a CutConfig, got {type(cuts).__name__}")
+    return CutSearchSharder("dreamshard_cut", model, cuts or CutConfig())
 
 
 def _rnn(model: Any) -> Sharder:
@@ -127,6 +145,10 @@ _SPECS = (
                 doc="greedy, key = dim x pooling factor x log10(rows)"),
     SharderSpec("dreamshard", "policy", _policy("dreamshard"), ("model", "samples", "seed", "rivals"), needs_model=True,
                 doc="policy trained on the estimated MDP"),
+    SharderSpec("dreamshard_cut", "policy", _dreamshard_cut, ("model", "cuts"), needs_model=True,
+                splits_tables=True, checkpoint_of="dreamshard",
+                doc="DreamShard's policy and cost network, searching which tables to cut into "
+                                        "column slices (sharders/cuts.py); the dreamshard checkpoint"),
     SharderSpec("autoshard", "policy", _policy("autoshard"), ("model", "samples", "seed", "rivals"), needs_model=True,
                 doc="policy trained on real measurements"),
     SharderSpec("rnn", "rnn", _rnn, ("model",), needs_model=True,
@@ -142,6 +164,8 @@ _SPECS = (
                 splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
 )
 SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}
+DEFAULT_LEARNED = "dreamshard_cut"  # what `dreamshard plan` and DreamShardPlanner use when given a model
+DEFAULT_HEURISTIC = "size_lookup_greedy"  # and without one
 HEURISTICS = tuple(n for n, s in SHARDERS.items() if s.kind == "heuristic")
 LEARNED = tuple(n for n, s in SHARDERS.items() if s.needs_model)
 
@@ -189,10 +213,12 @@ def load_model(name: str, path: str | Path) -> Any:
         raise ValueError(f"sharder {name!r} uses no trained model")
     trained = model.meta.get("algorithm") if isinstance(model.meta, dict) else None
     family = [n for n, o in SHARDERS.items() if o.kind == s.kind]
+    want = s.trained_as
     if s.kind == "policy" and trained is None:
         raise DataFormatError(f"{path}: the checkpoint records no algorithm it was trained for (metadata "
-                              f"'algorithm'); expected a {name!r} checkpoint: give the one training wrote for {name}")
-    if trained is not None and trained not in ([name] if s.kind == "policy" else family):
+                              f"'algorithm'); expected a {want!r} checkpoint: give the one training wrote for {want}")
+    if trained is not None and trained not in ([want] if s.kind == "policy" else family):
+        users = [n for n, o in SHARDERS.items() if o.kind == s.kind and o.trained_as == trained]
         raise DataFormatError(f"{path}: a checkpoint trained for {trained!r}, but sharder {name!r} needs one trained for "
-                              f"{name!r}; give the {name} checkpoint, or plan with --algo {trained}")
+                              f"{want!r}; give the {want} checkpoint, or plan with --algo {' or '.join(users) or trained}")
     return model

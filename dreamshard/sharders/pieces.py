@@ -43,7 +43,7 @@ plan maps them back to column slices and row ranges of the user's tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from dreamshard.cluster import check_satisfiable
@@ -181,9 +181,7 @@ def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]
                 name = f"{t.name}[rows {start}:{end}]"
                 pieces[name] = (t.name, start, end, 0, t.dim)
                 pins.append((name, device))
-                tables.append(replace(t, name=name, rows=end - start,
-                                      pooling_factor=t.pooling_factor * (end - start) / t.rows,
-                                      block_of_pooling=t.pooling_factor))
+                tables.append(replace(t.block(start, end), name=name))
         else:
             start = 0
             for width in column_widths(t.dim, cut.columns):
@@ -201,8 +199,8 @@ def cut_oversized(task: Task) -> tuple[Task, dict[str, PieceOf]]:
     return cut_task(task, {t.name: first_cut(t, task) for t in task.tables})
 
 
-def _merge(task: Task, plan: Plan, pieces: dict[str, PieceOf]) -> Plan:
-    """The plan of the cut task as a plan of the user's tables: pieces back to blocks of their tables."""
+def merge_pieces(task: Task, plan: Plan, pieces: Mapping[str, PieceOf]) -> Plan:
+    """The plan of a cut task (`task`) as a plan of the user's tables: each piece back to its block."""
     piece_rows = {t.name: t.rows for t in task.tables}
     shards = []
     for s in plan.shards:
@@ -244,7 +242,7 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
             continue
         if pieces:
             validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
-            plan = _merge(cut, plan, pieces)
+            plan = merge_pieces(cut, plan, pieces)
             validate_plan(task, plan)
         return plan
 

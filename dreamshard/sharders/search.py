@@ -133,10 +133,7 @@ def block_table(task: Task, b: Block) -> Table:
     """The table block `b` is to the cost models: its rows with their share of the lookups (pieces.py's
     rule), its width as dim, the table's bins."""
     t = task.tables[b.table]
-    if b.rows == t.rows:
-        return replace(t, dim=b.width)
-    return replace(t, name=f"{t.name}[rows {b.row_start}:{b.row_end}]", rows=b.rows, dim=b.width,
-                   pooling_factor=t.pooling_factor * b.rows / t.rows, block_of_pooling=t.pooling_factor)
+    return t.block(b.row_start, b.row_end, b.width) if b.rows < t.rows else replace(t, dim=b.width)
 
 
 class _Evaluator:

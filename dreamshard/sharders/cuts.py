@@ -1,0 +1,242 @@
+"""DreamShard with cuts (`dreamshard_cut`): the trained policy places, the cost network decides which tables
+to cut into column slices or row-wise blocks.
+
+TorchRec's planner splits the tables that dominate a device; a plan of whole tables cannot follow it
+there. This sharder searches over cuts with DreamShard's own trained parts, nothing trained anew:
+
+1. The policy places the whole tables (DreamShard's plan).
+2. Local search. The cost network (device-max of predicted fwd + bwd + communication at the devices'
+   speeds) finds the busiest device. For each of its `candidates` costliest tables, two kinds of move are
+   tried:
+   - each finer cut: 2, 4, ... column slices (`pieces.column_widths`), each placed in turn where the
+     policy's logits rank best among the devices the table may use with room and no slice of it yet;
+     and TorchRec's row-wise blocks (`pieces.row_blocks`: block i on device i). All finer cuts are tried,
+     not only the next: a coarse cut can rate worse than whole where a finer one rates better;
+   - moving its piece on the busiest device to another device (each one tried).
+   The move the cost network rates cheapest is taken if it gains more than `min_gain`. The search stops
+   after `depth` moves or when no move gains.
+3. The policy places the cut task's pieces again from scratch (one decoding), and the cheaper of that
+   and the local search's plan, by the cost network, is kept.
+
+A piece is priced as the table it would be on its own (pieces.py's rule): a column slice is its table at
+the slice's width with all its lookups; a row block has its rows and their share of the lookups, and adds
+its full width to its device's output (partial sums). TorchRec runs both layouts. Slices of one table go
+to distinct devices: two on one device would only add a lookup. Pinned and grouped tables are neither cut
+nor moved, `whole` tables are not cut; the task's sharding kinds bound the cuts. Each move is scored on
+summed per-device loads (decoding.StepScorer), so a move costs microseconds and planning stays within a
+few decodings of the policy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from dreamshard.data.bins import BinEstimator
+from dreamshard.learning.decoding import StepScorer, rank_devices
+from dreamshard.learning.mdp import TaskContext
+from dreamshard.learning.policy import LearnedModel
+from dreamshard.plan import Plan, validate_plan
+from dreamshard.sharders.learned import LearnedSharder
+from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces
+from dreamshard.sharders.placement import place_tables
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+ROW_WISE = 0  # the cut "row-wise blocks" among the column slice counts (1: whole)
+
+
+@dataclass(frozen=True)
+class CutConfig:
+    """The search's settings (module docstring)."""
+
+    max_slices: int = 8  # most column slices of one table (also at most dim/4 and the devices it may use)
+    depth: int = 24  # moves at most
+    candidates: int = 3  # costliest tables of the busiest device tried per move
+    min_gain: float = 0.005  # relative predicted gain a move must bring
+    row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
+
+    def __post_init__(self) -> None:
+        for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
+        if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
+            raise ValueError(f"min_gain: expected a number in [0, 1), got {self.min_gain!r}")
+        if not isinstance(self.row_wise, bool):
+            raise ValueError(f"row_wise: expected true or false, got {self.row_wise!r}")
+
+
+def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
+    """The cuts tried for `table`, whole first: 1, then 2, 4, ... column slices (each at least 4 columns wide, on
+    at most as many devices as it may use, at most `max_slices`), then ROW_WISE (every device holds a block)."""
+    if table.name in task.never_cut() or task.num_devices < 2:
+        return [1]
+    out, k = [1], 2
+    if "column" in task.sharding:
+        top = min(table.dim // 4, len(task.allowed_devices(table.name)), config.max_slices)
+        while k <= top:
+            out.append(k)
+            k *= 2
+    if config.row_wise and "row" in task.sharding and table.name not in task.avoided() and table.rows >= 2:
+        out.append(ROW_WISE)
+    return out
+
+
+def _as_cut(k: int) -> Cut:
+    return Cut(row_wise=True) if k == ROW_WISE else Cut(columns=k)
+
+
+def cuts_of(task: Task, cuts: list[int]) -> dict[str, Cut]:
+    return {t.name: _as_cut(k) for t, k in zip(task.tables, cuts) if k != 1}
+
+
+@dataclass
+class _Universe:
+    """Every piece the search may use: each table whole and at each of its cuts, one scorer over all of them."""
+
+    pieces: dict[tuple[int, int], list[int]]  # (table, cut) -> universe indices of its pieces, in cut_task's order
+    sizes: np.ndarray  # bytes of each universe piece
+    scorer: StepScorer
+    order: list[int]  # universe indices by predicted single cost, descending
+
+    @classmethod
+    def build(cls, task: Task, model: LearnedModel, options: list[list[int]]) -> _Universe:
+        tables = list(task.tables)
+        pieces: dict[tuple[int, int], list[int]] = {}
+        for i, t in enumerate(task.tables):
+            pieces[(i, 1)] = [i]
+            for k in options[i][1:]:
+                one, _ = cut_task(replace(task, tables=(t,), pins=(), avoid=(), groups=(), whole=()),
+                                  {t.name: _as_cut(k)})
+                pieces[(i, k)] = list(range(len(tables), len(tables) + len(one.tables)))
+                tables += one.tables
+        ctx = TaskContext.build(replace(task, tables=tuple(tables), pins=(), avoid=(), groups=(), whole=()),
+                                model.cost_net, model.scaler)
+        scorer = StepScorer.build(model.cost_net, model.policy, ctx)
+        sizes = np.array([task.shard_bytes(t) for t in tables], dtype=np.int64)
+        return cls(pieces, sizes, scorer, ctx.order)
+
+    def cost(self, cuts: list[int], where: list[list[int]]) -> float:
+        """The cost network's device-max estimate of the pieces of `cuts` on the devices `where`."""
+        load = np.zeros((len(self.scorer.speed), self.scorer.weights.shape[1]))
+        for i, devices in enumerate(where):
+            for p, d in zip(self.pieces[(i, cuts[i])], devices):
+                load[d] += self.scorer.weights[p]
+        return float(self.scorer.device_costs(load).sum(axis=1).max())
+
+
+@dataclass
+class CutSearchSharder(LearnedSharder):
+    name: str
+    model: LearnedModel
+    config: CutConfig = field(default_factory=CutConfig)
+    bins: BinEstimator | None = None
+
+    @torch.no_grad()
+    def _shard(self, task: Task) -> Plan:
+        n = len(task.tables)
+        options = [cut_options(task, t, self.config) for t in task.tables]
+        u = _Universe.build(task, self.model, options)
+
+        def decode(cuts: list[int]) -> list[list[int]]:
+            """The policy's placement of every piece of `cuts` from scratch: the devices of each table's pieces."""
+            active = [p for i in range(n) for p in u.pieces[(i, cuts[i])]]
+            local = {p: j for j, p in enumerate(active)}
+            cut, _ = cut_task(task, cuts_of(task, cuts))
+            order = [local[p] for p in u.order if p in local]
+            devices = place_tables(cut, order, lambda j, s: rank_devices(u.scorer.logits(active[j], s.load)),
+                                   u.scorer.weights[active])
+            out, j = [], 0
+            for i in range(n):
+                size = len(u.pieces[(i, cuts[i])])
+                out.append(devices[j:j + size])
+                j += size
+            return out
+
+        cuts = [1] * n
+        where = decode(cuts)
+        if any(len(o) > 1 for o in options):
+            where, cuts = self._search(task, u, options, cuts, where)
+            if any(k != 1 for k in cuts):
+                again = decode(cuts)
+                if u.cost(cuts, again) < u.cost(cuts, where):
+                    where = again
+        cut, pieces = cut_task(task, cuts_of(task, cuts))
+        plan = Plan.from_assignment(cut, [d for devices in where for d in devices])
+        if pieces:
+            validate_plan(cut, plan)  # row-wise blocks on their devices
+            plan = merge_pieces(cut, plan, pieces)
+        validate_plan(task, plan)
+        return plan
+
+    def _search(self, task: Task, u: _Universe, options: list[list[int]], cuts: list[int],
+                where: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+        cfg, scorer, w = self.config, u.scorer, u.scorer.weights
+        capacity = np.array(task.capacities(), dtype=np.int64)
+        allowed = [task.allowed_devices(t.name) for t in task.tables]
+        fixed = {t for t, _ in task.pins} | {t for g in task.groups for t in g}  # never moved alone
+        movable = [t.name not in fixed for t in task.tables]
+        load = np.zeros((task.num_devices, w.shape[1]))
+        used = np.zeros(task.num_devices, dtype=np.int64)
+        for i, on in enumerate(where):
+            for p, d in zip(u.pieces[(i, cuts[i])], on):
+                load[d] += w[p]
+                used[d] += u.sizes[p]
+
+        def rated(new_load: np.ndarray) -> float:
+            return float(scorer.device_costs(new_load).sum(axis=1).max())
+
+        best = rated(load)
+        for _ in range(cfg.depth):
+            busiest = int(np.argmax(scorer.device_costs(load).sum(axis=1)))
+            here = [i for i, on in enumerate(where) if busiest in on]
+            # the costliest first: a piece's share of the cost heads' input
+            here.sort(key=lambda i: -float(np.abs(w[u.pieces[(i, cuts[i])][0], :scorer.cost_width]).sum()))
+            moves: list[tuple[float, int, int, list[int], np.ndarray, np.ndarray]] = []
+            for i in here[:cfg.candidates]:
+                for k in options[i][options[i].index(cuts[i]) + 1:]:  # every finer cut
+                    trial_load, trial_used = load.copy(), used.copy()
+                    for p, d in zip(u.pieces[(i, cuts[i])], where[i]):
+                        trial_load[d] -= w[p]
+                        trial_used[d] -= u.sizes[p]
+                    devices: list[int] = []
+                    for j, p in enumerate(u.pieces[(i, k)]):
+                        if k == ROW_WISE:  # block j on device j (TorchRec's row-wise layout)
+                            room = [j] if trial_used[j] + u.sizes[p] <= capacity[j] else []
+                        else:
+                            room = [d for d in allowed[i]
+                                    if d not in devices and trial_used[d] + u.sizes[p] <= capacity[d]]
+                        if not room:
+                            break
+                        logits = scorer.logits(p, trial_load)
+                        d = max(room, key=lambda d: (logits[d], -d))
+                        devices.append(d)
+                        trial_load[d] += w[p]
+                        trial_used[d] += u.sizes[p]
+                    if len(devices) == len(u.pieces[(i, k)]):
+                        moves.append((rated(trial_load), i, k, devices, trial_load, trial_used))
+                if movable[i] and cuts[i] != ROW_WISE:  # its piece on the busiest device to another device
+                    j = where[i].index(busiest)
+                    p = u.pieces[(i, cuts[i])][j]
+                    for d in allowed[i]:
+                        if d in where[i] or used[d] + u.sizes[p] > capacity[d]:
+                            continue
+                        trial_load, trial_used = load.copy(), used.copy()
+                        trial_load[busiest] -= w[p]
+                        trial_load[d] += w[p]
+                        trial_used[busiest] -= u.sizes[p]
+                        trial_used[d] += u.sizes[p]
+                        moved = where[i].copy()
+                        moved[j] = d
+                        moves.append((rated(trial_load), i, cuts[i], moved, trial_load, trial_used))
+            if not moves:
+                break
+            cost, i, k, devices, new_load, new_used = min(moves, key=lambda m: m[0])
+            if cost > best * (1 - cfg.min_gain):
+                break
+            best, load, used = cost, new_load, new_used
+            cuts, where = cuts.copy(), where.copy()
+            cuts[i], where[i] = k, devices
+        return where, cuts
