@@ -5,7 +5,8 @@
 Synthetic tasks are built from data/tables.parquet (tables repeated under new names where
 more are needed) at seeded random dims, with memory that never binds; models are the
 pipeline's checkpoints. Targets (issues): dreamshard 100 tables / 8 devices <= 20 ms and
-1,000 tables / 64 devices <= 1 s; neuroshard 100 tables / 8 devices < 1 s.
+1,000 tables / 64 devices <= 1 s; neuroshard 100 tables / 8 devices < 1 s; dreamshard_cut 200 tables / 8
+devices <= 1 s.
 
 The production model (dreamshard.data.examples: 26 tables of dim 128, four of 40M rows
 larger than a device, no access-count bins) on 8 devices of 16 GB: every heuristic and
@@ -31,9 +32,9 @@ from dreamshard.sharders import load_model, make_sharder, spec
 from dreamshard.tasks import Task, stats_table
 
 CASES = [("dreamshard", 100, 8), ("dreamshard", 1000, 64), ("neuroshard", 100, 8), ("size_lookup_greedy", 100, 8),
-         ("neuroshard", 856, 64)]
-PRODUCTION = ["random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "dreamshard", "autoshard",
-              "neuroshard", "torchrec", "torchrec_full"]
+         ("neuroshard", 856, 64), ("dreamshard_cut", 100, 8), ("dreamshard_cut", 200, 8), ("dreamshard_cut", 1000, 64)]
+PRODUCTION = ["random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "dreamshard",
+              "dreamshard_cut", "autoshard", "neuroshard", "torchrec", "torchrec_full"]
 
 
 def make_task(stats: pd.DataFrame, num_tables: int, num_devices: int, seed: int) -> Task:
@@ -60,7 +61,8 @@ def main() -> None:
     cases = [(algo, make_task(stats, n, d, seed=0)) for algo, n, d in CASES]
     cases += [(algo, production) for algo in PRODUCTION]
     for algo, task in cases:
-        options = {"model": load_model(algo, Path(args.models) / f"{algo}.pt")} if spec(algo).needs_model else {}
+        checkpoint = Path(args.models) / f"{spec(algo).trained_as}.pt"
+        options = {"model": load_model(algo, checkpoint)} if spec(algo).needs_model else {}
         sharder = make_sharder(algo, **options)
         n_tables, n_devices = len(task.tables), task.num_devices
         key = f"{algo}/{task.name if task is production else f'{n_tables}x{n_devices}'}"

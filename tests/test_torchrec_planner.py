@@ -12,6 +12,7 @@ import pytest
 
 torchrec = pytest.importorskip("torchrec", reason="torchrec is not installed (see docs/torchrec.md)")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
@@ -251,12 +252,14 @@ class ColumnsOnlySharder(EmbeddingBagCollectionSharder):
         return ["column_wise"]
 
 
-def run(sharding, rank, half=(), columns_only=False):
+def run(sharding, rank, half=(), columns_only=False, model=None):
     """`half`: tables with fp16 weights in the sharded model (the unsharded one holds the same values in fp32);
-    `columns_only`: a sharder offering column_wise alone (every table, whole or cut, column-wise)."""
+    `columns_only`: a sharder offering column_wise alone (every table, whole or cut, column-wise); `model`: a
+    dreamshard checkpoint, planned with the default learned planner (dreamshard_cut)."""
     sharders = [ColumnsOnlySharder() if columns_only else CpuRowWiseSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
-    planner = DreamShardPlanner(topology, batch_size=64, algo="size_lookup_greedy", sharding=sharding,
+    algo = {} if model else {"algo": "size_lookup_greedy"}
+    planner = DreamShardPlanner(topology, batch_size=64, sharding=sharding, model=model, **algo,
                                 constraints={"big": ParameterConstraints(pooling_factors=[2.0])})
     model = Model(torch.device("meta"), half)
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -282,6 +285,7 @@ def run(sharding, rank, half=(), columns_only=False):
     loss.backward()  # the fused optimizer steps the embeddings inside backward
     pooled_after, _ = dmp(features)
     return {"rank": rank, "sharding": list(sharding), "half": list(half), "columns_only": columns_only,
+            "algo": planner.algo,
             "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
             "held": sorted(held), "pooled_diff": float((pooled - want_pooled).abs().max()),
             "loss": float(loss), "want_loss": float(want_loss),
@@ -293,7 +297,8 @@ def main():
     rank = dist.get_rank()
     reports = [run(("table", "column", "row"), rank), run(("table", "row"), rank),
                run(("table", "column", "row"), rank, half=("big", "mid")),
-               run(("table", "column", "row"), rank, columns_only=True)]
+               run(("table", "column", "row"), rank, columns_only=True),
+               run(("table", "column", "row"), rank, model=sys.argv[1])]
     print(json.dumps(reports), flush=True)
     dist.destroy_process_group()
 
@@ -303,21 +308,40 @@ if __name__ == "__main__":
 '''
 
 
+def untrained_dreamshard_checkpoint(path) -> None:
+    """A dreamshard checkpoint of random weights, with a bin estimator for tables without bins (TorchRec's)."""
+    from dreamshard.data.bins import META_KEY, BinEstimator
+    from dreamshard.learning.cost_model import CostNetConfig
+    from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
+    from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+
+    gen = torch.Generator().manual_seed(0)
+    scaler = FeatureScaler.fit(np.abs(np.random.default_rng(0).normal(size=(64, NUM_FEATURES))) * 100)
+    estimator = BinEstimator(zipf_exponent=0.9, batch_size=64, fitted_on="test", l1_error=0.1)
+    LearnedModel(CostNetConfig().build(gen), PolicyNetConfig().build(gen), scaler,
+                 {"algorithm": "dreamshard", META_KEY: estimator.to_dict()}).save(path)
+
+
 @pytest.mark.slow  # 10-30 s on 2 cores: two processes that each import torchrec
 def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
     (tmp_path / "dmp.py").write_text(DMP_SCRIPT)
+    untrained_dreamshard_checkpoint(tmp_path / "dreamshard.pt")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "dmp.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          "dmp.py", str(tmp_path / "dreamshard.pt")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     decoder = json.JSONDecoder()
     starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
     reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
-    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 8
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 10
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
         assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
         assert r["changed"] > 0, r  # the training step moved the embeddings
-    by = {(r["rank"], tuple(r["sharding"])): r for r in reports if not r["half"] and not r["columns_only"]}
+    # the default learned planner's export (untrained weights: any valid plan) loads and trains in DMP
+    assert [r["algo"] for r in reports].count("dreamshard_cut") == 2
+    by = {(r["rank"], tuple(r["sharding"])): r for r in reports
+          if not r["half"] and not r["columns_only"] and r["algo"] != "dreamshard_cut"}
     assert all(set(r["kinds"].values()) == {"column_wise"} for r in reports if r["columns_only"])
     # fp16 and fp32 tables in one module: planned each at its own bytes (big, 3.7 MB in fp16, now fits a rank)
     mixed = [r for r in reports if r["half"]]
