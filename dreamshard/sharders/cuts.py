@@ -13,8 +13,10 @@ there. This sharder searches over cuts with DreamShard's own trained parts, noth
      and TorchRec's row-wise blocks (`pieces.row_blocks`: block i on device i). All finer cuts are tried,
      not only the next: a coarse cut can rate worse than whole where a finer one rates better;
    - moving its piece on the busiest device to another device (each one tried).
-   The move the cost network rates cheapest is taken if it gains more than `min_gain`. The search stops
-   after `depth` moves or when no move gains.
+   The move the cost network rates cheapest is taken if it gains more than `min_gain`. When none gains,
+   the best-rated cut is taken all the same, at most `escapes` times: a cut that spreads a table can
+   raise the busiest device until the next moves rebalance around it. The search stops after `depth`
+   moves or when it is stalled with no escape left, and keeps the cheapest plan it has seen.
 3. The policy places the cut task's pieces again from scratch (one decoding), and the cheaper of that
    and the local search's plan, by the cost network, is kept.
 
@@ -55,10 +57,11 @@ class CutConfig:
     depth: int = 24  # moves at most
     candidates: int = 3  # costliest tables of the busiest device tried per move
     min_gain: float = 0.005  # relative predicted gain a move must bring
+    escapes: int = 3  # times a stalled search takes its best-rated cut all the same, to rebalance around it
     row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
 
     def __post_init__(self) -> None:
-        for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1)):
+        for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
@@ -188,7 +191,9 @@ class CutSearchSharder(LearnedSharder):
         def rated(new_load: np.ndarray) -> float:
             return float(scorer.device_costs(new_load).sum(axis=1).max())
 
-        best = rated(load)
+        current = rated(load)
+        best = (current, cuts, where)  # the cheapest state seen
+        escapes = cfg.escapes
         for _ in range(cfg.depth):
             busiest = int(np.argmax(scorer.device_costs(load).sum(axis=1)))
             here = [i for i, on in enumerate(where) if busiest in on]
@@ -234,9 +239,15 @@ class CutSearchSharder(LearnedSharder):
             if not moves:
                 break
             cost, i, k, devices, new_load, new_used = min(moves, key=lambda m: m[0])
-            if cost > best * (1 - cfg.min_gain):
-                break
-            best, load, used = cost, new_load, new_used
+            if cost > current * (1 - cfg.min_gain):  # stalled: cut anyway, at most `escapes` times
+                cut_moves = [m for m in moves if m[2] != cuts[m[1]]]
+                if escapes == 0 or not cut_moves:
+                    break
+                escapes -= 1
+                cost, i, k, devices, new_load, new_used = min(cut_moves, key=lambda m: m[0])
+            current, load, used = cost, new_load, new_used
             cuts, where = cuts.copy(), where.copy()
             cuts[i], where[i] = k, devices
-        return where, cuts
+            if current < best[0] * (1 - 1e-12):
+                best = (current, cuts, where)
+        return best[2], best[1]
