@@ -19,6 +19,7 @@ from dreamshard.evaluation.collect import (
     CostJournal,
     collect,
     measure_chunk,
+    measure_rows,
     perturb,
     plan_id,
     plans_to_measure,
@@ -26,7 +27,7 @@ from dreamshard.evaluation.collect import (
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.hardware.base import ComputeCost
 from dreamshard.learning.cost_model import measurement_noise
-from dreamshard.plan import Plan, validate_plan
+from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
 from dreamshard.tasks import read_tasks
 from helpers import seeded, tiny_params
@@ -344,3 +345,65 @@ def test_rounds_measure_a_chunk_in_turns_and_keep_every_round_and_the_medians(da
     assert measurement_noise(pd.DataFrame(steady_rows[0]), pd.DataFrame(steady_rows[1])) is None
     with pytest.raises(ValueError, match="rounds"):
         measure_chunk(analytic, items, EXTRA, rounds=0)
+
+
+# ---------------------------------------------------------------- plans with cuts (collect.cut_fraction)
+
+
+def test_plans_with_cuts_are_valid_and_priced_piece_by_piece(data, analytic):
+    """A share of the plans cut tables of their busiest device: column slices on distinct devices, or TorchRec's
+    row-wise blocks (block i on device i). The cost data price a row block as the table it is on its own
+    (Table.block: its rows, its share of the lookups), in rows from the collect stage as in measured plans."""
+    from dreamshard.evaluation.collect import cut_tables
+    from dreamshard.learning.cost_model import cost_data_from_plans, cost_data_from_rows
+    from dreamshard.sharders.pieces import row_blocks
+
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 40, 0.5, seed=3, fingerprint="fp", cut_fraction=1.0)
+    assert all(it.source.endswith("+cut") for it in items)
+    kinds = Counter()
+    for it in items:
+        validate_plan(it.task, it.plan)
+        tables = {t.name: t for t in it.task.tables}
+        for name in {s.table for s in it.plan.shards}:
+            shards = [s for s in it.plan.shards if s.table == name]
+            if len(shards) == 1:
+                continue
+            if shards[0].is_row_range:
+                kinds["row"] += 1
+                blocks = row_blocks(tables[name].rows, it.task.num_devices)
+                assert sorted((s.device, s.row_start, s.row_end) for s in shards) == \
+                    [(d, a, b) for d, (a, b) in enumerate(blocks)]
+            else:
+                kinds["column"] += 1
+                assert len({s.device for s in shards}) == len(shards)
+    assert kinds["row"] and kinds["column"], kinds
+    none = plans_to_measure(tasks, 10, 0.5, seed=3, fingerprint="fp", cut_fraction=0.0)
+    assert not any("+cut" in it.source for it in none)
+    # ids tell row ranges apart
+    task = items[0].task
+    t = task.tables[0]
+    halves = [Plan(task.num_devices, tuple([Shard(t.name, 0, 0, t.dim, 0, cut), Shard(t.name, 1, 0, t.dim, cut, t.rows)]
+                                           + [Shard(u.name, 0, 0, u.dim) for u in task.tables[1:]]))
+              for cut in (t.rows // 2, t.rows // 2 + 1)]
+    assert plan_id(task, halves[0], "fp") != plan_id(task, halves[1], "fp")
+    rng = np.random.default_rng(0)
+    for it in items:
+        assert cut_tables(it.task, it.plan, rng) is not None  # cutting a cut plan again stays valid (validated inside)
+
+    measured = [(it.task, it.plan, analytic.plan_cost(it.task, it.plan)) for it in items[:12]]
+    from_plans = cost_data_from_plans(measured)
+    rows = [measure_rows(analytic, it, {}, [[analytic.compute_cost(it.task, it.plan.device_shards(d))
+                                             for d in range(it.plan.num_devices)]])
+            for it in items[:12]]
+    plans_frame = pd.DataFrame([r[0] for r in rows])
+    devices_frame = pd.DataFrame([d for r in rows for d in r[1]])
+    from_rows = cost_data_from_rows(plans_frame, devices_frame, tasks)
+    np.testing.assert_allclose(from_rows.shard_raw, from_plans.shard_raw)
+    blocks = [(it.task, s) for it in items[:12] for s in it.plan.shards if s.is_row_range]
+    assert blocks
+    task, s = blocks[0]
+    table = next(t for t in task.tables if t.name == s.table)
+    assert any(np.allclose(row[:3], [s.width, s.row_end - s.row_start,
+                                     table.pooling_factor * (s.row_end - s.row_start) / table.rows])
+               for row in from_plans.shard_raw)

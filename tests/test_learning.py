@@ -521,6 +521,21 @@ def test_cli_plans_with_a_dreamshard_model(world, model, model_file, tmp_path, c
     validate_plan(task, Plan.load_json(sampled))
 
 
+def test_cli_plans_with_dreamshard_cut_by_default_when_given_a_model(world, model, model_file, tmp_path):
+    tables = world["test4"][1].tables
+    csv = tmp_path / "tables.csv"
+    tables_frame(tables).to_csv(csv, index=False)
+    task = Task.uniform("tables", tables, 3, 1.0)
+    for extra, algorithm in ((["--model", str(model_file)], "dreamshard_cut"), ([], "size_lookup_greedy")):
+        out = tmp_path / f"{algorithm}.json"
+        argv = ["plan", "--tables", str(csv), "--devices", "3", "--memory-gb", "1", "-o", str(out), *extra]
+        assert main(argv) == 0
+        assert json.loads(out.read_text())["algorithm"] == algorithm
+        plan = Plan.load_json(out)
+        options = {"model": model} if algorithm == "dreamshard_cut" else {}
+        assert plan == make_sharder(algorithm, **options).shard(task)  # the same as the library
+
+
 def _one_line_error(argv, capsys, *words):
     capsys.readouterr()
     assert main(argv) == 1

@@ -183,6 +183,8 @@ def test_constructor_takes_torchrecs_arguments_in_torchrecs_order():
             DreamShardPlanner(topology(2, 40.0), **{name: object()})
     with pytest.raises(DreamShardError, match="topology is required"):
         DreamShardPlanner()
+    # no algo: our best with a model (dreamshard_cut), the best heuristic without one
+    assert DreamShardPlanner(topology(2, 40.0)).algo == "size_lookup_greedy"
 
 
 DMP_SCRIPT = r'''

@@ -1,9 +1,10 @@
-"""README's headline table, built from metrics/eval.json (issue 35).
+"""README's headline tables, built from metrics/eval.json (issue 35).
 
-Per test family, the key sharders' mean cost over the family's best heuristic, paired per task, with the
-95% bootstrap interval that metrics/eval.json records (dreamshard.evaluation.summary). README embeds the
-output between `<!-- headline:start -->` and `<!-- headline:end -->`; tests/test_readme.py checks that they
-agree. Print it with
+Per test family, the key sharders' mean cost over the family's best heuristic, and over TorchRec's full
+planner (`torchrec_full`, what users plan with today), paired per task, with the 95% bootstrap intervals that
+metrics/eval.json records (dreamshard.evaluation.summary). README embeds the output between
+`<!-- headline:start -->` and `<!-- headline:end -->`; tests/test_readme.py checks that they agree. Print it
+with
 
     python -m dreamshard.evaluation.readme_table [metrics/eval.json]
 """
@@ -19,15 +20,22 @@ END = "<!-- headline:end -->"
 # (key in metrics/eval.json, column heading): the figures README has always led with
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("dreamshard", "DreamShard"),
+    ("dreamshard_cut", "DreamShard with cuts"),
     ("neuroshard", "NeuroShard"),
-    ("neuroshard_tw", "NeuroShard, table-wise"),
     ("torchrec_full", "TorchRec (`torchrec_full`)"),
+)
+# against torchrec_full: ours, and the best heuristic (its entry is the family's `best_heuristic`)
+VS_TORCHREC: tuple[tuple[str, str], ...] = (
+    ("dreamshard", "DreamShard"),
+    ("dreamshard_cut", "DreamShard with cuts"),
+    ("neuroshard", "NeuroShard"),
+    ("best_heuristic", "best heuristic"),
 )
 
 
-def _cell(entry: dict | None) -> str:
-    """`mean [low, high]` of an entry's ratio to the best heuristic; `–` where the sharder was not evaluated."""
-    c = entry.get("vs_best_heuristic") if isinstance(entry, dict) else None
+def _cell(entry: dict | None, key: str = "vs_best_heuristic") -> str:
+    """`mean [low, high]` of an entry's ratio (`key`); `–` where the sharder was not evaluated."""
+    c = entry.get(key) if isinstance(entry, dict) else None
     if not c:
         return "–"
     return f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
@@ -54,6 +62,13 @@ def headline_markdown(metrics: dict) -> str:
         best = algos.get("best_heuristic", "?")
         cells = " | ".join(_cell(algos.get(key)) for key, _ in COLUMNS)
         lines.append(f"| {family} | {_tasks(algos)} | `{best}` | {cells} |")
+    lines += ["", "Mean cost over TorchRec's full planner (`torchrec_full`), on the same tasks and terms:", "",
+              "| family | " + " | ".join(h for _, h in VS_TORCHREC) + " |", "|---|" + "---:|" * len(VS_TORCHREC)]
+    for family, algos in metrics.get("families", {}).items():
+        named = {key: algos.get(algos.get("best_heuristic", "") if key == "best_heuristic" else key)
+                 for key, _ in VS_TORCHREC}
+        lines.append(f"| {family} | " + " | ".join(_cell(named[key], "vs_torchrec_full") for key, _ in VS_TORCHREC)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 

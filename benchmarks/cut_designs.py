@@ -1,0 +1,118 @@
+"""Designs of the learned planner that cuts tables (issue 37), measured against TorchRec's full planner.
+
+    python -m benchmarks.cut_designs [--families dlrm-20-4,...] [--tasks 4] [--rounds 3]
+                                     [--out results/cut_designs]
+
+Each variant is `dreamshard_cut` (dreamshard/sharders/cuts.py) with some of its search turned off, planned
+with the pipeline's dreamshard checkpoint; beside them table-wise `dreamshard`, `neuroshard` and
+`torchrec_full`. On the first --tasks test tasks of each family, every plan of a task is measured in one
+interleaved pass (evaluate.measure_interleaved, --rounds rounds, medians), with the pipeline's backend
+(params.yaml `backend`): CPU timings on the machine it runs on. Reported per variant: the mean of the
+paired ratios to torchrec_full with a 95% bootstrap interval over tasks, the tasks it cut tables in, and
+its median planning time. Needs `make run`'s data/ and models/ (or --root of a project that has them).
+Writes summary.json and README.md to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+# variant -> CutConfig fields changed from params.yaml's cut_search
+VARIANTS: dict[str, dict] = {
+    "columns only, no escapes": {"row_wise": False, "escapes": 0},
+    "columns and rows, no escapes": {"escapes": 0},
+    "columns and rows, escapes (default)": {},
+}
+PEERS = ("dreamshard", "neuroshard", "torchrec_full")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
+    parser.add_argument("--families", default="dlrm-20-4,dlrm-40-4,dlrm-40-8,dlrm-80-8,dlrm-80-16")
+    parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
+    args = parser.parse_args()
+
+    import torch
+    import yaml
+
+    from dreamshard.evaluation.evaluate import measure_interleaved
+    from dreamshard.evaluation.summary import bootstrap_ci
+    from dreamshard.sharders import load_model, make_sharder
+    from dreamshard.sharders.cuts import CutConfig
+    from dreamshard.sharders.search import SearchConfig
+    from dreamshard.tasks import read_tasks
+    from stages.backend import make_stage_backend
+    from stages.common import build
+
+    torch.set_num_threads(1)
+    params = yaml.safe_load((args.root / "params.yaml").read_text())
+    params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
+    paths = params["paths"]
+    tasks = read_tasks(Path(paths["tasks"]) / "test.parquet", paths["tables"])
+    model = load_model("dreamshard", paths["dreamshard_model"])
+    base = build(CutConfig, params["cut_search"], "cut_search")
+    sharders = {name: make_sharder("dreamshard_cut", model=model, cuts=replace(base, **fields))
+                for name, fields in VARIANTS.items()}
+    sharders["dreamshard"] = make_sharder("dreamshard", model=model)
+    sharders["neuroshard"] = make_sharder("neuroshard", model=load_model("neuroshard", paths["neuroshard_model"]),
+                                          search=build(SearchConfig, params["neuroshard"], "neuroshard"))
+    sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
+    backend = make_stage_backend(params)
+
+    rows = []
+    for family in args.families.split(","):
+        for task in [t for t in tasks if t.family == family][:args.tasks]:
+            plans, planning = [], {}
+            for name, sharder in sharders.items():
+                start = time.perf_counter()
+                plans.append(sharder.shard(task))
+                planning[name] = (time.perf_counter() - start) * 1e3
+            costs = measure_interleaved(backend, task, plans, args.rounds)
+            for (name, plan), cost in zip(zip(sharders, plans), costs):
+                cut = len(plan.shards) > len({s.table for s in plan.shards})
+                rows.append({"family": family, "task": task.name, "sharder": name, "cost_ms": cost.cost_ms,
+                             "planning_ms": planning[name], "cuts": cut})
+            print(task.name, " ".join(f"{r['sharder']}={r['cost_ms']:.3f}" for r in rows[-len(sharders):]),
+                  flush=True)
+
+    summary: dict = {"device": backend.device_name(), "versions": backend.versions(), "rounds": args.rounds,
+                     "tasks_per_family": args.tasks, "families": args.families.split(","), "sharders": {}}
+    reference = {(r["family"], r["task"]): r["cost_ms"] for r in rows if r["sharder"] == "torchrec_full"}
+    for name in sharders:
+        mine = [r for r in rows if r["sharder"] == name]
+        ratios = np.array([r["cost_ms"] / reference[(r["family"], r["task"])] for r in mine])
+        low, high = bootstrap_ci(ratios, seed=0)
+        per_family = {f: float(np.mean([r["cost_ms"] / reference[(f, r["task"])] for r in mine if r["family"] == f]))
+                      for f in summary["families"]}
+        summary["sharders"][name] = {"vs_torchrec_full": float(ratios.mean()), "ci_low": low, "ci_high": high,
+                                     "per_family": per_family, "tasks_with_cuts": sum(r["cuts"] for r in mine),
+                                     "tasks": len(mine),
+                                     "planning_ms_p50": statistics.median(r["planning_ms"] for r in mine)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = ["# Designs of the planner that cuts tables, against `torchrec_full`\n",
+             f"{backend.device_name()}; {summary['versions']}; {args.tasks} test tasks per family of "
+             f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians). Command:\n",
+             f"    python -m benchmarks.cut_designs --tasks {args.tasks} --rounds {args.rounds} --out {args.out}\n",
+             "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
+             + " | tasks with cuts | planning p50 (ms) |",
+             "|---|---|" + "---:|" * len(summary["families"]) + "---:|---:|"]
+    for name, s in summary["sharders"].items():
+        lines.append(f"| {name} | {s['vs_torchrec_full']:.3f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}] | "
+                     + " | ".join(f"{s['per_family'][f]:.3f}" for f in summary["families"])
+                     + f" | {s['tasks_with_cuts']}/{s['tasks']} | {s['planning_ms_p50']:.1f} |")
+    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
