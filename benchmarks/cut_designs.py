@@ -27,7 +27,8 @@ import numpy as np
 VARIANTS: dict[str, dict] = {
     "columns only, no escapes": {"row_wise": False, "escapes": 0},
     "columns and rows, no escapes": {"escapes": 0},
-    "columns and rows, escapes (default)": {},
+    "columns and rows, escapes (params)": {},
+    "wider: candidates 6, escapes 6": {"candidates": 6, "escapes": 6},
 }
 PEERS = ("dreamshard", "neuroshard", "torchrec_full")
 
@@ -36,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
     parser.add_argument("--families", default="dlrm-20-4,dlrm-40-4,dlrm-40-8,dlrm-80-8,dlrm-80-16")
+    parser.add_argument("--first", type=int, default=0, help="skip this many test tasks of each family")
     parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
@@ -70,7 +72,7 @@ def main() -> None:
 
     rows = []
     for family in args.families.split(","):
-        for task in [t for t in tasks if t.family == family][:args.tasks]:
+        for task in [t for t in tasks if t.family == family][args.first:args.first + args.tasks]:
             plans, planning = [], {}
             for name, sharder in sharders.items():
                 start = time.perf_counter()
@@ -85,7 +87,7 @@ def main() -> None:
                   flush=True)
 
     summary: dict = {"device": backend.device_name(), "versions": backend.versions(), "rounds": args.rounds,
-                     "tasks_per_family": args.tasks, "families": args.families.split(","), "sharders": {}}
+                     "tasks_per_family": args.tasks, "first": args.first, "families": args.families.split(","), "sharders": {}}
     reference = {(r["family"], r["task"]): r["cost_ms"] for r in rows if r["sharder"] == "torchrec_full"}
     for name in sharders:
         mine = [r for r in rows if r["sharder"] == name]
@@ -102,7 +104,8 @@ def main() -> None:
     lines = ["# Designs of the planner that cuts tables, against `torchrec_full`\n",
              f"{backend.device_name()}; {summary['versions']}; {args.tasks} test tasks per family of "
              f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians). Command:\n",
-             f"    python -m benchmarks.cut_designs --tasks {args.tasks} --rounds {args.rounds} --out {args.out}\n",
+             f"    python -m benchmarks.cut_designs --families {args.families} --first {args.first} --tasks {args.tasks} "
+             f"--rounds {args.rounds} --out {args.out}\n",
              "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
              + " | tasks with cuts | planning p50 (ms) |",
              "|---|---|" + "---:|" * len(summary["families"]) + "---:|---:|"]

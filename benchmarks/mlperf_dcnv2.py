@@ -27,7 +27,7 @@ ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 306795
 MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 DIM = 128
 OURS = ("size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy", "random", "neuroshard", "neuroshard_tw",
-        "dreamshard")
+        "dreamshard", "dreamshard_cut")
 
 
 def model():
@@ -129,7 +129,7 @@ def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path |
 
     options: dict[str, Any] = {}
     if spec(algo).needs_model:
-        path = None if models is None else models / f"{algo.removesuffix('_tw')}.pt"
+        path = None if models is None else models / f"{spec(algo).trained_as.removesuffix('_tw')}.pt"
         if path is None or not path.exists():
             return {"planner": algo, "skipped": f"no checkpoint {path}"}
         options["model"] = path

@@ -62,10 +62,17 @@ def test_headline_table_per_family():
     metrics = json.loads(METRICS.read_text())
     table = headline_markdown(metrics)
     rows = [line for line in table.splitlines() if line.startswith("| dlrm")]
-    assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == list(metrics["families"])
-    first = next(iter(metrics["families"]))
+    families = list(metrics["families"])
+    # two tables: over the best heuristic, then over torchrec_full
+    assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == families + families
+    first = families[0]
     c = metrics["families"][first]["dreamshard"]["vs_best_heuristic"]
     assert f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" in rows[0]
+    c = metrics["families"][first]["dreamshard_cut"]["vs_torchrec_full"]
+    assert f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" in rows[len(families)]
+    best = metrics["families"][first]["best_heuristic"]
+    c = metrics["families"][first][best]["vs_torchrec_full"]
+    assert rows[len(families)].endswith(f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}] |")
     assert metrics["device"] in table
 
 
@@ -76,6 +83,7 @@ def test_headline_table_marks_a_sharder_not_evaluated():
                                           "mean_ratio": 0.9, "ci_low": 0.85, "ci_high": 0.95}}}}}
     table = headline_markdown(metrics)
     assert "| f-2-2 | 3 | `lookup_greedy` | 0.900 [0.85, 0.95] | – | – | – |" in table
+    assert "| f-2-2 | – | – | – | – |" in table  # no torchrec_full: no ratios to it
     assert "modelled, not measured" in table
 
 
