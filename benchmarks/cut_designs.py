@@ -37,7 +37,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
     parser.add_argument("--families", default="dlrm-20-4,dlrm-40-4,dlrm-40-8,dlrm-80-8,dlrm-80-16")
-    parser.add_argument("--first", type=int, default=0, help="skip this many test tasks of each family")
+    parser.add_argument("--first", type=int, default=0, help="skip this many tasks of each family")
+    parser.add_argument("--split", default="test", choices=("test", "train"),
+                        help="train: choose settings on training tasks, never on the test tasks reported")
     parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
@@ -59,7 +61,7 @@ def main() -> None:
     params = yaml.safe_load((args.root / "params.yaml").read_text())
     params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
     paths = params["paths"]
-    tasks = read_tasks(Path(paths["tasks"]) / "test.parquet", paths["tables"])
+    tasks = read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
     model = load_model("dreamshard", paths["dreamshard_model"])
     base = build(CutConfig, params["cut_search"], "cut_search")
     sharders = {name: make_sharder("dreamshard_cut", model=model, cuts=replace(base, **fields))
@@ -87,6 +89,7 @@ def main() -> None:
                   flush=True)
 
     summary: dict = {"device": backend.device_name(), "versions": backend.versions(), "rounds": args.rounds,
+                     "split": args.split,
                      "tasks_per_family": args.tasks, "first": args.first, "families": args.families.split(","), "sharders": {}}
     reference = {(r["family"], r["task"]): r["cost_ms"] for r in rows if r["sharder"] == "torchrec_full"}
     for name in sharders:
@@ -102,9 +105,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = ["# Designs of the planner that cuts tables, against `torchrec_full`\n",
-             f"{backend.device_name()}; {summary['versions']}; {args.tasks} test tasks per family of "
+             f"{backend.device_name()}; {summary['versions']}; {args.tasks} {args.split} tasks per family of "
              f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians). Command:\n",
-             f"    python -m benchmarks.cut_designs --families {args.families} --first {args.first} --tasks {args.tasks} "
+             f"    python -m benchmarks.cut_designs --split {args.split} --families {args.families} --first {args.first} "
+             f"--tasks {args.tasks} "
              f"--rounds {args.rounds} --out {args.out}\n",
              "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
              + " | tasks with cuts | planning p50 (ms) |",
