@@ -26,6 +26,7 @@ from torchrec.distributed.types import ShardingPlan  # noqa: E402
 from dreamshard.errors import DreamShardError  # noqa: E402
 from dreamshard.interop.planner import DreamShardPlanner  # noqa: E402
 from dreamshard.plan import device_memory_bytes  # noqa: E402
+from dreamshard.sharders.pieces import row_blocks  # noqa: E402
 
 MB = 1024**2
 NO_RESERVATION = FixedPercentageStorageReservation(0.0)  # tests of other things keep the topology's whole HBM
@@ -110,7 +111,23 @@ def test_sharders_restrictions_are_honoured_or_refused():
     plan = DreamShardPlanner(topology(2, 10.0), algo="lookup_greedy", **roomy).plan(TwoCollections(), [columns_only])
     assert {ps.sharding_type for m in plan.plan.values() for ps in m.values()} == {"column_wise"}
     assert len(plan.plan["sparse.ebc"]["big"].ranks) > 1 and len(plan.plan["other"]["thin"].ranks) == 1
-    for sharder, said in ((RestrictedSharder(["row_wise"]), r"offers \['row_wise'\]"),
+    # row_wise alone (as TorchRec's tests restrict one): every table in TorchRec's row-wise layout on every rank
+    row_wise = RestrictedSharder(["row_wise"])
+    planner = DreamShardPlanner(topology(2, 100.0), **roomy)
+    plan = planner.plan(TwoCollections(), [row_wise])
+    assert {ps.sharding_type for m in plan.plan.values() for ps in m.values()} == {"row_wise"}
+    by_table = {}
+    for sh in planner.last_plan.shards:
+        by_table.setdefault(sh.table, []).append((sh.device, sh.row_start, sh.row_end))
+    rows = {t.name: t.rows for t in planner.last_task.tables}
+    for name, blocks in by_table.items():
+        assert sorted(blocks) == [(d, a, b) for d, (a, b) in enumerate(row_blocks(rows[name], 2))]
+    with pytest.raises(DreamShardError, match="row_wise alone.*'row'"):
+        DreamShardPlanner(topology(2, 100.0), sharding=("table", "column"), **roomy).plan(TwoCollections(), [row_wise])
+    table_wise_only = {"thin": ParameterConstraints(sharding_types=["table_wise"])}
+    with pytest.raises(DreamShardError, match="row_wise alone.*'thin' must stay whole"):
+        DreamShardPlanner(topology(2, 100.0), constraints=table_wise_only, **roomy).plan(TwoCollections(), [row_wise])
+    for sharder, said in ((RestrictedSharder(["data_parallel"]), r"offers \['data_parallel'\]"),
                           (RestrictedSharder(["table_wise"], kernels=("dense",)), "fused kernel none")):
         with pytest.raises(DreamShardError, match=said):
             DreamShardPlanner(topology(2, 100.0), **roomy).plan(TwoCollections(), [sharder])
@@ -254,11 +271,18 @@ class ColumnsOnlySharder(EmbeddingBagCollectionSharder):
         return ["column_wise"]
 
 
-def run(sharding, rank, half=(), columns_only=False, model=None):
+class RowsOnlySharder(EmbeddingBagCollectionSharder):
+    """Restricted to row_wise: every table in TorchRec's row-wise layout."""
+
+    def sharding_types(self, compute_device_type):
+        return ["row_wise"]
+
+
+def run(sharding, rank, half=(), columns_only=False, model=None, rows_only=False):
     """`half`: tables with fp16 weights in the sharded model (the unsharded one holds the same values in fp32);
     `columns_only`: a sharder offering column_wise alone (every table, whole or cut, column-wise); `model`: a
     dreamshard checkpoint, planned with the default learned planner (dreamshard_cut)."""
-    sharders = [ColumnsOnlySharder() if columns_only else CpuRowWiseSharder()]
+    sharders = [ColumnsOnlySharder() if columns_only else RowsOnlySharder() if rows_only else CpuRowWiseSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
     algo = {} if model else {"algo": "size_lookup_greedy"}
     planner = DreamShardPlanner(topology, batch_size=64, sharding=sharding, model=model, **algo,
@@ -287,7 +311,7 @@ def run(sharding, rank, half=(), columns_only=False, model=None):
     loss.backward()  # the fused optimizer steps the embeddings inside backward
     pooled_after, _ = dmp(features)
     return {"rank": rank, "sharding": list(sharding), "half": list(half), "columns_only": columns_only,
-            "algo": planner.algo,
+            "algo": planner.algo, "rows_only": rows_only,
             "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
             "held": sorted(held), "pooled_diff": float((pooled - want_pooled).abs().max()),
             "loss": float(loss), "want_loss": float(want_loss),
@@ -300,7 +324,8 @@ def main():
     reports = [run(("table", "column", "row"), rank), run(("table", "row"), rank),
                run(("table", "column", "row"), rank, half=("big", "mid")),
                run(("table", "column", "row"), rank, columns_only=True),
-               run(("table", "column", "row"), rank, model=sys.argv[1])]
+               run(("table", "column", "row"), rank, model=sys.argv[1]),
+               run(("table", "column", "row"), rank, rows_only=True)]
     print(json.dumps(reports), flush=True)
     dist.destroy_process_group()
 
@@ -335,15 +360,17 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
     decoder = json.JSONDecoder()
     starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
     reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
-    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 10
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 12
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
         assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
         assert r["changed"] > 0, r  # the training step moved the embeddings
     # the default learned planner's export (untrained weights: any valid plan) loads and trains in DMP
     assert [r["algo"] for r in reports].count("dreamshard_cut") == 2
+    # a sharder offering row_wise alone: every table row-wise, and DMP trains it
+    assert all(set(r["kinds"].values()) == {"row_wise"} for r in reports if r["rows_only"])
     by = {(r["rank"], tuple(r["sharding"])): r for r in reports
-          if not r["half"] and not r["columns_only"] and r["algo"] != "dreamshard_cut"}
+          if not r["half"] and not r["columns_only"] and not r["rows_only"] and r["algo"] != "dreamshard_cut"}
     assert all(set(r["kinds"].values()) == {"column_wise"} for r in reports if r["columns_only"])
     # fp16 and fp32 tables in one module: planned each at its own bytes (big, 3.7 MB in fp16, now fits a rank)
     mixed = [r for r in reports if r["half"]]

@@ -140,7 +140,10 @@ class DreamShardPlanner(ShardingPlanner):
 
         start = time.perf_counter()
         task, modules = self.task(module, sharders)
-        plan = make_sharder(self.algo, **self.options).shard(task)
+        if self._row_wise_only(self._offered(sharders)):
+            plan = self._all_row_wise(task)  # TorchRec's one row-wise layout: nothing for a sharder to choose
+        else:
+            plan = make_sharder(self.algo, **self.options).shard(task)
         validate_plan(task, plan)
         self._check_torchrec_storage(task, plan)
         elapsed = time.perf_counter() - start
@@ -264,12 +267,36 @@ class DreamShardPlanner(ShardingPlanner):
             return None
         device = self.topology.compute_device
         offered = [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
-        if "table_wise" not in offered and "column_wise" not in offered:
+        if not {"table_wise", "column_wise", "row_wise"} & set(offered):
             raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
                                   f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
-                                  f"{offered or 'none'}; DreamShard's plans need table_wise or column_wise with the "
-                                  "fused kernel")
+                                  f"{offered or 'none'}; DreamShard's plans need table_wise, column_wise or row_wise "
+                                  "with the fused kernel")
         return offered
+
+    @staticmethod
+    def _row_wise_only(offered: list[str] | None) -> bool:
+        """Does the EBC sharder offer row_wise and neither table_wise nor column_wise (as TorchRec's tests restrict
+        one)? Then every table is row-wise."""
+        return offered is not None and "row_wise" in offered and not {"table_wise", "column_wise"} & set(offered)
+
+    def _all_row_wise(self, task: Task) -> Plan:
+        """Every table in TorchRec's row-wise layout (pieces.row_blocks: block i on rank i), for a sharder that offers
+        row_wise alone; a table that must stay whole, or sharding kinds without "row", is an error naming it."""
+        from dreamshard.plan import Shard
+        from dreamshard.sharders.pieces import row_blocks
+
+        if "row" not in self.sharding:
+            raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, but sharding="
+                                  f"{self.sharding} leaves out 'row'; allow 'row' or give a sharder with table_wise")
+        whole = sorted(task.never_cut() | set(task.avoided()))
+        if whole:
+            raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, which puts a block of every "
+                                  f"table on every rank, but table {whole[0]!r} must stay whole or avoid ranks "
+                                  "(its constraints); give a sharder with table_wise")
+        shards = [Shard(t.name, rank, 0, t.dim, r0, r1) for t in task.tables
+                  for rank, (r0, r1) in enumerate(row_blocks(t.rows, task.num_devices))]
+        return Plan(task.num_devices, tuple(shards))
 
     @staticmethod
     def _whole_as(offered: list[str] | None) -> str:
@@ -282,6 +309,8 @@ class DreamShardPlanner(ShardingPlanner):
         offered = self._offered(sharders)
         if offered is None:
             return self.sharding
+        if self._row_wise_only(offered):  # every table row-wise (_all_row_wise); the task keeps "table" as every task
+            return tuple(k for k in self.sharding if k in ("table", "row"))
         by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
         return tuple(k for k in self.sharding if by_kind[k] in offered)
 
