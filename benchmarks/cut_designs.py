@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
     parser.add_argument("--families", default="dlrm-20-4,dlrm-40-4,dlrm-40-8,dlrm-80-8,dlrm-80-16")
     parser.add_argument("--first", type=int, default=0, help="skip this many tasks of each family")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                        help='a variant instead of the built-in ones, e.g. \'deeper={"depth": 48}\' (repeatable)')
     parser.add_argument("--split", default="test", choices=("test", "train"),
                         help="train: choose settings on training tasks, never on the test tasks reported")
     parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
@@ -64,8 +66,14 @@ def main() -> None:
     tasks = read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
     model = load_model("dreamshard", paths["dreamshard_model"])
     base = build(CutConfig, params["cut_search"], "cut_search")
+    variants = dict(VARIANTS)
+    if args.variant:
+        variants = {"params": {}}
+        for v in args.variant:
+            name, _, fields = v.partition("=")
+            variants[name] = json.loads(fields)
     sharders = {name: make_sharder("dreamshard_cut", model=model, cuts=replace(base, **fields))
-                for name, fields in VARIANTS.items()}
+                for name, fields in variants.items()}
     sharders["dreamshard"] = make_sharder("dreamshard", model=model)
     sharders["neuroshard"] = make_sharder("neuroshard", model=load_model("neuroshard", paths["neuroshard_model"]),
                                           search=build(SearchConfig, params["neuroshard"], "neuroshard"))
