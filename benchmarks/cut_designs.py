@@ -116,7 +116,7 @@ def main() -> None:
              f"{backend.device_name()}; {summary['versions']}; {args.tasks} {args.split} tasks per family of "
              f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians). Command:\n",
              f"    python -m benchmarks.cut_designs --split {args.split} --families {args.families} --first {args.first} "
-             f"--tasks {args.tasks} "
+             f"--tasks {args.tasks} " + "".join(f"--variant '{v}' " for v in args.variant)
              f"--rounds {args.rounds} --out {args.out}\n",
              "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
              + " | tasks with cuts | planning p50 (ms) |",
