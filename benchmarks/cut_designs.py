@@ -117,7 +117,7 @@ def main() -> None:
              f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians). Command:\n",
              f"    python -m benchmarks.cut_designs --split {args.split} --families {args.families} --first {args.first} "
              f"--tasks {args.tasks} " + "".join(f"--variant '{v}' " for v in args.variant)
-             f"--rounds {args.rounds} --out {args.out}\n",
+             + f"--rounds {args.rounds} --out {args.out}\n",
              "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
              + " | tasks with cuts | planning p50 (ms) |",
              "|---|---|" + "---:|" * len(summary["families"]) + "---:|---:|"]
