@@ -4,8 +4,8 @@
                                      [--out results/cut_designs]
 
 Each variant is `dreamshard_cut` (dreamshard/sharders/cuts.py) with some of its search turned off, planned
-with the pipeline's dreamshard checkpoint; beside them table-wise `dreamshard`, `neuroshard` and
-`torchrec_full`. On the first --tasks test tasks of each family, every plan of a task is measured in one
+with the pipeline's dreamshard checkpoint; beside them table-wise `dreamshard`, `neuroshard`,
+`size_lookup_greedy` and `torchrec_full`. On the first --tasks test tasks of each family, every plan of a task is measured in one
 interleaved pass (evaluate.measure_interleaved, --rounds rounds, medians), with the pipeline's backend
 (params.yaml `backend`): CPU timings on the machine it runs on. Reported per variant: the mean of the
 paired ratios to torchrec_full with a 95% bootstrap interval over tasks, the tasks it cut tables in, and
@@ -30,7 +30,6 @@ VARIANTS: dict[str, dict] = {
     "columns and rows, escapes (params)": {},
     "wider: candidates 6, escapes 6": {"candidates": 6, "escapes": 6},
 }
-PEERS = ("dreamshard", "neuroshard", "torchrec_full")
 
 
 def main() -> None:
@@ -77,6 +76,7 @@ def main() -> None:
     sharders["dreamshard"] = make_sharder("dreamshard", model=model)
     sharders["neuroshard"] = make_sharder("neuroshard", model=load_model("neuroshard", paths["neuroshard_model"]),
                                           search=build(SearchConfig, params["neuroshard"], "neuroshard"))
+    sharders["size_lookup_greedy"] = make_sharder("size_lookup_greedy")  # the best heuristic on every default family
     sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
     backend = make_stage_backend(params)
 
