@@ -140,7 +140,8 @@ class DreamShardPlanner(ShardingPlanner):
 
         start = time.perf_counter()
         task, modules = self.task(module, sharders)
-        if self._row_wise_only(self._offered(sharders)):
+        offered = self._offered(sharders)
+        if self._row_wise_only(offered):
             plan = self._all_row_wise(task)  # TorchRec's one row-wise layout: nothing for a sharder to choose
         else:
             plan = make_sharder(self.algo, **self.options).shard(task)
@@ -152,7 +153,7 @@ class DreamShardPlanner(ShardingPlanner):
                                   f"{self.timeout_seconds}")
         self.last_task, self.last_plan = task, plan
         # every table's sharding, once for all modules
-        generators = table_generators(task, plan, self._whole_as(self._offered(sharders)))
+        generators = table_generators(task, plan, self._whole_as(offered))
         sharding_plan = ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
         if self.debug:
             self._print_summary(task, plan, elapsed)
