@@ -39,7 +39,7 @@ from dreamshard.memory import (
 from dreamshard.plan import Plan, device_memory_breakdown, validate_plan
 from dreamshard.provenance import provenance
 from dreamshard.replan_changes import changed_tables, describe_changes
-from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, load_model, make_sharder, spec
+from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, default_algo, load_model, make_sharder, spec
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
@@ -272,7 +272,7 @@ def table_changes(task: Task, previous: Plan, meta: Any, args: argparse.Namespac
 
 def cmd_plan(args: argparse.Namespace) -> None:
     if args.algo is None:
-        args.algo = DEFAULT_LEARNED if args.model is not None else DEFAULT_HEURISTIC
+        args.algo = default_algo(args.model is not None)
     if args.placement is not None and args.format != "torchrec":
         raise DreamShardError("--placement: only with --format torchrec (where the plan places its ranks)")
     check_replan_args(args)

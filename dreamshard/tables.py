@@ -93,6 +93,13 @@ class Table:
         return replace(self, name=f"{self.name}[rows {row_start}:{row_end}]", rows=rows, dim=width,
                        pooling_factor=self.pooling_factor * rows / self.rows, block_of_pooling=self.pooling_factor)
 
+    def piece(self, row_start: int, row_end: int, width: int) -> Table:
+        """Rows [row_start, row_end) x `width` columns of this table as the cost models see it: the table itself
+        at that width when the rows are all of them, its `block` otherwise."""
+        if (row_start, row_end) == (0, self.rows):
+            return replace(self, dim=width)
+        return self.block(row_start, row_end, width)
+
 
 def access_count_bins(counts) -> list[float]:
     """Fractions of distinct rows whose access count falls in each of the 17 bins."""

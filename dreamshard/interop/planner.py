@@ -86,10 +86,10 @@ class DreamShardPlanner(ShardingPlanner):
                  devices: Sequence[Device] | str | Path | None = None,
                  placement: Constraints | str | Path | None = None) -> None:
         from dreamshard.cluster import read_constraints_file, read_devices_file
-        from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, load_model, spec
+        from dreamshard.sharders import default_algo, load_model, spec
 
-        if algo is None:  # our best with a model (a dreamshard checkpoint), the best heuristic without one
-            algo = DEFAULT_LEARNED if model is not None else DEFAULT_HEURISTIC
+        if algo is None:
+            algo = default_algo(model is not None)
 
         if topology is None:
             raise DreamShardError("DreamShardPlanner: topology is required (torchrec.distributed.planner.Topology)")

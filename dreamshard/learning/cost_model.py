@@ -233,11 +233,8 @@ class CostData:
 
 
 def piece_features(table: Table, row_start: int, row_end: int, width: int, memory: MemoryModel) -> np.ndarray:
-    """The features of rows [row_start, row_end) x `width` columns of `table`: a row block is priced as the table
-    it would be on its own (Table.block)."""
-    if row_end - row_start < table.rows:
-        table = table.block(row_start, row_end, width)
-    return shard_features(table, width, memory)
+    """The features of rows [row_start, row_end) x `width` columns of `table` (Table.piece)."""
+    return shard_features(table.piece(row_start, row_end, width), width, memory)
 
 
 def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> CostData:

@@ -166,6 +166,14 @@ _SPECS = (
 SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}
 DEFAULT_LEARNED = "dreamshard_cut"  # what `dreamshard plan` and DreamShardPlanner use when given a model
 DEFAULT_HEURISTIC = "size_lookup_greedy"  # and without one
+
+
+def default_algo(has_model: bool) -> str:
+    """The sharder `dreamshard plan` and DreamShardPlanner use when none is named: our best learned one with a
+    model (a dreamshard checkpoint), the best heuristic without one."""
+    return DEFAULT_LEARNED if has_model else DEFAULT_HEURISTIC
+
+
 HEURISTICS = tuple(n for n, s in SHARDERS.items() if s.kind == "heuristic")
 LEARNED = tuple(n for n, s in SHARDERS.items() if s.needs_model)
 

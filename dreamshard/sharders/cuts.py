@@ -121,13 +121,30 @@ class _Universe:
         sizes = np.array([task.shard_bytes(t) for t in tables], dtype=np.int64)
         return cls(pieces, sizes, scorer, ctx.order)
 
-    def cost(self, cuts: list[int], where: list[list[int]]) -> float:
-        """The cost network's device-max estimate of the pieces of `cuts` on the devices `where`."""
+    def load(self, cuts: list[int], where: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Each device's summed scorer input and bytes, with the pieces of `cuts` on the devices `where`."""
         load = np.zeros((len(self.scorer.speed), self.scorer.weights.shape[1]))
+        used = np.zeros(len(self.scorer.speed), dtype=np.int64)
         for i, devices in enumerate(where):
             for p, d in zip(self.pieces[(i, cuts[i])], devices):
                 load[d] += self.scorer.weights[p]
-        return float(self.scorer.device_costs(load).sum(axis=1).max())
+                used[d] += self.sizes[p]
+        return load, used
+
+    def devices(self, load: np.ndarray) -> np.ndarray:
+        """The cost network's estimate of each device's cost under `load`."""
+        return self.scorer.device_costs(load).sum(axis=1)
+
+    def cost(self, cuts: list[int], where: list[list[int]]) -> float:
+        """The cost network's device-max estimate of the pieces of `cuts` on the devices `where`."""
+        return float(self.devices(self.load(cuts, where)[0]).max())
+
+
+def _move(u: _Universe, i: int, k: int, devices: list[int], load: np.ndarray, used: np.ndarray):
+    """A candidate step of the search, rated: (device-max estimate, table, cut, its pieces' devices, the devices'
+    loads, bytes and estimates after it)."""
+    rated = u.devices(load)
+    return float(rated.max()), i, k, devices, load, used, rated
 
 
 @dataclass
@@ -181,25 +198,19 @@ class CutSearchSharder(LearnedSharder):
         allowed = [task.allowed_devices(t.name) for t in task.tables]
         fixed = {t for t, _ in task.pins} | {t for g in task.groups for t in g}  # never moved alone
         movable = [t.name not in fixed for t in task.tables]
-        load = np.zeros((task.num_devices, w.shape[1]))
-        used = np.zeros(task.num_devices, dtype=np.int64)
-        for i, on in enumerate(where):
-            for p, d in zip(u.pieces[(i, cuts[i])], on):
-                load[d] += w[p]
-                used[d] += u.sizes[p]
+        load, used = u.load(cuts, where)
 
-        def rated(new_load: np.ndarray) -> float:
-            return float(scorer.device_costs(new_load).sum(axis=1).max())
-
-        current = rated(load)
+        per_device = u.devices(load)
+        current = float(per_device.max())
         best = (current, cuts, where)  # the cheapest state seen
         escapes = cfg.escapes
         for _ in range(cfg.depth):
-            busiest = int(np.argmax(scorer.device_costs(load).sum(axis=1)))
+            busiest = int(np.argmax(per_device))
             here = [i for i, on in enumerate(where) if busiest in on]
             # the costliest first: a piece's share of the cost heads' input
             here.sort(key=lambda i: -float(np.abs(w[u.pieces[(i, cuts[i])][0], :scorer.cost_width]).sum()))
-            moves: list[tuple[float, int, int, list[int], np.ndarray, np.ndarray]] = []
+            moves: list[tuple[float, int, int, list[int], np.ndarray, np.ndarray, np.ndarray]] = []
+
             for i in here[:cfg.candidates]:
                 for k in options[i][options[i].index(cuts[i]) + 1:]:  # every finer cut
                     trial_load, trial_used = load.copy(), used.copy()
@@ -221,7 +232,7 @@ class CutSearchSharder(LearnedSharder):
                         trial_load[d] += w[p]
                         trial_used[d] += u.sizes[p]
                     if len(devices) == len(u.pieces[(i, k)]):
-                        moves.append((rated(trial_load), i, k, devices, trial_load, trial_used))
+                        moves.append(_move(u, i, k, devices, trial_load, trial_used))
                 if movable[i] and cuts[i] != ROW_WISE:  # its piece on the busiest device to another device
                     j = where[i].index(busiest)
                     p = u.pieces[(i, cuts[i])][j]
@@ -235,17 +246,17 @@ class CutSearchSharder(LearnedSharder):
                         trial_used[d] += u.sizes[p]
                         moved = where[i].copy()
                         moved[j] = d
-                        moves.append((rated(trial_load), i, cuts[i], moved, trial_load, trial_used))
+                        moves.append(_move(u, i, cuts[i], moved, trial_load, trial_used))
             if not moves:
                 break
-            cost, i, k, devices, new_load, new_used = min(moves, key=lambda m: m[0])
+            cost, i, k, devices, new_load, new_used, new_devices = min(moves, key=lambda m: m[0])
             if cost > current * (1 - cfg.min_gain):  # stalled: cut anyway, at most `escapes` times
                 cut_moves = [m for m in moves if m[2] != cuts[m[1]]]
                 if escapes == 0 or not cut_moves:
                     break
                 escapes -= 1
-                cost, i, k, devices, new_load, new_used = min(cut_moves, key=lambda m: m[0])
-            current, load, used = cost, new_load, new_used
+                cost, i, k, devices, new_load, new_used, new_devices = min(cut_moves, key=lambda m: m[0])
+            current, load, used, per_device = cost, new_load, new_used, new_devices
             cuts, where = cuts.copy(), where.copy()
             cuts[i], where[i] = k, devices
             if current < best[0] * (1 - 1e-12):

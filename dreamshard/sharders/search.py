@@ -130,10 +130,8 @@ def as_blocks(task: Task, shards: Sequence[Sequence[int]]) -> ShardSet:
 
 
 def block_table(task: Task, b: Block) -> Table:
-    """The table block `b` is to the cost models: its rows with their share of the lookups (pieces.py's
-    rule), its width as dim, the table's bins."""
-    t = task.tables[b.table]
-    return t.block(b.row_start, b.row_end, b.width) if b.rows < t.rows else replace(t, dim=b.width)
+    """The table block `b` is to the cost models (Table.piece)."""
+    return task.tables[b.table].piece(b.row_start, b.row_end, b.width)
 
 
 class _Evaluator:
