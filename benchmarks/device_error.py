@@ -8,7 +8,7 @@
 `measure` draws, per pool in `--pools`, `samples` random sets of 1..max_tables tables of the project's
 *test* pool (tables no model learned from) or *train* pool (new random sets of the training tables) at the
 configured dims, as the collect_devices stage draws its training samples
-(`dreamshard.evaluation.devices.device_samples`, seed + the pool's position), and measures all of them as
+(`dreamshard.learning.devices.device_samples`, seed + the pool's position), and measures all of them as
 one fused operator each on the project's backend in `rounds` interleaved rounds (medians; every round kept
 in the rows, with the device and the pool). Measuring both pools in one pass separates what unseen tables
 cost the network from the machine's drift since its training data were measured. `score` reports, per
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow as pa
 
     from dreamshard.errors import DreamShardError
-    from dreamshard.evaluation.devices import DeviceSample, cost_data_from_rows, device_samples, measure_samples
     from dreamshard.io import write_parquet, write_text
     from dreamshard.learning.cost_model import device_predictions, load_cost_net
+    from dreamshard.learning.devices import DeviceSample, cost_data_from_rows, device_samples, measure_samples
     from dreamshard.tasks import read_tasks, table_pool
     from stages.backend import make_stage_backend
     from stages.common import load_params, section

@@ -10,6 +10,7 @@ written before row ranges existed load unchanged.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,12 @@ from dreamshard.io import write_text
 from dreamshard.memory import MemoryBreakdown
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
+
+
+def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
+    """TorchRec's row-wise layout: block i = rows [i b, (i+1) b) with b = ceil(rows / N), empty blocks left out."""
+    block = math.ceil(rows / num_devices)
+    return [(start, min(start + block, rows)) for start in range(0, rows, block)]
 
 
 @dataclass(frozen=True)

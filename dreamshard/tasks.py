@@ -7,7 +7,7 @@ throughput over a reference device's: compute costs on it are the reference cost
 constraints files: dreamshard.cluster.
 
 Placement constraints (checked by plan.validate_plan, honoured by every sharder of ours through
-sharders.placement.place_tables and sharders.pieces.with_pieces):
+placement.place_tables and sharders.pieces.with_pieces):
   pins   (table, device): the table is placed on that device (never cut);
   avoid  (table, devices): no shard of the table on those devices;
   groups (tables...): the tables share one device (each never cut);

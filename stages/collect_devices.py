@@ -1,7 +1,7 @@
 """collect_devices: single-device measurements for the cost models -> `paths.single_devices`/devices.parquet.
 
 Random sets of training tables at random dims, each measured as one fused operator
-(dreamshard/evaluation/devices.py). DreamShard's cost network (train_cost, and its refits while
+(dreamshard/learning/devices.py). DreamShard's cost network (train_cost, and its refits while
 the policies train) and NeuroShard's compute model learn from them; they are counted apart
 from the real plan measurements of `collect`.
 
@@ -23,8 +23,8 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from dreamshard.errors import DreamShardError
-from dreamshard.evaluation.devices import DeviceJournal, device_samples, measure_samples, pending
 from dreamshard.io import write_parquet
+from dreamshard.learning.devices import DeviceJournal, device_samples, measure_samples, pending
 from dreamshard.tasks import read_tasks, table_pool
 from stages.backend import make_stage_backend
 from stages.common import ParamsError, section

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.evaluation import devices
+from dreamshard.learning import devices
 from dreamshard.learning.cost_model import CostData
 from dreamshard.tasks import Task, table_pool
 from stages.common import ParamsError, section

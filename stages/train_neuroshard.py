@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from dreamshard.data.bins import META_KEY, fit_tables_file
-from dreamshard.evaluation import devices
 from dreamshard.io import write_text
+from dreamshard.learning import devices
 from dreamshard.learning.cost_model import evaluate_cost_net
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.neuroshard import (

@@ -356,7 +356,7 @@ def test_plans_with_cuts_are_valid_and_priced_piece_by_piece(data, analytic):
     (Table.block: its rows, its share of the lookups), in rows from the collect stage as in measured plans."""
     from dreamshard.evaluation.collect import cut_tables
     from dreamshard.learning.cost_model import cost_data_from_plans, cost_data_from_rows
-    from dreamshard.sharders.pieces import row_blocks
+    from dreamshard.plan import row_blocks
 
     _, _, tasks = data
     items = plans_to_measure(tasks, 40, 0.5, seed=3, fingerprint="fp", cut_fraction=1.0)

@@ -14,9 +14,9 @@ from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
 from dreamshard.memory import GB
+from dreamshard.placement import place_tables
 from dreamshard.plan import Plan
 from dreamshard.sharders import make_sharder
-from dreamshard.sharders.placement import place_tables
 from dreamshard.tables import NUM_BINS, Table
 from dreamshard.tasks import Device, Task
 

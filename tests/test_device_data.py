@@ -1,4 +1,4 @@
-"""Single-device measurements (dreamshard/evaluation/devices.py, stage collect_devices) and the cost network's
+"""Single-device measurements (dreamshard/learning/devices.py, stage collect_devices) and the cost network's
 communication from the all-to-all model (CostNetConfig.comm = "model"), on the analytic backend."""
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from dreamshard.errors import DataFormatError
-from dreamshard.evaluation.devices import (
+from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.base import ComputeCost
+from dreamshard.hardware.comm import Topology, communication_ms
+from dreamshard.learning.cost_model import Cluster, CostNetConfig, cost_data_from_plans, device_predictions
+from dreamshard.learning.devices import (
     DeviceJournal,
     cost_data_from_rows,
     device_samples,
     measure_samples,
     pending,
 )
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.hardware.base import ComputeCost
-from dreamshard.hardware.comm import Topology, communication_ms
-from dreamshard.learning.cost_model import Cluster, CostNetConfig, cost_data_from_plans, device_predictions
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task, read_tasks
 from helpers import tiny_params

@@ -61,11 +61,10 @@ from dreamshard.learning.train import (
     train_dreamshard,
 )
 from dreamshard.memory import GB, MemoryModel
-from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
+from dreamshard.plan import Plan, Shard, device_memory_bytes, row_blocks, validate_plan
 from dreamshard.sharders import load_model, make_sharder
 from dreamshard.sharders.cuts import ROW_WISE, _Universe
 from dreamshard.sharders.learned import PolicySharder
-from dreamshard.sharders.pieces import row_blocks
 from dreamshard.sharders.search import (
     NeuroShardSharder,
     SearchConfig,

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from dreamshard.data.requests import read_requests
+from dreamshard.placement import find_feasible_assignment
 from dreamshard.plan import Plan, validate_plan
-from dreamshard.sharders.placement import find_feasible_assignment
 from dreamshard.tables import TABLE_STATS_SCHEMA
 from dreamshard.tasks import read_tasks
 from helpers import FAMILIES, TINY_TABLES, out, ran, sh, skipped, tiny_params

@@ -11,8 +11,8 @@ from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.io import write_parquet
 from dreamshard.memory import GB, MemoryModel
+from dreamshard.placement import find_feasible_assignment
 from dreamshard.plan import Plan, validate_plan
-from dreamshard.sharders.placement import find_feasible_assignment
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from dreamshard.tasks import TASKS_SCHEMA, read_tasks, tasks_to_arrow
 from stages import tasks as tasks_stage

@@ -27,9 +27,9 @@ from dreamshard.learning.neuroshard import (
     fit_compute_net,
 )
 from dreamshard.memory import MemoryModel
-from dreamshard.plan import Plan, validate_plan
+from dreamshard.plan import Plan, row_blocks, validate_plan
 from dreamshard.sharders import make_sharder
-from dreamshard.sharders.pieces import Cut, cut_task, row_blocks
+from dreamshard.sharders.pieces import Cut, cut_task
 from dreamshard.sharders.search import (
     Block,
     NeuroShardSharder,

@@ -7,14 +7,14 @@ import pytest
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
-from dreamshard.plan import Plan, device_memory_bytes, validate_plan
-from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
-from dreamshard.sharders.heuristics import GreedySharder, RandomSharder
-from dreamshard.sharders.placement import (
+from dreamshard.placement import (
     by_least_load,
     find_feasible_assignment,
     place_tables,
 )
+from dreamshard.plan import Plan, device_memory_bytes, validate_plan
+from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
+from dreamshard.sharders.heuristics import GreedySharder, RandomSharder
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
 from helpers import seeded
@@ -220,7 +220,8 @@ def test_a_row_wider_than_any_device_has_no_plan(name):
 
 def test_the_piece_rule_fewest_column_slices_then_row_wise():
     from dreamshard.memory import MemoryModel
-    from dreamshard.sharders.pieces import Cut, column_widths, cut_oversized, first_cut, row_blocks
+    from dreamshard.plan import row_blocks
+    from dreamshard.sharders.pieces import Cut, column_widths, cut_oversized, first_cut
 
     t = Table("t", 1001, 16, 10.0)  # 64,064 B at fp32; 8 columns 32,032 B, 4 columns 16,016 B
     task = Task("p", (t,), (Device(34_000), Device(34_000), Device(34_000)))

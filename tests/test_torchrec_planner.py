@@ -25,8 +25,7 @@ from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from dreamshard.errors import DreamShardError  # noqa: E402
 from dreamshard.interop.planner import DreamShardPlanner  # noqa: E402
-from dreamshard.plan import device_memory_bytes  # noqa: E402
-from dreamshard.sharders.pieces import row_blocks  # noqa: E402
+from dreamshard.plan import device_memory_bytes, row_blocks  # noqa: E402
 
 MB = 1024**2
 NO_RESERVATION = FixedPercentageStorageReservation(0.0)  # tests of other things keep the topology's whole HBM

@@ -9,7 +9,7 @@ import pandas as pd
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import MemoryModel
-from dreamshard.sharders.placement import find_feasible_assignment
+from dreamshard.placement import find_feasible_assignment
 from dreamshard.tasks import Task, stats_table
 
 

@@ -26,9 +26,9 @@ import pyarrow as pa
 
 from dreamshard.hardware.base import ComputeCost, CostBackend, turns
 from dreamshard.io import write_parquet
-from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
+from dreamshard.plan import Plan, Shard, device_memory_bytes, row_blocks, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
-from dreamshard.sharders.pieces import column_widths, row_blocks
+from dreamshard.sharders.pieces import column_widths
 from dreamshard.tasks import Task
 
 

@@ -284,8 +284,7 @@ class DreamShardPlanner(ShardingPlanner):
     def _all_row_wise(self, task: Task) -> Plan:
         """Every table in TorchRec's row-wise layout (pieces.row_blocks: block i on rank i), for a sharder that offers
         row_wise alone; a table that must stay whole, or sharding kinds without "row", is an error naming it."""
-        from dreamshard.plan import Shard
-        from dreamshard.sharders.pieces import row_blocks
+        from dreamshard.plan import Shard, row_blocks
 
         if "row" not in self.sharding:
             raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, but sharding="

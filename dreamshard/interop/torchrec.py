@@ -57,8 +57,7 @@ from typing import Any
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.io import atomic_path
-from dreamshard.plan import Plan, Shard, validate_plan
-from dreamshard.sharders.pieces import row_blocks
+from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.tasks import Task
 
 DEFAULT_FQN = "ebc"

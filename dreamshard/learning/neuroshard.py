@@ -104,8 +104,8 @@ class AugmentConfig:
 def compute_dataset(backend: CostBackend, tables: Sequence[Table],
                     cfg: AugmentConfig, task_template: Task, progress=None) -> CostData:
     """Single-device CostData: random table sets at random dims, measured as one fused operator
-    (dreamshard/evaluation/devices.py, which the pipeline's collect_devices stage journals)."""
-    from dreamshard.evaluation.devices import cost_data_of, device_samples, measure_samples
+    (dreamshard/learning/devices.py, which the pipeline's collect_devices stage journals)."""
+    from dreamshard.learning.devices import cost_data_of, device_samples, measure_samples
 
     samples = device_samples(tables, cfg.compute_samples, cfg.max_tables, cfg.memory_cap_gb, cfg.dims,
                              task_template, cfg.seed)

@@ -12,7 +12,7 @@ REINFORCE with the batch's normalised costs as baseline (`mdp.reinforce_loss`).
 
 The hidden states depend only on the tables, not on the placement, so they are computed
 once per task; placing is then a loop over the tables. Training decodes a batch of episodes
-at once (`rollout`); a plan at inference goes through `place_tables` (`RnnSharder`) with the
+at once (`rollout`); a plan at inference goes through `place_tables` (`sharders.rnn.RnnSharder`) with the
 same logits, so the greedy training rollout and the sharder give the same plan when the
 first choices never run out of memory (tests/test_rnn.py). Every weight is drawn from a
 generator the caller seeds: the same data, settings and seed give the same model.
@@ -29,15 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from dreamshard.data.bins import BinEstimator
 from dreamshard.hardware.base import CostBackend
 from dreamshard.learning.cost_model import mlp
-from dreamshard.learning.decoding import rank_devices
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, table_features
 from dreamshard.learning.mdp import Episodes, choose, reinforce_loss
 from dreamshard.plan import Plan
-from dreamshard.sharders.learned import LearnedSharder
-from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
 
 
@@ -223,31 +219,3 @@ def train_rnn(tasks: Sequence[Task], backend: CostBackend, scaler: FeatureScaler
             on_update(log)
     policy.eval()
     return RnnModel(policy, scaler, {"algorithm": "rnn", "measurements": measurements, **(meta or {})}), logs
-
-
-@dataclass
-class RnnSharder(LearnedSharder):
-    """Plans with a trained RnnModel: tables in the task's order, each onto the device with the best logit that
-    has room (`place_tables`, which also keeps the task's constraints and backs up from memory dead ends)."""
-
-    model: RnnModel
-    name: str = "rnn"
-    # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
-    bins: BinEstimator | None = None
-
-    @torch.no_grad()
-    def _shard(self, task: Task) -> Plan:
-        policy = self.model.policy
-        ctx = RnnContext.build(task, self.model.scaler)
-        enc = policy.encode(ctx.x)
-        hidden = policy.hidden_states(enc)
-        capacity = ctx.capacity.numpy()
-
-        def rank(t: int, state: PlacementState) -> list[int]:
-            device_sum = torch.from_numpy(state.load).float()
-            used = torch.from_numpy(state.used_bytes / capacity).float()
-            logits = policy.logits(hidden[t], device_sum, used).numpy()
-            return rank_devices(logits)
-
-        return Plan.from_assignment(task, place_tables(task, list(range(len(task.tables))), rank, enc.double().numpy()))
-

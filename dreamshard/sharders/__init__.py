@@ -99,7 +99,8 @@ def _dreamshard_cut(model: Any, cuts: Any = None) -> Sharder:
 
 
 def _rnn(model: Any) -> Sharder:
-    from dreamshard.learning.rnn import RnnModel, RnnSharder  # imports torch
+    from dreamshard.learning.rnn import RnnModel  # imports torch
+    from dreamshard.sharders.rnn import RnnSharder
 
     if not isinstance(model, RnnModel):
         raise TypeError(f"sharder 'rnn': model must be an RnnModel (load_model('rnn', path)), got {type(model).__name__}")

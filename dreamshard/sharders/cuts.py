@@ -39,10 +39,10 @@ from dreamshard.data.bins import BinEstimator
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
+from dreamshard.placement import place_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces
-from dreamshard.sharders.placement import place_tables
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dreamshard.placement import PlacementState, by_least_load, place_tables
 from dreamshard.plan import Plan
 from dreamshard.sharders.pieces import with_pieces
-from dreamshard.sharders.placement import PlacementState, by_least_load, place_tables
 from dreamshard.tasks import Task
 
 # key(task, table index) -> float

@@ -31,10 +31,10 @@ from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
+from dreamshard.placement import PlacementState, place_tables
 from dreamshard.plan import Plan
 from dreamshard.sharders.heuristics import GREEDY_KEYS, greedy_assignment
 from dreamshard.sharders.pieces import with_pieces
-from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tasks import Task
 
 

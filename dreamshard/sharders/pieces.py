@@ -42,14 +42,13 @@ plan maps them back to column slices and row ranges of the user's tables.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from dreamshard.cluster import check_satisfiable
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
-from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -96,12 +95,6 @@ def fewest_slices(dim: int, fits: Callable[[int], bool]) -> int | None:
         else:
             lo = mid + 1
     return lo
-
-
-def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
-    """TorchRec's row-wise layout: block i = rows [i b, (i+1) b) with b = ceil(rows / N), empty blocks left out."""
-    block = math.ceil(rows / num_devices)
-    return [(start, min(start + block, rows)) for start in range(0, rows, block)]
 
 
 def _fits_row_wise(table: Table, task: Task) -> bool:
@@ -253,7 +246,7 @@ FEASIBILITY_STEPS = 20_000  # placements the quick packing check tries before a 
 def _packs(task: Task) -> bool:
     """Whether a plain packing (largest pieces first, least-used device) places the cut task within
     FEASIBILITY_STEPS placements: the sharders' own searches, slower per step, are tried only then."""
-    from dreamshard.sharders.placement import find_feasible_assignment
+    from dreamshard.placement import find_feasible_assignment
 
     try:
         find_feasible_assignment(task, max_steps=FEASIBILITY_STEPS)

@@ -15,7 +15,7 @@ Score: max over devices of predicted compute + predicted forward and backward
 communication (the straggler offsets come from the predicted forward times). If no device
 satisfies the dim bound the bound is dropped for that shard; if a scale's greedy meets a
 shard no device has room for, that scale has no plan, and if none has, the placement backs
-up (dreamshard.sharders.placement) with the same preference. A shard of a table the task
+up (dreamshard.placement) with the same preference. A shard of a table the task
 pins to a device (TorchRec's row-wise blocks, see pieces.py) goes only there, never to a device its
 table avoids, and a table of a group only where the group's first table went (Task: constraints);
 pinned, grouped and `whole` tables are never cut. Devices of different speed: a device's predicted
@@ -60,9 +60,9 @@ import torch
 from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
+from dreamshard.placement import PlacementState, place_tables
 from dreamshard.plan import Plan, Shard
 from dreamshard.sharders.pieces import with_pieces
-from dreamshard.sharders.placement import PlacementState, place_tables
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
