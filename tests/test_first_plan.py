@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dreamshard.cli import human_bytes, main
+from dreamshard.cli import main
+from dreamshard.cli.plan import human_bytes
 from dreamshard.cluster import task_from_plan
 from dreamshard.data.examples import production_model_frame, production_model_tables
 from dreamshard.plan import Plan, validate_plan

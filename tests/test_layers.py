@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "dreamshard.tables", "dreamshard.tasks", "dreamshard.plan", "dreamshard.placement",
               "dreamshard.cluster", "dreamshard.allocator")),
     ("data", ("dreamshard.data",)),
-    ("hardware", ("dreamshard.hardware", "dreamshard.measuring", "dreamshard.interop", "dreamshard.interop.torchrec")),
+    ("hardware", ("dreamshard.hardware", "dreamshard.interop", "dreamshard.interop.torchrec")),
     ("learning", ("dreamshard.learning",)),
     ("sharders", ("dreamshard.sharders",)),
     ("evaluation", ("dreamshard.evaluation",)),

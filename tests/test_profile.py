@@ -14,15 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dreamshard.cli.profile import add_parser
 from dreamshard.data.dlrm import EmbeddingBagBatch, TableProfile, generate_lookups, save_dlrm_file
-from dreamshard.data.profile import (
-    LOOKUPS_SCHEMA,
-    OUTPUT_COLUMNS,
-    ProfileConfig,
-    add_profile_parser,
-    profile_lookups,
-    write_lookups_parquet,
-)
+from dreamshard.data.profile import LOOKUPS_SCHEMA, OUTPUT_COLUMNS, ProfileConfig, profile_lookups, write_lookups_parquet
 from dreamshard.errors import DataFormatError, DreamShardError
 from dreamshard.tables import BIN_COLUMNS, read_tables_file
 from stages import process
@@ -126,13 +120,13 @@ def test_a_table_split_over_two_parquet_files_is_counted_once(dlrm, tmp_path):
     same_statistics([profiled[n] for n in stats["name"]], stats)
 
 
-# ---------------------------------------------------------------- the command (its parser, before cli.py wiring)
+# ---------------------------------------------------------------- the command (its own parser, dreamshard/cli/profile.py)
 
 
 def run_profile(argv: list[str]) -> None:
-    """`dreamshard profile ARGV` through the subcommand's own parser (what cli.main runs once it is wired)."""
+    """`dreamshard profile ARGV` through the subcommand's own parser (the one dreamshard.cli.main wires in)."""
     parser = argparse.ArgumentParser(prog="dreamshard")
-    add_profile_parser(parser.add_subparsers(dest="command", required=True))
+    add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["profile", *argv])
     args.func(args)
 
@@ -282,7 +276,7 @@ def _profile_is_wired() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _profile_is_wired(), reason="needs `profile` wired into dreamshard/cli.py (add_profile_parser)")
+@pytest.mark.skipif(not _profile_is_wired(), reason="needs `profile` wired into dreamshard/cli/__init__.py (build_parser)")
 def test_cli_profile_then_plan(dlrm, tmp_path, capsys):
     from dreamshard.cli import main
 

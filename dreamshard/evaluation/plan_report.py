@@ -7,10 +7,10 @@ is costed on the chosen backend the same way. Beside it, the plan's lower bound
 
 Library: `build_report` (the numbers), `render_figure` / `figure_png` (matplotlib, no pyplot: no global
 state), `render_html` (a self-contained page, the figure inlined as a base64 PNG), `write_report` (both
-files, atomically). CLI: `add_report_parser`.
+files, atomically). The command: `dreamshard.cli.report`.
 
 Which bound: the analytic backend's regime is given (`--regime`, by default the one the evaluate stage measured:
-`dreamshard.measuring.default_regime`), so its bound is that regime's. For the
+`dreamshard.cli.inputs.default_regime`), so its bound is that regime's. For the
 fbgemm backend the regime is a property of the machine: with `--regime` (measured, e.g. by
 `python -m benchmarks.cpu_kernels`) that regime's bound; without it the bound valid in either regime, the
 smaller of the two (bounds.py computes exactly that for `sub_additive`: min(fused / N, the super-additive
@@ -19,7 +19,6 @@ cost per table and is not proven where fusion saves more).
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import io
@@ -27,17 +26,10 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dreamshard.errors import DreamShardError
-from dreamshard.io import atomic_path, check_output_file, write_text
-from dreamshard.measuring import (
-    add_plan_measure_arguments,
-    check_regime,
-    default_regime,
-    measuring_backend,
-    planned_task,
-)
+from dreamshard.io import atomic_path, write_text
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tasks import Task
@@ -349,55 +341,3 @@ def write_report(report: PlanReport, html_path: str | Path, png_path: str | Path
     with atomic_path(png_path) as tmp:
         tmp.write_bytes(png)
     write_text(render_html(report, png), html_path)
-
-
-# ---------------------------------------------------------------- the command
-
-
-def add_report_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the `report` subcommand to `sub` (the `add_subparsers` of the dreamshard command)."""
-    p = sub.add_parser("report", help="write an HTML report and a PNG figure of a plan's costs and memory",
-                       description="Cost a plan as `dreamshard measure` does and write an HTML page (self-contained) "
-                                   "and a PNG: per-device forward, backward and communication time against the "
-                                   "plan's lower bound, memory used against capacity, the shards of each device. "
-                                   "See docs/report.md.")
-    add_plan_measure_arguments(p, "analytic: what fusing tables does to their cost (default: the regime "
-                                  "metrics/eval.json in the current directory records as measured, else params.yaml's "
-                                  "backend.analytic.regime there). fbgemm: the regime measured on this machine, for "
-                                  "the lower bound (default: the bound valid in either regime)")
-    p.add_argument("-o", "--output", required=True, type=Path, help="HTML file to write")
-    p.add_argument("--png", type=Path, help="PNG file to write (default: the HTML file's name with .png)")
-    p.set_defaults(func=cmd_report)
-    return p
-
-
-def cmd_report(args: argparse.Namespace) -> None:
-    from dreamshard.evaluation.bounds import EITHER, column_splits_in, lower_bound, row_splits_of
-    from dreamshard.hardware import Topology  # imports torch: only when reporting
-
-    png_path = args.png if args.png is not None else args.output.with_suffix(".png")
-    check_output_file(args.output, "-o")
-    check_output_file(png_path, "--png")
-    if args.output.resolve() == png_path.resolve():
-        raise DreamShardError(f"-o {args.output}: the page would overwrite the PNG; give an .html name or --png")
-    regime_line = default_regime(args)
-    check_regime(args)
-    task, plan = planned_task(args)  # the task and plan as `dreamshard measure` rebuilds them
-    topology = Topology()
-    backend = measuring_backend(args, topology)
-    cost = backend.plan_cost(task, plan)
-    if args.regime is not None:
-        bound_regime, described = args.regime, args.regime
-    else:  # fbgemm, regime not measured: min(fused / N, super-additive bound) holds in either
-        bound_regime, described = EITHER, EITHER_REGIME
-    bound = lower_bound(backend, task, bound_regime, args.batch_size, topology,
-                        column_splits=column_splits_in(task, [plan]), row_splits=row_splits_of(task, [plan]) or None)
-    sources = [("plan file", str(args.plan)), ("tables file", str(args.tables))]
-    if args.devices_file is not None:
-        sources.append(("devices file", str(args.devices_file)))
-    report = build_report(task, plan, cost, bound, args.batch_size, described, sources)
-    write_report(report, args.output, png_path)
-    if regime_line is not None:
-        print(regime_line)
-    print(f"report: {cost.backend} ({report.measured_label}), cost {report.cost_ms:.3f} ms, lower bound "
-          f"{bound.total_ms:.3f} ms ({report.cost_over_bound:.2f}x) -> {args.output}, {png_path}")

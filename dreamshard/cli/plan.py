@@ -1,13 +1,12 @@
-"""The `dreamshard` command."""
+"""`dreamshard plan`: a tables file planned onto devices, written as a plan file; re-planning with --previous."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dreamshard.cli.inputs import previous_shapes, read_plan_file
 from dreamshard.cluster import (
     plan_metadata,
     read_constraints_file,
@@ -15,19 +14,9 @@ from dreamshard.cluster import (
     read_table_constraints,
     uniform_devices,
 )
-from dreamshard.data.profile import add_profile_parser
 from dreamshard.errors import DreamShardError
-from dreamshard.evaluation.plan_report import add_report_parser
 from dreamshard.io import check_output_file
 from dreamshard.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_SAMPLES, check_limit
-from dreamshard.measuring import (
-    add_plan_measure_arguments,
-    default_regime,
-    measuring_backend,
-    planned_task,
-    previous_shapes,
-    read_plan_file,
-)
 from dreamshard.memory import (
     BYTES_PER_WEIGHT,
     DEFAULT_BATCH_SIZE,
@@ -44,17 +33,8 @@ from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage mistakes end in one line on stderr, like every other error of the command."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(prog="dreamshard", description="Place embedding tables on devices.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineErrorParser)
-
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the `plan` subcommand to `sub` (the `add_subparsers` of the dreamshard command)."""
     p = sub.add_parser("plan", help="plan a tables file onto N devices and write plan.json")
     p.add_argument("--tables", required=True, type=Path, help="CSV or Parquet: name, rows, dim, pooling_factor[, bin_0..bin_16]")
     p.add_argument("--devices", type=int, help="number of devices, all alike (with --memory-gb)")
@@ -103,16 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --previous: the tables changed on purpose (added, removed, resized); without it a "
                         "previous plan of other tables is an error")
     p.set_defaults(func=cmd_plan)
-
-    m = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
-    add_plan_measure_arguments(m, "analytic: what fusing tables does to their cost; real kernels differ between "
-                                  "processors (default: the regime metrics/eval.json in the current directory records "
-                                  "as measured, else params.yaml's backend.analytic.regime there)")
-    m.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    m.set_defaults(func=cmd_measure)
-    add_profile_parser(sub)
-    add_report_parser(sub)
-    return parser
+    return p
 
 
 def sharding_kinds(text: str) -> tuple[str, ...]:
@@ -316,74 +287,3 @@ def cmd_plan(args: argparse.Namespace) -> None:
         print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {m.weights / GB:>9.4f} {m.optimizer / GB:>9.4f} "
               f"{m.buffers / GB:>9.4f} {m.headroom / GB:>9.4f} {m.capacity / GB:>9.4f}  "
               + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-
-
-def cmd_measure(args: argparse.Namespace) -> None:
-    import json
-
-    from dreamshard.hardware.comm import forward_wait_ms
-
-    if args.backend != "analytic" and args.regime is not None:
-        raise DreamShardError(f"--regime: only with --backend analytic (the {args.backend} backend measures; it has "
-                              "no regime to choose)")
-    regime_line = default_regime(args)
-    task, plan_obj = planned_task(args)
-    cost = measuring_backend(args).plan_cost(task, plan_obj)
-    # the modelled forward all-to-all waits for the slowest device's forward compute: that wait, apart from transfer
-    waits = forward_wait_ms([d.fwd_ms for d in cost.devices]) if cost.comm == "model" else None
-    devices = [{"fwd_ms": d.fwd_ms, "bwd_ms": d.bwd_ms, "fwd_comm_ms": d.fwd_comm_ms, "bwd_comm_ms": d.bwd_comm_ms}
-               for d in cost.devices]
-    # each device's communication in parts (fwd_comm_ms = fwd_wait_ms + fwd_transfer_ms): a list of its own, so that
-    # the devices' entries still sum to their totals
-    split = None if waits is None else [
-        {"fwd_wait_ms": float(w), "fwd_transfer_ms": max(0.0, d.fwd_comm_ms - float(w)),
-         "bwd_transfer_ms": d.bwd_comm_ms} for d, w in zip(cost.devices, waits)]
-    if args.json:
-        print(json.dumps({"cost_ms": cost.cost_ms, "backend": cost.backend, "device": cost.device_name,
-                          "measured": cost.measured, "comm": cost.comm, "batch_size": args.batch_size,
-                          "regime": args.regime, "regime_chosen": regime_line, "devices": devices,
-                          "comm_split": split}, indent=2))
-        return
-    if regime_line is not None:
-        print(regime_line)
-    kind = "measured" if cost.measured else "modelled, not measured"
-    print(f"{cost.backend} on {cost.device_name} ({kind}), batch {args.batch_size}, communication: {cost.comm}")
-    if split is None:
-        print(f"{'device':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>9}")
-        for d, dc in enumerate(cost.devices):
-            print(f"{d:>6} {dc.fwd_ms:>9.3f} {dc.bwd_ms:>9.3f} {dc.fwd_comm_ms:>9.3f} {dc.bwd_comm_ms:>9.3f} "
-                  f"{dc.total_ms:>9.3f}")
-    else:
-        print(f"{'device':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'fwd_wait':>9} {'fwd_xfer':>9} {'bwd_xfer':>9} "
-              f"{'total':>9}")
-        for d, (dc, row) in enumerate(zip(cost.devices, split)):
-            print(f"{d:>6} {dc.fwd_ms:>9.3f} {dc.bwd_ms:>9.3f} {row['fwd_wait_ms']:>9.3f} "
-                  f"{row['fwd_transfer_ms']:>9.3f} {row['bwd_transfer_ms']:>9.3f} "
-                  f"{dc.total_ms:>9.3f}")
-        print("fwd_wait: idle in the forward all-to-all until the slowest device's forward compute ends; fwd_xfer, "
-              "bwd_xfer: the device's own all-to-all transfers (--json: comm_split)")
-    print(f"cost (slowest device): {cost.cost_ms:.3f} ms")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.func(args)
-        sys.stdout.flush()  # a closed pipe shows here, not at exit
-    except BrokenPipeError:
-        # the reader of stdout went away (`| head -1`): what was written is written; say nothing more, exit 0
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass  # stdout is no file (captured): nothing will flush to it at exit
-        return 0
-    except (DreamShardError, ValueError, OSError, OverflowError) as exc:
-        print(f"dreamshard: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,6 +3,7 @@
 Both read a tables file and a plan file, rebuild the task the plan was made for (the devices, memory model,
 sharding kinds and constraints the plan records: dreamshard.cluster.task_from_plan, or the devices given
 instead), check the plan against it, and cost it with a backend built from the same options.
+`dreamshard plan --previous` reads its plan file with the same `read_plan_file` and `previous_shapes`.
 """
 from __future__ import annotations
 
