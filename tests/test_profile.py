@@ -3,8 +3,6 @@ and for the Parquet lookup format; bad input is an error naming the file and the
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -262,21 +260,9 @@ def test_a_dlrm_table_seen_in_another_input_is_an_error(dlrm, tmp_path):
         profile_lookups([path, tmp_path / "more.parquet"], ProfileConfig(progress=False))
 
 
-# ---------------------------------------------------------------- through dreamshard.cli.main (needs the wiring)
+# ---------------------------------------------------------------- through dreamshard.cli.main
 
 
-def _profile_is_wired() -> bool:
-    from dreamshard.cli import build_parser
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            build_parser().parse_args(["profile", "--lookups", "x.pt", "--dim", "8", "-o", "x.csv"])
-        except SystemExit:
-            return False
-    return True
-
-
-@pytest.mark.skipif(not _profile_is_wired(), reason="needs `profile` wired into dreamshard/cli/__init__.py (build_parser)")
 def test_cli_profile_then_plan(dlrm, tmp_path, capsys):
     from dreamshard.cli import main
 
