@@ -77,7 +77,8 @@ def prepare(params: dict[str, Any]) -> CollectJob:
                               "device": backend.device_name(), "rounds": cfg["rounds"]}, sort_keys=True)
     perturb = float(section(params, "collect.perturb_fraction"))
     items = plans_to_measure(tasks, cfg["num_plans"], perturb, cfg["seed"], fingerprint,
-                             float(section(params, "collect.cut_fraction")))
+                             float(section(params, "collect.cut_fraction")),
+                             float(section(params, "collect.row_fraction")))
     out = Path(section(params, "paths.costs"))
     journal = CostJournal(out / "journal")
     chunks = pending_chunks(items, journal.done_ids(), cfg["chunk_size"])

@@ -407,3 +407,25 @@ def test_plans_with_cuts_are_valid_and_priced_piece_by_piece(data, analytic):
     assert any(np.allclose(row[:3], [s.width, s.row_end - s.row_start,
                                      table.pooling_factor * (s.row_end - s.row_start) / table.rows])
                for row in from_plans.shard_raw)
+
+
+def test_row_heavy_plans_cut_many_tables_row_wise_in_torchrecs_layout(data):
+    """collect.row_fraction: plans with a quarter to all of their whole tables in TorchRec's row-wise blocks (as
+    TorchRec's full planner cuts most tables), so that the cost models see devices holding many row blocks."""
+    from dreamshard.plan import row_blocks
+
+    _, _, tasks = data
+    items = plans_to_measure(tasks, 20, 0.5, seed=3, fingerprint="fp", cut_fraction=1.0, row_fraction=1.0)
+    assert all(it.source.endswith("+rows") for it in items)  # row-heavy plans take the place of the cut ones
+    shares = []
+    for it in items:
+        validate_plan(it.task, it.plan)
+        tables = {t.name: t for t in it.task.tables}
+        row_wise = {s.table for s in it.plan.shards if s.is_row_range}
+        for name in row_wise:
+            shards = [s for s in it.plan.shards if s.table == name]
+            assert sorted((s.device, s.row_start, s.row_end) for s in shards) == \
+                [(d, a, b) for d, (a, b) in enumerate(row_blocks(tables[name].rows, it.task.num_devices))]
+        shares.append(len(row_wise) / len(tables))
+    assert max(shares) >= 0.5 and min(shares) > 0, shares
+    assert not any("+rows" in it.source for it in plans_to_measure(tasks, 10, 0.5, seed=3, fingerprint="fp"))

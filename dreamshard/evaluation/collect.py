@@ -109,6 +109,37 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
     return out
 
 
+def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
+    """`plan` with a random share (a quarter to all) of the tables it holds whole cut into TorchRec's row-wise
+    blocks (block i on device i), as TorchRec's full planner cuts most tables. A table whose blocks do not fit
+    stays as it was."""
+    if task.num_devices < 2 or "row" not in task.sharding:
+        return plan
+    tables = {t.name: t for t in task.tables}
+    uncut, avoided = task.never_cut(), task.avoided()
+    eligible = [s for s in plan.shards if s.table not in uncut and s.table not in avoided and not s.is_row_range
+                and s.width == tables[s.table].dim and tables[s.table].rows >= task.num_devices]
+    count = int(round(rng.uniform(0.25, 1.0) * len(eligible)))
+    chosen = [eligible[i] for i in sorted(rng.choice(len(eligible), size=count, replace=False))] if count else []
+    used = device_memory_bytes(task, plan)
+    shards = list(plan.shards)
+    for s in chosen:
+        t = tables[s.table]
+        free = used.copy()
+        free[s.device] -= task.shard_bytes(t)
+        new = [Shard(t.name, d, 0, t.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(t.rows, task.num_devices))]
+        for piece in new:
+            free[piece.device] += task.shard_bytes(t, piece.num_rows(t.rows), piece.width)
+        if any(free[d] > task.capacity(d) for d in range(task.num_devices)):
+            continue
+        used = free
+        shards.remove(s)
+        shards += new
+    out = Plan(plan.num_devices, tuple(shards))
+    validate_plan(task, out)
+    return out
+
+
 def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
     # row ranges only where a shard has one: the ids of plans of whole rows stay as they were
     shards = sorted((s.table, s.device, s.col_start, s.col_end, *((s.row_start, s.row_end) if s.is_row_range else ()))
@@ -118,9 +149,10 @@ def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
 
 
 def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: float, seed: int,
-                     fingerprint: str, cut_fraction: float = 0.0) -> list[PlanToMeasure]:
-    """`num_plans` plans cycling over the tasks, a share of them perturbed and a share (`cut_fraction`) with
-    tables cut into column slices (`cut_tables`; source "+cut"). The heuristic advances once per
+                     fingerprint: str, cut_fraction: float = 0.0, row_fraction: float = 0.0) -> list[PlanToMeasure]:
+    """`num_plans` plans cycling over the tasks, a share of them perturbed, a share (`row_fraction`) with many
+    tables cut into row-wise blocks (`row_wise_tables`; source "+rows") and a share of the others (`cut_fraction`)
+    with a few tables cut (`cut_tables`; source "+cut"). The heuristic advances once per
     pass over the tasks (HEURISTICS' order), so with no more plans than tasks every plan is `random`'s, as at
     paper scale (100 plans, 100 training tasks). Heuristics mixed within a pass were measured there and
     dropped: policies trained from them planned no better (results/paper-today/collect_mix/)."""
@@ -135,7 +167,10 @@ def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: fl
         if rng.random() < perturb_fraction:
             plan = perturb(task, plan, rng, max(1, len(task.tables) // 4))
             name += "+perturbed"
-        if cut_fraction and rng.random() < cut_fraction:
+        if row_fraction and rng.random() < row_fraction:
+            plan = row_wise_tables(task, plan, rng)
+            name += "+rows"
+        elif cut_fraction and rng.random() < cut_fraction:
             plan = cut_tables(task, plan, rng)
             name += "+cut"
         out.append(PlanToMeasure(plan_id(task, plan, fingerprint), task, name, plan))

@@ -19,6 +19,10 @@ there. This sharder searches over cuts with DreamShard's own trained parts, noth
    moves or when it is stalled with no escape left, and keeps the cheapest plan it has seen.
 3. The policy places the cut task's pieces again from scratch (one decoding), and the cheaper of that
    and the local search's plan, by the cost network, is kept.
+4. With `row_start`, steps 2-3 run a second time from another start, near the plans of TorchRec's planner
+   (which cuts most tables row-wise): every table that may be cut row-wise is, then each of them, the
+   cheapest first, is made whole again on the device the policy ranks best where the cost network rates
+   that no worse. The cheaper of the two ends is the plan.
 
 A piece is priced as the table it would be on its own (pieces.py's rule): a column slice is its table at
 the slice's width with all its lookups; a row block has its rows and their share of the lookups, and adds
@@ -36,6 +40,7 @@ import numpy as np
 import torch
 
 from dreamshard.data.bins import BinEstimator
+from dreamshard.errors import InfeasibleTaskError
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
@@ -59,6 +64,7 @@ class CutConfig:
     min_gain: float = 0.005  # relative predicted gain a move must bring
     escapes: int = 3  # times a stalled search takes its best-rated cut all the same, to rebalance around it
     row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
+    row_start: bool = True  # also search from every table row-wise, less the tables the cost network rates better whole
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0)):
@@ -67,8 +73,9 @@ class CutConfig:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain: expected a number in [0, 1), got {self.min_gain!r}")
-        if not isinstance(self.row_wise, bool):
-            raise ValueError(f"row_wise: expected true or false, got {self.row_wise!r}")
+        for name in ("row_wise", "row_start"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
 
 
 def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
@@ -178,11 +185,22 @@ class CutSearchSharder(LearnedSharder):
         cuts = [1] * n
         where = decode(cuts)
         if any(len(o) > 1 for o in options):
-            where, cuts = self._search(task, u, options, cuts, where)
-            if any(k != 1 for k in cuts):
-                again = decode(cuts)
-                if u.cost(cuts, again) < u.cost(cuts, where):
-                    where = again
+            starts = [(cuts, where)]
+            if self.config.row_start and any(ROW_WISE in o for o in options):
+                rows = [ROW_WISE if ROW_WISE in o else 1 for o in options]
+                try:
+                    starts.append(self._fewer_row_wise(task, u, rows, decode(rows)))
+                except InfeasibleTaskError:
+                    pass  # the blocks do not fit every device: no such start
+            ends = []
+            for start_cuts, start_where in starts:
+                where, cuts = self._search(task, u, options, start_cuts, start_where)
+                if any(k != 1 for k in cuts):
+                    again = decode(cuts)
+                    if u.cost(cuts, again) < u.cost(cuts, where):
+                        where = again
+                ends.append((u.cost(cuts, where), cuts, where))
+            _, cuts, where = min(ends, key=lambda e: e[0])  # the first of equals: the policy's start
         cut, pieces = cut_task(task, cuts_of(task, cuts))
         plan = Plan.from_assignment(cut, [d for devices in where for d in devices])
         if pieces:
@@ -190,6 +208,36 @@ class CutSearchSharder(LearnedSharder):
             plan = merge_pieces(cut, plan, pieces)
         validate_plan(task, plan)
         return plan
+
+    def _fewer_row_wise(self, task: Task, u: _Universe, cuts: list[int],
+                        where: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+        """From `cuts` with row-wise tables: each of them, the cheapest first, made whole again on the device the
+        policy ranks best with room, where the cost network rates that no worse (TorchRec's planner cuts most
+        tables row-wise; this start lets the search begin near such a plan)."""
+        capacity = np.array(task.capacities(), dtype=np.int64)
+        load, used = u.load(cuts, where)
+        current = float(u.devices(load).max())
+        cuts, where = cuts.copy(), where.copy()
+        for p in reversed(u.order):  # the cheapest whole table first
+            if p >= len(task.tables) or cuts[p] != ROW_WISE:
+                continue  # a piece of a cut, or a table that is not row-wise
+            i, w = p, u.scorer.weights
+            trial_load, trial_used = load.copy(), used.copy()
+            for q, d in zip(u.pieces[(i, ROW_WISE)], where[i]):
+                trial_load[d] -= w[q]
+                trial_used[d] -= u.sizes[q]
+            room = [d for d in task.allowed_devices(task.tables[i].name) if trial_used[d] + u.sizes[p] <= capacity[d]]
+            if not room:
+                continue
+            logits = u.scorer.logits(p, trial_load)
+            d = max(room, key=lambda d: (logits[d], -d))
+            trial_load[d] += w[p]
+            trial_used[d] += u.sizes[p]
+            rated = float(u.devices(trial_load).max())
+            if rated <= current:
+                current, load, used = rated, trial_load, trial_used
+                cuts[i], where[i] = 1, [d]
+        return cuts, where
 
     def _search(self, task: Task, u: _Universe, options: list[list[int]], cuts: list[int],
                 where: list[list[int]]) -> tuple[list[list[int]], list[int]]:
