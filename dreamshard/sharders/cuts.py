@@ -47,7 +47,7 @@ from dreamshard.learning.policy import LearnedModel
 from dreamshard.placement import place_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.learned import LearnedSharder
-from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces
+from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, table_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -118,10 +118,9 @@ class _Universe:
         for i, t in enumerate(task.tables):
             pieces[(i, 1)] = [i]
             for k in options[i][1:]:
-                one, _ = cut_task(replace(task, tables=(t,), pins=(), avoid=(), groups=(), whole=()),
-                                  {t.name: _as_cut(k)})
-                pieces[(i, k)] = list(range(len(tables), len(tables) + len(one.tables)))
-                tables += one.tables
+                one = [piece for piece, _, _ in table_pieces(t, _as_cut(k), task.num_devices)]
+                pieces[(i, k)] = list(range(len(tables), len(tables) + len(one)))
+                tables += one
         ctx = TaskContext.build(replace(task, tables=tuple(tables), pins=(), avoid=(), groups=(), whole=()),
                                 model.cost_net, model.scaler)
         scorer = StepScorer.build(model.cost_net, model.policy, ctx)

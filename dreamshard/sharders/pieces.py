@@ -160,6 +160,24 @@ def finer(table: Table, task: Task, cut: Cut) -> Cut | None:
 PieceOf = tuple[str, int, "int | None", int, int]
 
 
+def table_pieces(table: Table, cut: Cut, num_devices: int) -> list[tuple[Table, PieceOf, int | None]]:
+    """The pieces `cut` makes of `table` in order, each as a table of its own, with its place in `table` and the
+    device a row-wise block is pinned to (None for a column slice); `table` itself when whole."""
+    if cut.whole:
+        return [(table, (table.name, 0, None, 0, table.dim), None)]
+    if cut.row_wise:
+        return [(replace(table.block(start, end), name=f"{table.name}[rows {start}:{end}]"),
+                 (table.name, start, end, 0, table.dim), device)
+                for device, (start, end) in enumerate(row_blocks(table.rows, num_devices))]
+    out: list[tuple[Table, PieceOf, int | None]] = []
+    start = 0
+    for width in column_widths(table.dim, cut.columns):
+        out.append((replace(table, name=f"{table.name}[cols {start}:{start + width}]", dim=width),
+                    (table.name, 0, None, start, start + width), None))
+        start += width
+    return out
+
+
 def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]]:
     """The task with each table cut as `cuts` says (absent: whole), and piece name -> its place in its table."""
     tables: list[Table] = []
@@ -169,19 +187,12 @@ def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]
         cut = cuts.get(t.name, WHOLE)
         if cut.whole:
             tables.append(t)
-        elif cut.row_wise:
-            for device, (start, end) in enumerate(row_blocks(t.rows, task.num_devices)):
-                name = f"{t.name}[rows {start}:{end}]"
-                pieces[name] = (t.name, start, end, 0, t.dim)
-                pins.append((name, device))
-                tables.append(replace(t.block(start, end), name=name))
-        else:
-            start = 0
-            for width in column_widths(t.dim, cut.columns):
-                name = f"{t.name}[cols {start}:{start + width}]"
-                pieces[name] = (t.name, 0, None, start, start + width)
-                tables.append(replace(t, name=name, dim=width))
-                start += width
+            continue
+        for piece, place, device in table_pieces(t, cut, task.num_devices):
+            pieces[piece.name] = place
+            tables.append(piece)
+            if device is not None:
+                pins.append((piece.name, device))
     if not pieces:
         return task, {}
     return task.derived(tables, {name: p[0] for name, p in pieces.items()}, pins), pieces
