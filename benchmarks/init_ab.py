@@ -1,17 +1,16 @@
 """Does the way the fbgemm backend initialises weights change what it measures? An A/B benchmark.
 
-    python -m benchmarks.init_ab [--devices 8] [--tables 80] [--repeats 8] [--modes drawn,tiled,zeros]
+    python -m benchmarks.init_ab [--devices 8] [--tables 80] [--repeats 8] [--modes tiled,read]
 
-The backend fills each operator's weights with a seeded block of uniform values repeated over the
-table (dreamshard.hardware.fbgemm.fill_tiled): drawing every weight from the generator took a third of
-a measurement's wall time. The kernels' work (lookups, pooling, the SGD update) does not depend on
-the values, so both ways should time alike. This measures it: one plan of N tables (reference-like
-tables, benchmarks/cpu_kernels.py) on D devices, measured R times with each initialisation,
-interleaved (A B, B A, ...), on FBGEMM's CPU kernels with 1 thread; prints both medians, their ratio
-with a 95% bootstrap interval over the paired repeats, and the wall time per measurement. CPU figures,
-labelled with the CPU's name; huge pages as the process's THP_MEM_ALLOC_ENABLE says. Modes: drawn (every
-weight from the generator), tiled (the backend's own fill), zeros (the weights as FBGEMM's constructor
-leaves them: no fill at all); the first mode named is the reference of the ratios.
+The kernels' work (lookups, pooling, the SGD update) does not depend on the weights' values, so every way
+should time alike, and the cheapest is the one to build with. Modes: drawn (every weight from a seeded
+generator), tiled (a seeded block repeated over every weight), zeros (the weights as FBGEMM's constructor
+leaves them), read (the backend's own, dreamshard.hardware.fbgemm.fill_read_rows: the block repeated over
+the rows the lookups read, the others left zero). This measures it: one plan of N tables (reference-like
+tables, benchmarks/cpu_kernels.py) on D devices, measured R times each way, interleaved (each mode first in
+turn), on FBGEMM's CPU kernels with 1 thread; prints the medians, each ratio to the first mode with a 95%
+bootstrap interval over the paired repeats, and the wall time per measurement. CPU figures, labelled with
+the CPU's name; huge pages as the process's THP_MEM_ALLOC_ENABLE says.
 """
 from __future__ import annotations
 
@@ -32,18 +31,27 @@ from dreamshard.sharders import make_sharder
 from dreamshard.tasks import Task
 
 
-def draw_every_weight(weights, block) -> None:
-    """The former initialisation: every weight drawn from a seeded generator."""
+def draw_every_weight(weights, rows, block) -> None:
+    """Every weight drawn from a seeded generator (the first way)."""
     import torch
 
     weights.uniform_(-fbgemm.INIT_RANGE, fbgemm.INIT_RANGE, generator=torch.Generator().manual_seed(0))
 
 
-def leave_zeros(weights, block) -> None:
+def fill_tiled(weights, rows, block) -> None:
+    """Every weight: `block` repeated in order over the whole table (the second way)."""
+    flat = weights.view(-1)
+    step = block.numel()
+    for start in range(0, flat.numel(), step):
+        end = min(start + step, flat.numel())
+        flat[start:end].copy_(block[: end - start])
+
+
+def leave_zeros(weights, rows, block) -> None:
     """No fill: the weights stay as FBGEMM's constructor wrote them (zeros)."""
 
 
-FILLS = {"drawn": draw_every_weight, "zeros": leave_zeros}
+FILLS = {"drawn": draw_every_weight, "tiled": fill_tiled, "zeros": leave_zeros}  # "read": the backend's own
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", type=int, default=80)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=2048)
-    parser.add_argument("--modes", default="drawn,tiled", help="comma-separated: drawn, tiled, zeros (the first is "
-                                                                 "the reference)")
+    parser.add_argument("--modes", default="tiled,read", help="comma-separated: drawn, tiled, zeros, read (the first "
+                                                                "is the reference)")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
-    unknown = sorted(set(modes) - {"drawn", "tiled", "zeros"})
+    unknown = sorted(set(modes) - {"drawn", "tiled", "zeros", "read"})
     if unknown or len(modes) < 2:
-        parser.error(f"--modes: two or more of drawn, tiled, zeros, got {args.modes!r}")
+        parser.error(f"--modes: two or more of drawn, tiled, zeros, read, got {args.modes!r}")
     backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=args.batch_size, warmup=3, iterations=10,
                                                                        huge_pages=huge_pages_enabled()))
     pin_threads(backend)
@@ -70,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # each mode first in turn
             start = time.perf_counter()
             if mode in FILLS:
-                with mock.patch.object(fbgemm, "fill_tiled", FILLS[mode]):
+                with mock.patch.object(fbgemm, "fill_read_rows", FILLS[mode]):
                     costs[mode].append(backend.plan_cost(task, plan).cost_ms)
             else:
                 costs[mode].append(backend.plan_cost(task, plan).cost_ms)

@@ -385,22 +385,33 @@ def test_a_row_shard_is_its_own_table_fed_the_lookups_in_its_range(backend):
         backend.compute_cost(task, [Shard("c", 0, 0, 32, 700, 2001)])
 
 
-def test_weights_are_filled_with_a_seeded_uniform_block_repeated():
+def test_the_rows_lookups_read_are_filled_with_a_seeded_uniform_block_the_others_stay_zero():
     import torch
 
-    from dreamshard.hardware.fbgemm import INIT_RANGE, fill_tiled
+    from dreamshard.hardware.fbgemm import INIT_RANGE, fill_read_rows
 
     block = torch.empty(1000).uniform_(-INIT_RANGE, INIT_RANGE, generator=torch.Generator().manual_seed(0))
-    weights = torch.zeros(1234, 3)  # 3702 values: 3 whole blocks and a part
-    fill_tiled(weights, block)
-    flat = weights.view(-1)
-    assert torch.equal(flat[:1000], block) and torch.equal(flat[3000:], block[:702])
-    assert float(weights.abs().max()) <= INIT_RANGE and float(weights.std()) > INIT_RANGE / 3
+    weights = torch.zeros(5000, 3)
+    rows = torch.arange(0, 5000, 4)  # 1250 rows, 3750 values: 3 whole blocks and a part
+    fill_read_rows(weights, rows, block)
+    values = weights[rows].reshape(-1)
+    assert torch.equal(values[:1000], block) and torch.equal(values[3000:], block[:750])
+    assert float(weights[rows].abs().max()) <= INIT_RANGE and float(weights[rows].std()) > INIT_RANGE / 3
+    others = torch.ones(5000, dtype=torch.bool)
+    others[rows] = False
+    assert not weights[others].any()
+    fill_read_rows(weights, torch.empty(0, dtype=torch.int64), block)  # a table nobody looks up: nothing to fill
     backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=64, warmup=0, iterations=1))
     task = Task.uniform("init", tiny_tables(), 1, 1.0)
     ops = [backend.build_operator(task, [Shard(t.name, 0, 0, t.dim) for t in task.tables]) for _ in range(2)]
     a, b = ([w.clone() for w in op.op.split_embedding_weights()] for op in ops)
     assert all(torch.equal(x, y) for x, y in zip(a, b))  # seeded: the same weights every time
+    # every row a lookup reads holds a nonzero value
+    batch = 64
+    offsets = ops[0].offsets.tolist()
+    for t, w in enumerate(a):
+        read = ops[0].indices[offsets[t * batch]:offsets[(t + 1) * batch]]
+        assert bool((w[read] != 0).any(dim=1).all())
 
 
 def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():

@@ -64,8 +64,8 @@ PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
 CPU_SUPPORTED = frozenset(
     (p, o) for p in PRECISIONS for o in ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad")
 )
-INIT_RANGE = 0.01  # weights start uniform in [-INIT_RANGE, INIT_RANGE] (FBGEMM's own start is all zeros)
-INIT_BLOCK = 1 << 20  # values drawn from the seeded generator, then repeated over each table's weights
+INIT_RANGE = 0.01  # the rows lookups read start uniform in [-INIT_RANGE, INIT_RANGE] (FBGEMM's own start: zeros)
+INIT_BLOCK = 1 << 20  # values drawn once from the seeded generator, then repeated over the rows read
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,7 @@ class FbgemmBackend:
             )
         self.lookups = lookups
         self.config = config
+        self._init_block: Any = None  # INIT_BLOCK seeded values (fill_read_rows), drawn on the first build
 
     # ---------------------------------------------------------------- metadata
 
@@ -352,13 +353,16 @@ class FbgemmBackend:
         except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
             raise DreamShardError(f"fbgemm backend: FBGEMM refused the operator on {device}: {exc}") from exc
         gen = torch.Generator(device=device).manual_seed(0)
+        if self._init_block is None or self._init_block.device != device:
+            self._init_block = torch.empty(INIT_BLOCK, device=device).uniform_(-INIT_RANGE, INIT_RANGE, generator=gen)
+        batch = self.config.batch_size
         with torch.no_grad():
-            # one seeded block of uniform values, tiled over every table: drawing each weight from the
-            # generator took a third of a measurement's wall time, and the kernels' work does not depend on
-            # the values (benchmarks/init_ab.py compares them)
-            block = torch.empty(INIT_BLOCK, device=device).uniform_(-INIT_RANGE, INIT_RANGE, generator=gen)
-            for w in op.split_embedding_weights():
-                fill_tiled(w, block)
+            # seeded uniform values in the rows the lookups read, the others left as FBGEMM wrote them: the
+            # kernels never read those, and their work does not depend on the values; filling every weight was
+            # a pass over all of them, most of a build (benchmarks/init_ab.py compares the ways)
+            for t, w in enumerate(op.split_embedding_weights()):
+                read = np.unique(indices_np[offsets_np[t * batch]:offsets_np[(t + 1) * batch]])
+                fill_read_rows(w, torch.from_numpy(read).to(device), self._init_block)
         indices = torch.from_numpy(indices_np).to(device)
         offsets = torch.from_numpy(offsets_np).to(device)
         width = sum(w for _, w, _, _ in specs)
@@ -366,13 +370,14 @@ class FbgemmBackend:
         return FusedOperator(op, indices, offsets, grad, device)
 
 
-def fill_tiled(weights, block) -> None:
-    """Fill `weights` (any shape, contiguous) with `block` repeated in order: seeded, uniform, memory-bound."""
-    flat = weights.view(-1)
-    step = block.numel()
-    for start in range(0, flat.numel(), step):
-        end = min(start + step, flat.numel())
-        flat[start:end].copy_(block[: end - start])
+def fill_read_rows(weights, rows, block) -> None:
+    """Fill the `rows` (int64 row ids) of `weights` (rows x width) with `block` repeated in order: seeded,
+    uniform, and as many values as the rows read hold."""
+    if rows.numel() == 0:
+        return
+    count = rows.numel() * weights.shape[1]
+    values = block.repeat(-(-count // block.numel()))[:count] if count > block.numel() else block[:count]
+    weights[rows] = values.view(rows.numel(), weights.shape[1]).to(weights.dtype)
 
 
 @dataclass
