@@ -119,20 +119,21 @@ class StepScorer:
         )
 
     def device_costs(self, load: np.ndarray) -> np.ndarray:
-        """[D, k] summed weights -> [D, 3] (fwd, bwd, comm) ms, as `CostNet.device_costs` with the task's cluster."""
-        d = load.shape[0]
-        hidden = np.maximum(load[:, :self.cost_width].reshape(d, 3, -1) + self.head_bias, 0.0)
+        """[..., D, k] summed weights -> [..., D, 3] (fwd, bwd, comm) ms, as `CostNet.device_costs` with the task's
+        cluster; leading dimensions rate several loads at once."""
+        shape = load.shape[:-1]
+        hidden = np.maximum(load[..., :self.cost_width].reshape(*shape, 3, -1) + self.head_bias, 0.0)
         costs = _softplus((hidden * self.head_out).sum(axis=-1) + self.head_out_bias) * self.scale_ms
-        costs[:, :2] /= self.speed[:, None]
+        costs[..., :2] /= self.speed[:, None]
         if not self.comm_model:
             return costs
-        if d == 1:
-            costs[:, 2] = 0.0
+        if shape[-1] == 1:
+            costs[..., 2] = 0.0
             return costs
-        block = self.block_per_dim * load[:, -1]
+        block = self.block_per_dim * load[..., -1]
         transfer = (self.latency_s + np.maximum(block * self.spb.sum(axis=1), block @ self.spb)) * 1e3
-        fwd = costs[:, 0]
-        costs[:, 2] = fwd.max() - fwd + 2 * transfer
+        fwd = costs[..., 0]
+        costs[..., 2] = fwd.max(axis=-1, keepdims=True) - fwd + 2 * transfer
         return costs
 
     def logits(self, t: int, load: np.ndarray) -> np.ndarray:

@@ -138,8 +138,8 @@ class _Universe:
         return load, used
 
     def devices(self, load: np.ndarray) -> np.ndarray:
-        """The cost network's estimate of each device's cost under `load`."""
-        return self.scorer.device_costs(load).sum(axis=1)
+        """The cost network's estimate of each device's cost under `load` ([..., D, k] -> [..., D])."""
+        return self.scorer.device_costs(load).sum(axis=-1)
 
     def cost(self, cuts: list[int], where: list[list[int]]) -> float:
         """The cost network's device-max estimate of the pieces of `cuts` on the devices `where`."""
@@ -283,17 +283,19 @@ class CutSearchSharder(LearnedSharder):
                 if movable[i] and cuts[i] != ROW_WISE:  # its piece on the busiest device to another device
                     j = where[i].index(busiest)
                     p = u.pieces[(i, cuts[i])][j]
-                    for d in allowed[i]:
-                        if d in where[i] or used[d] + u.sizes[p] > capacity[d]:
-                            continue
-                        trial_load, trial_used = load.copy(), used.copy()
-                        trial_load[busiest] -= w[p]
-                        trial_load[d] += w[p]
-                        trial_used[busiest] -= u.sizes[p]
-                        trial_used[d] += u.sizes[p]
-                        moved = where[i].copy()
-                        moved[j] = d
-                        moves.append(_move(u, i, cuts[i], moved, trial_load, trial_used))
+                    targets = [d for d in allowed[i] if d not in where[i] and used[d] + u.sizes[p] <= capacity[d]]
+                    if targets:  # rated together: one call of the cost heads for every target
+                        trial = np.repeat(load[None], len(targets), axis=0)
+                        trial[:, busiest] -= w[p]
+                        trial[np.arange(len(targets)), targets] += w[p]
+                        rated = u.devices(trial)
+                        for m, d in enumerate(targets):
+                            trial_used = used.copy()
+                            trial_used[busiest] -= u.sizes[p]
+                            trial_used[d] += u.sizes[p]
+                            moved = where[i].copy()
+                            moved[j] = d
+                            moves.append((float(rated[m].max()), i, cuts[i], moved, trial[m], trial_used, rated[m]))
             if not moves:
                 break
             cost, i, k, devices, new_load, new_used, new_devices = min(moves, key=lambda m: m[0])

@@ -166,7 +166,7 @@ def table_pieces(table: Table, cut: Cut, num_devices: int) -> list[tuple[Table, 
     if cut.whole:
         return [(table, (table.name, 0, None, 0, table.dim), None)]
     if cut.row_wise:
-        return [(replace(table.block(start, end), name=f"{table.name}[rows {start}:{end}]"),
+        return [(table.block(start, end),  # named "<table>[rows start:end]"
                  (table.name, start, end, 0, table.dim), device)
                 for device, (start, end) in enumerate(row_blocks(table.rows, num_devices))]
     out: list[tuple[Table, PieceOf, int | None]] = []
