@@ -172,8 +172,7 @@ def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
-    if "decoding" in cfg:  # only where params have it, so that runs journaled before it existed keep their keys
-        evaluate["decoding"] = cfg["decoding"]
+    evaluate["decoding"] = cfg.get("decoding") or {}  # absent: no options
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "evaluate": evaluate,

@@ -123,10 +123,9 @@ def test_planning_settings_must_be_positive_integers():
         evaluate.planning_settings({"orchestration": {"evaluate": {"planning_chunk": "x"}}})
 
 
-def test_decoding_options_reach_their_sharder_and_the_fingerprint_only_where_given():
+def test_decoding_options_reach_their_sharder_and_the_fingerprint():
     """evaluate.decoding: per sharder options (a policy's samples and rivals); they decide the plans, so they are
-    in the journal's fingerprint, which stays what it was for params written before the key existed (a long run's
-    journal keeps its keys)."""
+    in the journal's fingerprint (absent and empty alike: no options)."""
     evaluate = importlib.import_module("stages.evaluate")
     from dreamshard.data.lookups import RecordedLookups
     from stages.backend import make_stage_backend
@@ -137,6 +136,8 @@ def test_decoding_options_reach_their_sharder_and_the_fingerprint_only_where_giv
     params["evaluate"].pop("decoding", None)
     backend = make_stage_backend(params, lookups=RecordedLookups({}))
     before = evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512))
+    params["evaluate"]["decoding"] = {}
+    assert evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512)) == before
     params["evaluate"]["decoding"] = {"random": {"seed": 5}}
     sharders = evaluate.make_sharders(params, 512)
     assert sharders[0].seed == 5

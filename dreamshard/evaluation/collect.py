@@ -141,7 +141,7 @@ def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
 
 
 def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
-    # row ranges only where a shard has one: the ids of plans of whole rows stay as they were
+    # a shard's row range only where it has one
     shards = sorted((s.table, s.device, s.col_start, s.col_end, *((s.row_start, s.row_end) if s.is_row_range else ()))
                     for s in plan.shards)
     text = json.dumps([task.name, [(t.name, t.dim) for t in task.tables], shards, fingerprint])
