@@ -1,8 +1,7 @@
 """README's evaluation table (dreamshard.evaluation.report.eval_markdown): paired ratios with their
-bootstrap intervals, win rates, the legend and per-family verdicts; old metrics files still render."""
+bootstrap intervals, win rates, the legend and per-family verdicts."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -93,32 +92,6 @@ def test_eval_markdown_without_torchrec_has_no_torchrec_column():
     md = eval_markdown(metrics(FRAME[~FRAME["algorithm"].str.startswith("torchrec")]))
     assert "TorchRec" not in md
     assert table_rows(md)["sharder"][3:5] == ["vs best heuristic (95% CI)", "win rate vs best heuristic"]
-
-
-def test_eval_markdown_renders_the_committed_old_metrics():
-    # metrics/eval.json as written before intervals existed: the committed file without the new keys
-    old = json.loads((ROOT / "metrics" / "eval.json").read_text())
-    for key in ("bootstrap", "rounds"):
-        old.pop(key, None)
-    for algos in old["families"].values():
-        for v in algos.values():
-            if isinstance(v, dict):
-                for key in ("vs_best_heuristic", "vs_torchrec", "vs_torchrec_full"):
-                    v.pop(key, None)
-    md = eval_markdown(old)
-    rows = table_rows(md)
-    assert rows["sharder"] == ["family", "sharder", "mean cost (ms)", "vs best heuristic", "cost / lower bound",
-                               "planning p50 (ms)"]
-    assert "CI" not in md and "bootstrap" not in md
-    families = old["families"]
-    expected = sum(isinstance(v, dict) for algos in families.values() for v in algos.values())
-    assert sum(1 for line in md.splitlines() if line.startswith("| dlrm-")) == expected
-    family = next(iter(families))
-    algos = families[family]
-    best = algos["best_heuristic"]
-    algo = next(a for a, v in algos.items() if isinstance(v, dict) and a != best)
-    rel = algos[algo]["mean_cost_ms"] / algos[best]["mean_cost_ms"]
-    assert f"| {family} | {algo} | {algos[algo]['mean_cost_ms']:.2f} | {rel:.3f} |" in md
 
 
 def test_generalisation_table_splits_each_trained_sharders_ratios_by_what_is_new():

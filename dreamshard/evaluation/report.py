@@ -32,33 +32,13 @@ def _names(names: list[str]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
-def _old_markdown(metrics: dict) -> str:
-    """The table of metrics files written before the paired comparisons: ratios of mean costs."""
-    lines = [
-        _header(metrics), "",
-        "| family | sharder | mean cost (ms) | vs best heuristic | cost / lower bound | planning p50 (ms) |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for family, algos in metrics["families"].items():
-        best = algos.get("best_heuristic")
-        for algo, v in _sharders(algos).items():
-            rel = v["mean_cost_ms"] / algos[best]["mean_cost_ms"] if best else float("nan")
-            lines.append(f"| {family} | {algo}{' (best heuristic)' if algo == best else ''} | "
-                         f"{v['mean_cost_ms']:.2f} | {rel:.3f} | {v['mean_cost_over_lb']:.3f} | {v['planning_ms_p50']:.1f} |")
-    return "\n".join(lines) + "\n"
-
-
 def eval_markdown(metrics: dict) -> str:
     """Per family and sharder: measured cost; the paired per-task cost ratio to the best heuristic with its
     bootstrap interval and win rate, and to TorchRec (torchrec_full if evaluated, else torchrec); cost /
     lower bound; planning time. Then a legend (tasks per family, how the intervals were drawn, rounds
-    per plan) and, per family, which sharders are better or worse than the best heuristic.
-
-    Metrics written before the comparisons existed (no "vs_best_heuristic") give the old table."""
+    per plan) and, per family, which sharders are better or worse than the best heuristic."""
     families = metrics["families"]
     entries = [v for algos in families.values() for v in _sharders(algos).values()]
-    if not any("vs_best_heuristic" in v for v in entries):
-        return _old_markdown(metrics)
     boot = metrics.get("bootstrap", {})
     level = f"{100 * boot.get('level', 0.95):g}%"
     torchrec = next((r for r in ("torchrec_full", "torchrec") if any(f"vs_{r}" in v for v in entries)), None)
