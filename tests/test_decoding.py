@@ -59,6 +59,7 @@ def test_the_numpy_step_gives_the_networks_costs_and_logits(comm):
         scorer = StepScorer.build(cost_net, policy, ctx)
         with torch.no_grad():
             penc = policy.encode(ctx.x)
+        loads = []
         for _ in range(5):  # random partial plans: some tables placed, some devices empty
             placed = rng.random(len(task.tables)) < rng.uniform(0.2, 1.0)
             where = rng.integers(task.num_devices, size=len(task.tables))
@@ -72,6 +73,10 @@ def test_the_numpy_step_gives_the_networks_costs_and_logits(comm):
                 logits = policy.logits(onehot @ penc, costs, penc[t])
             np.testing.assert_allclose(scorer.device_costs(load), costs.numpy(), rtol=1e-4, atol=1e-6)
             np.testing.assert_allclose(scorer.logits(t, load), logits.numpy(), rtol=1e-4, atol=1e-5)
+            loads.append(load)
+        # several loads rated in one call (the cut search's moves) are rated as one by one
+        np.testing.assert_allclose(scorer.device_costs(np.stack(loads)),
+                                   np.stack([scorer.device_costs(x) for x in loads]), rtol=1e-12, atol=1e-12)
 
 
 def torch_ranking(cost_net, policy, ctx, penc, t, state):
