@@ -33,7 +33,7 @@ test: lint
 	$(BIN)/python -m pytest
 
 lint: setup
-	$(BIN)/ruff check dreamshard stages pipeline benchmarks tests
+	$(BIN)/ruff check dreamshard stages pipeline benchmarks experiments tools tests
 	$(BIN)/mypy
 
 clean:

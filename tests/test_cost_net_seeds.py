@@ -1,11 +1,11 @@
-"""benchmarks/cost_net_seeds.py: the cost network fitted as train_cost fits it, over seeds and variants."""
+"""experiments/cost_net_seeds.py: the cost network fitted as train_cost fits it, over seeds and variants."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from benchmarks import cost_net_seeds
+from experiments import cost_net_seeds
 
 
 def test_the_stage_seed_gives_the_stages_own_held_out_figures_and_variants_change_them(costed_project, tmp_path,

@@ -1,4 +1,4 @@
-"""benchmarks/decoding_ab.py: the variant's cost on a task is the measured cost of the evaluated plan it picks."""
+"""experiments/decoding_ab.py: the variant's cost on a task is the measured cost of the evaluated plan it picks."""
 from __future__ import annotations
 
 import importlib
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks import decoding_ab
 from dreamshard.sharders.heuristics import GREEDY_KEYS
+from experiments import decoding_ab
 from helpers import tiny_params
 
 

@@ -1,10 +1,10 @@
-"""benchmarks.device_error: a cost network's error on single devices, bucketed by how many tables they hold."""
+"""experiments.device_error: a cost network's error on single devices, bucketed by how many tables they hold."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks.device_error import bucket_errors, main
+from experiments.device_error import bucket_errors, main
 
 
 def test_devices_are_bucketed_by_table_count_with_their_mape_and_signed_error():

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_run.py, the GPU machine's driver of the stages: its params, its refusals, and one real step.
+"""tools/gpu_run.py, the GPU machine's driver of the stages: its params, its refusals, and one real step.
 
 The CUDA runs themselves happen only on a GPU machine (results/gpu/); here the same code runs with device cpu."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import gpu_run
+from tools import gpu_run
 
 PARAMS = yaml.safe_load(Path("params.yaml").read_text())
 

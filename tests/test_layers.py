@@ -2,7 +2,7 @@
 
 Every import counts, at module level and inside functions (a lazy import is still a dependency). The
 package `dreamshard` itself is the core: its lazy exports name modules as strings, never by import.
-The library never imports the pipeline, the stages, the benchmarks or the tests.
+The library never imports the pipeline, the stages, the benchmarks, the experiments, the tools or the tests.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("application", ("dreamshard.cli", "dreamshard.interop.planner", "dreamshard.replan", "dreamshard.replan_changes",
                      "dreamshard.provenance")),
 )
-OUTSIDE = ("stages", "pipeline", "benchmarks", "tests")  # never imported by the library
+OUTSIDE = ("stages", "pipeline", "benchmarks", "experiments", "tools", "tests")  # never imported by the library
 
 
 def layer_of(module: str) -> int:

@@ -1,9 +1,9 @@
-"""benchmarks.model_ab's summary: per family, each group's cost over the best rival and the paired A / B."""
+"""experiments.model_ab's summary: per family, each group's cost over the best rival and the paired A / B."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.model_ab import group_rows, select_tasks
+from experiments.model_ab import group_rows, select_tasks
 
 
 def row(split, family, a, b, best=2.0, other=4.0):
@@ -48,7 +48,7 @@ def test_part_of_the_stage_tasks_only_those_families_the_first_n_each_in_the_sta
 def test_a_rows_file_of_an_earlier_pass_gives_the_same_summary_and_names_what_it_lacks(tmp_path):
     import json
 
-    from benchmarks.model_ab import summarise_rows
+    from experiments.model_ab import summarise_rows
 
     rows = [row("test", "f1", (1.8, 2.2), (2.0, 2.0)), row("test", "f1", (1.0, 1.0), (2.0, 2.0))]
     for r in rows:
@@ -66,7 +66,7 @@ def test_a_rows_file_of_an_earlier_pass_gives_the_same_summary_and_names_what_it
 
 
 def test_summarising_rows_refuses_the_options_of_a_measuring_pass(capsys):
-    from benchmarks.model_ab import main
+    from experiments.model_ab import main
 
     with pytest.raises(SystemExit):
         main(["--rows", "ab.jsonl", "--only", "f1", "--tasks-per-family", "3"])

@@ -1,4 +1,4 @@
-"""A long run kept in a folder and continued elsewhere (benchmarks/paper_cpu.py), on the tiny analytic pipeline."""
+"""A long run kept in a folder and continued elsewhere (tools/paper_cpu.py), on the tiny analytic pipeline."""
 from __future__ import annotations
 
 import importlib
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmarks import paper_cpu
 from dreamshard.evaluation.evaluate import evaluate_task
 from dreamshard.evaluation.summary import interleave_families
 from tests.helpers import tiny_params
+from tools import paper_cpu
 
 SHARDERS = ["random", "size_greedy", "neuroshard"]  # one trained model: its checkpoint travels too
 

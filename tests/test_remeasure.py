@@ -1,4 +1,4 @@
-"""benchmarks/remeasure.py: the held-out plans measured again, beside the cost network's predictions of them."""
+"""experiments/remeasure.py: the held-out plans measured again, beside the cost network's predictions of them."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmarks import remeasure
+from experiments import remeasure
 
 
 @pytest.fixture(autouse=True)

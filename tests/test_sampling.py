@@ -238,9 +238,9 @@ def test_tasks_stage_is_deterministic_by_seed(tmp_path, stats):
 
 
 def test_an_extra_family_of_the_model_ab_benchmark_draws_the_tasks_the_stage_draws(tmp_path, stats):
-    """benchmarks.model_ab --families: a test family outside the profile gets the tasks the tasks stage would
+    """experiments.model_ab --families: a test family outside the profile gets the tasks the tasks stage would
     give it in the profile (same pool, seed, dims and stream), and a malformed spec names itself."""
-    from benchmarks.model_ab import extra_tasks, parse_families
+    from experiments.model_ab import extra_tasks, parse_families
 
     out = run_stage(tmp_path, stats)
     params = stage_params(tmp_path)

@@ -38,7 +38,7 @@ B=(--params "$PARAMS" --set data.synthetic.batch_size=$BATCH --set process.sampl
 C=(--set collect.rounds=1 --set collect_devices.rounds=1 --set collect_devices.samples=600)
 E=(--set evaluate.rounds=1 --set evaluate.train_tasks_per_family=2 --set evaluate.best_known.tasks_per_family=0
    --set evaluate.estimated_bins.tasks_per_family=0 --set orchestration.evaluate.planning_workers=8)
-run() { local out=$1; shift; $PY -m benchmarks.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
+run() { local out=$1; shift; $PY -m tools.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
 
 log "data (CPU) while fbgemm-gpu installs"
 run data --device cpu --steps data > "$G/data.log" 2>&1 || { log "data failed"; tail -20 "$G/data.log"; finish; }
@@ -48,7 +48,7 @@ log "collect"
 run collect --device $DEVICE --steps collect > "$G/collect.log" 2>&1 || { log "collect failed"; tail -20 "$G/collect.log"; finish; }
 for stage in train_cost train_policy train_neuroshard train_autoshard; do
   log "$stage"
-  timeout "$(left)" $PY -m benchmarks.gpu_run --root "$W" --out "$G/$stage" --device $DEVICE --steps $stage "${B[@]}" \
+  timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/$stage" --device $DEVICE --steps $stage "${B[@]}" \
     "${C[@]}" "${E[@]}" > "$G/$stage.log" 2>&1 || log "$stage stopped (rc $?)"
 done
 log "trained: $(ls $W/models)"
@@ -58,7 +58,7 @@ S=random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
 [ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard,neuroshard_tw
 S=$S,torchrec_full
 log "evaluate [$S] within $(left) s"
-timeout "$(left)" $PY -m benchmarks.gpu_run --root "$W" --out "$G/evaluate" --device $DEVICE --steps evaluate "${B[@]}" "${C[@]}" \
+timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/evaluate" --device $DEVICE --steps evaluate "${B[@]}" "${C[@]}" \
   "${E[@]}" --set "evaluate.sharders=[$S]" > "$G/evaluate.log" 2>&1 || log "evaluate stopped (rc $?)"
 grep -E "^evaluate|regime|bound" "$G/evaluate.log" | tail -5
 log "done"

@@ -1,6 +1,6 @@
 """Do two groups of trained DreamShard models plan differently well? An A/B measured in one interleaved pass.
 
-    python -m benchmarks.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
+    python -m experiments.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
         [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json] \
         [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train] [--only dlrm-80-4,...] [--tasks-per-family N]
 
@@ -146,7 +146,7 @@ def summarise_rows(path: Path, rivals: list[str], seed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.model_ab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.model_ab", description=__doc__.split("\n")[0])
     ap.add_argument("--a", default="", help="comma-separated DreamShard checkpoints of group A")
     ap.add_argument("--b", default="", help="comma-separated DreamShard checkpoints of group B")
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params and tasks are used")

@@ -6,7 +6,7 @@ as it is measured (dreamshard/evaluation/journal.py). But the journal's keys hol
 models and the processor's name, and the models learn from measurements, so a fresh clone cannot rebuild the
 same ones. This script keeps in git what a continuation needs, beside what a reader wants:
 
-    python -m benchmarks.paper_cpu save [--root DIR] [--out results/paper-cpu] [--readme results/paper-cpu/README.md]
+    python -m tools.paper_cpu save [--root DIR] [--out results/paper-cpu] [--readme results/paper-cpu/README.md]
 
         In the run's workspace, while evaluate runs or after it stopped (it reads, it measures nothing):
         params.yaml; the checkpoints evaluate loads; the journal; the training metrics; digests of the
@@ -15,7 +15,7 @@ same ones. This script keeps in git what a continuation needs, beside what a rea
         far (partial: true), or the stage's own metrics once it finished. --readme replaces README's
         paper-cpu block with the summary.
 
-    python -m benchmarks.paper_cpu restore [--root DIR] [--from results/paper-cpu]
+    python -m tools.paper_cpu restore [--root DIR] [--from results/paper-cpu]
 
         In a fresh clone, on the same processor: params.yaml into place, the deterministic stages rebuilt
         (`dvc repro tasks`) and checked against the saved digests, one journaled task of each family planned
@@ -59,7 +59,7 @@ STAGES = ("download", "process", "tasks", "collect", "collect_devices", "train_c
           "train_autoshard", "train_rnn", "train_neuroshard", "evaluate")
 TRAINING_METRICS = ("cost_model.json", "train_dreamshard.json", "train_autoshard.json", "train_rnn.json",
                     "neuroshard.json")
-BEGIN = "<!-- paper-cpu:begin (python -m benchmarks.paper_cpu save --readme README.md) -->"
+BEGIN = "<!-- paper-cpu:begin (python -m tools.paper_cpu save --readme README.md) -->"
 END = "<!-- paper-cpu:end -->"
 
 
@@ -391,7 +391,7 @@ def restore(src: Path, params_file: Path, root: Path,
 
     prov_path = src / "provenance.json"
     if not prov_path.exists():
-        raise RunError(f"{prov_path}: not found (expected a run saved by `python -m benchmarks.paper_cpu save`)")
+        raise RunError(f"{prov_path}: not found (expected a run saved by `python -m tools.paper_cpu save`)")
     provenance = json.loads(prov_path.read_text())
     processor = cpu_model_name()
     if provenance["measured"] and f"cpu: {processor} (" not in provenance["processor"]:
@@ -427,7 +427,7 @@ def restore(src: Path, params_file: Path, root: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.paper_cpu", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.paper_cpu", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=("save", "restore"))
     ap.add_argument("--root", type=Path, default=Path("."), help="the run's workspace (a clone of this project)")
     ap.add_argument("--out", "--from", dest="folder", type=Path, default=None,

@@ -1,8 +1,8 @@
 """How far off is a cost network on devices of unseen tables, by how many tables a device holds?
 
-    python -m benchmarks.device_error measure --out held_out_devices.parquet [--pools test] [--samples 240] \
+    python -m experiments.device_error measure --out held_out_devices.parquet [--pools test] [--samples 240] \
         [--max-tables 30] [--memory-cap-gb 1.0] [--seed 7] [--rounds 3] [--root .]
-    python -m benchmarks.device_error score --devices held_out_devices.parquet models/cost_net.pt OTHER.pt \
+    python -m experiments.device_error score --devices held_out_devices.parquet models/cost_net.pt OTHER.pt \
         [--buckets 5] [--out scores.json] [--root .]
 
 `measure` draws, per pool in `--pools`, `samples` random sets of 1..max_tables tables of the project's
@@ -42,7 +42,7 @@ def bucket_errors(tables: np.ndarray, predicted: np.ndarray, measured: np.ndarra
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.device_error", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.device_error", description=__doc__.split("\n")[0])
     ap.add_argument("action", choices=("measure", "score"))
     ap.add_argument("models", nargs="*", help="score: cost-network checkpoints")
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params, tables and tasks are used")

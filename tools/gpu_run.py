@@ -1,6 +1,6 @@
 """The pipeline's measuring stages on FBGEMM's CUDA kernels, for a GPU machine without Prefect, DVC or TorchRec.
 
-    python -m benchmarks.gpu_run --root DIR --out DIR [--steps fusion,data,collect,train,evaluate]
+    python -m tools.gpu_run --root DIR --out DIR [--steps fusion,data,collect,train,evaluate]
                                  [--device cuda] [--set dotted.key=yaml-value ...]
 
 Runs the stages' own `run(params)` functions (stages/), the same code `dvc repro` runs through
@@ -165,7 +165,7 @@ def copy_outputs(params: dict[str, Any], out: Path, step: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_run", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.gpu_run", description=__doc__.split("\n")[0])
     ap.add_argument("--root", required=True, type=Path, help="working folder for the stages' files")
     ap.add_argument("--out", required=True, type=Path, help="where the record and copied metrics go")
     ap.add_argument("--steps", default=",".join(STEPS))
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     record["evaluate_sharders"] = params["evaluate"]["sharders"]
     for step in steps:
         start = time.perf_counter()
-        entry: dict[str, Any] = {"step": step, "command": "python -m benchmarks.gpu_run " + " ".join(argv or sys.argv[1:])}
+        entry: dict[str, Any] = {"step": step, "command": "python -m tools.gpu_run " + " ".join(argv or sys.argv[1:])}
         if step == "noise":
             fb = params["backend"]["fbgemm"]
             entry["noise"] = measurement_noise(args.device, int(params["backend"]["batch_size"]), int(fb["warmup"]),

@@ -1,6 +1,6 @@
 """Does the way the fbgemm backend initialises weights change what it measures? An A/B benchmark.
 
-    python -m benchmarks.init_ab [--devices 8] [--tables 80] [--repeats 8] [--modes tiled,read]
+    python -m experiments.init_ab [--devices 8] [--tables 80] [--repeats 8] [--modes tiled,read]
 
 The kernels' work (lookups, pooling, the SGD update) does not depend on the weights' values, so every way
 should time alike, and the cheapest is the one to build with. Modes: drawn (every weight from a seeded

@@ -1,6 +1,6 @@
 """What a policy's decoding with rivals would have measured, from an evaluation already journaled: no new measurement.
 
-    python -m benchmarks.decoding_ab [--root DIR] [--sharder dreamshard] [--rivals a,b,...] [--out FILE]
+    python -m experiments.decoding_ab [--root DIR] [--sharder dreamshard] [--rivals a,b,...] [--out FILE]
 
 With `rivals` (dreamshard/sharders/learned.py) a policy sharder keeps whichever of its own plan and the greedy
 heuristics' plans its cost network rates cheapest. Each of those plans was planned and measured by the evaluation
@@ -42,8 +42,8 @@ def plan_key_of(shards_json: str) -> tuple:
 def counterfactual(params: dict[str, Any], sharder: str, rivals: tuple[str, ...]) -> tuple[pd.DataFrame, dict[str, int]]:
     """The journaled rows plus one row per task for the variant (the evaluated row of the plan it picks, renamed),
     and counts: tasks, kept (the policy's own plan), picked per heuristic, missing (its plan not evaluated)."""
-    from benchmarks.paper_cpu import evaluation_of
     from dreamshard.sharders import make_sharder
+    from tools.paper_cpu import evaluation_of
 
     _backend, sharders, journal, splits = evaluation_of(params)
     evaluated = {s.name: s for s in sharders}
@@ -106,7 +106,7 @@ def markdown(result: dict[str, Any], sharder: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.decoding_ab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.decoding_ab", description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, default=Path("."))
     ap.add_argument("--sharder", default="dreamshard")
     ap.add_argument("--rivals", default=",".join(GREEDY_KEYS))

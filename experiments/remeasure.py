@@ -1,6 +1,6 @@
 """The held-out plans measured again: how well a measurement repeats, beside how well the cost network predicts it.
 
-    python -m benchmarks.remeasure [--root .] [--passes 2] [--out remeasure.json] [--rows remeasured.parquet]
+    python -m experiments.remeasure [--root .] [--passes 2] [--out remeasure.json] [--rows remeasured.parquet]
 
 train_cost scores the cost network on the held-out plans against the collect stage's measurements
 (metrics/cost_model.json), and gives as the floor under that score how far one round lies from the median
@@ -51,7 +51,7 @@ def agreement(predicted: np.ndarray, measured: np.ndarray, device_pred: np.ndarr
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.remeasure", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.remeasure", description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose collected plans are measured")
     ap.add_argument("--passes", type=int, default=2, help="measurements of every held-out plan, one after another")
     ap.add_argument("--out", type=Path, default=None, help="a JSON of the figures")

@@ -1,6 +1,6 @@
 """The cost network's held-out accuracy over fit seeds, for variants of train_cost's params.
 
-    python -m benchmarks.cost_net_seeds [--root .] [--seeds 5] [--variant NAME=JSON ...] [--out seeds.json]
+    python -m experiments.cost_net_seeds [--root .] [--seeds 5] [--variant NAME=JSON ...] [--out seeds.json]
 
 One held-out accuracy (metrics/cost_model.json) rests on one fit seed, and its spread over seeds is as wide
 as most of the differences between settings. This fits the network as the train_cost stage fits it
@@ -78,7 +78,7 @@ def summary(rows: list[dict[str, float]]) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.cost_net_seeds", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.cost_net_seeds", description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params and collected data are used")
     ap.add_argument("--params", default="params.yaml", help="under --root")
     ap.add_argument("--seeds", type=int, default=5, help="fit seeds 0..seeds-1")

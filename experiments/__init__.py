@@ -1,0 +1,1 @@
+"""A/Bs and studies: one-off comparisons of models, decoders and measurements (docs/benchmarks.md)."""
