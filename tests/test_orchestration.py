@@ -348,7 +348,7 @@ def test_collect_on_dask_cluster_matches_single_process(prefect_server, tmp_path
     from distributed.diagnostics.plugin import SchedulerPlugin
 
     env = prefect_server
-    base, params = collect_workspace(tmp_path, num_plans=12, chunk_size=2)
+    base, params = collect_workspace(tmp_path, num_plans=12, chunk_size=2, row_fraction=0.0)  # 12 distinct plans
     costs = Path(params["paths"]["costs"])
 
     proc = run_collect(params, base, "single", env, {"runner": "local", "workers": 1})

@@ -19,10 +19,11 @@ there. This sharder searches over cuts with DreamShard's own trained parts, noth
    moves or when it is stalled with no escape left, and keeps the cheapest plan it has seen.
 3. The policy places the cut task's pieces again from scratch (one decoding), and the cheaper of that
    and the local search's plan, by the cost network, is kept.
-4. With `row_start`, steps 2-3 run a second time from another start, near the plans of TorchRec's planner
-   (which cuts most tables row-wise): every table that may be cut row-wise is, then each of them, the
-   cheapest first, is made whole again on the device the policy ranks best where the cost network rates
-   that no worse. The cheaper of the two ends is the plan.
+4. With `row_start` (off by default), steps 2-3 run a second time from another start, near the plans of
+   TorchRec's planner (which cuts most tables row-wise): every table that may be cut row-wise is, then each of
+   them, the cheapest first, is made whole again on the device the policy ranks best where the cost network
+   rates that no worse. The cheaper of the two ends is the plan. Off: the cost network underprices devices
+   of many row blocks, and such plans measured dearer than the search's from the policy's plan.
 
 A piece is priced as the table it would be on its own (pieces.py's rule): a column slice is its table at
 the slice's width with all its lookups; a row block has its rows and their share of the lookups, and adds
@@ -64,7 +65,7 @@ class CutConfig:
     min_gain: float = 0.005  # relative predicted gain a move must bring
     escapes: int = 3  # times a stalled search takes its best-rated cut all the same, to rebalance around it
     row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
-    row_start: bool = True  # also search from every table row-wise, less the tables the cost network rates better whole
+    row_start: bool = False  # also search from every table row-wise, less the tables the cost network rates better whole
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0)):
