@@ -168,7 +168,8 @@ def evaluated_tasks(params: dict[str, Any]) -> tuple[list[Task], list[tuple[str,
 
 def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
-    settings), the evaluation settings, the search settings and the bytes of every model the sharders load."""
+    settings), the evaluation settings, both searches' settings (NeuroShard's, dreamshard_cut's) and the bytes of
+    every model the sharders load."""
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
@@ -177,6 +178,7 @@ def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),
+        "cut_search": section(params, "cut_search"),
         "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
     }, sort_keys=True, default=str)
 

@@ -138,6 +138,10 @@ def test_decoding_options_reach_their_sharder_and_the_fingerprint():
     before = evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512))
     params["evaluate"]["decoding"] = {}
     assert evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512)) == before
+    # dreamshard_cut's search settings decide its plans too
+    params["cut_search"] = {**params["cut_search"], "depth": params["cut_search"]["depth"] + 1}
+    assert evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512)) != before
+    params["cut_search"] = {**params["cut_search"], "depth": params["cut_search"]["depth"] - 1}
     params["evaluate"]["decoding"] = {"random": {"seed": 5}}
     sharders = evaluate.make_sharders(params, 512)
     assert sharders[0].seed == 5
