@@ -79,8 +79,6 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
     shards = list(plan.shards)
     for s in whole[:int(rng.integers(1, max_tables + 1))]:
         t = tables[s.table]
-        free = used.copy()
-        free[s.device] -= task.shard_bytes(t)
         row_wise = ("row" in task.sharding and t.name not in task.avoided() and t.rows >= task.num_devices
                     and rng.random() < 1 / 3)
         if row_wise:
@@ -97,16 +95,25 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
             new = [Shard(t.name, d, int(a), int(b)) for d, a, b in zip(devices, starts[:-1], starts[1:])]
         else:
             continue
-        for piece in new:
-            free[piece.device] += task.shard_bytes(t, piece.num_rows(t.rows), piece.width)
-        if any(free[d] > task.capacity(d) for d in range(task.num_devices)):
-            continue
-        used = free
-        shards.remove(s)
-        shards += new
+        used = _replaced(task, used, shards, s, new)
     out = Plan(plan.num_devices, tuple(shards))
     validate_plan(task, out)
     return out
+
+
+def _replaced(task: Task, used: list[int], shards: list[Shard], whole: Shard, pieces: list[Shard]) -> list[int]:
+    """The devices' bytes with `whole` replaced by `pieces` in `shards` (in place) where they fit every device;
+    `used` and `shards` unchanged where they do not."""
+    t = next(t for t in task.tables if t.name == whole.table)
+    free = used.copy()
+    free[whole.device] -= task.shard_bytes(t)
+    for piece in pieces:
+        free[piece.device] += task.shard_bytes(t, piece.num_rows(t.rows), piece.width)
+    if any(free[d] > task.capacity(d) for d in range(task.num_devices)):
+        return used
+    shards.remove(whole)
+    shards += pieces
+    return free
 
 
 def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
@@ -125,16 +132,8 @@ def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
     shards = list(plan.shards)
     for s in chosen:
         t = tables[s.table]
-        free = used.copy()
-        free[s.device] -= task.shard_bytes(t)
-        new = [Shard(t.name, d, 0, t.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(t.rows, task.num_devices))]
-        for piece in new:
-            free[piece.device] += task.shard_bytes(t, piece.num_rows(t.rows), piece.width)
-        if any(free[d] > task.capacity(d) for d in range(task.num_devices)):
-            continue
-        used = free
-        shards.remove(s)
-        shards += new
+        blocks = [Shard(t.name, d, 0, t.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(t.rows, task.num_devices))]
+        used = _replaced(task, used, shards, s, blocks)
     out = Plan(plan.num_devices, tuple(shards))
     validate_plan(task, out)
     return out
