@@ -79,6 +79,11 @@ class Shard:
         return out
 
 
+def row_wise_shards(table: Table, num_devices: int) -> list[Shard]:
+    """`table` in TorchRec's row-wise layout: block i (row_blocks) of all its columns on device i."""
+    return [Shard(table.name, d, 0, table.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(table.rows, num_devices))]
+
+
 PlanKey = tuple[tuple[str, int, int, int, int, int], ...]  # Plan.key(): table, device, columns, rows per shard
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from dreamshard.hardware.base import ComputeCost, CostBackend, turns
 from dreamshard.io import write_parquet
-from dreamshard.plan import Plan, Shard, device_memory_bytes, row_blocks, validate_plan
+from dreamshard.plan import Plan, Shard, device_memory_bytes, row_wise_shards, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
 from dreamshard.sharders.pieces import column_widths
 from dreamshard.tasks import Task
@@ -82,8 +82,7 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
         row_wise = ("row" in task.sharding and t.name not in task.avoided() and t.rows >= task.num_devices
                     and rng.random() < 1 / 3)
         if row_wise:
-            blocks = row_blocks(t.rows, task.num_devices)
-            new = [Shard(t.name, d, 0, t.dim, r0, r1) for d, (r0, r1) in enumerate(blocks)]
+            new = row_wise_shards(t, task.num_devices)
         elif "column" in task.sharding and t.dim >= 8:
             k = int(rng.choice([k for k in (2, 4) if k <= min(t.dim // 4, task.num_devices)]))
             others = [d for d in task.allowed_devices(t.name) if d != s.device]
@@ -131,9 +130,7 @@ def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
     used = device_memory_bytes(task, plan)
     shards = list(plan.shards)
     for s in chosen:
-        t = tables[s.table]
-        blocks = [Shard(t.name, d, 0, t.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(t.rows, task.num_devices))]
-        used = _replaced(task, used, shards, s, blocks)
+        used = _replaced(task, used, shards, s, row_wise_shards(tables[s.table], task.num_devices))
     out = Plan(plan.num_devices, tuple(shards))
     validate_plan(task, out)
     return out

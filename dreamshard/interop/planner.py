@@ -282,9 +282,9 @@ class DreamShardPlanner(ShardingPlanner):
         return offered is not None and "row_wise" in offered and not {"table_wise", "column_wise"} & set(offered)
 
     def _all_row_wise(self, task: Task) -> Plan:
-        """Every table in TorchRec's row-wise layout (pieces.row_blocks: block i on rank i), for a sharder that offers
+        """Every table in TorchRec's row-wise layout (plan.row_wise_shards: block i on rank i), for a sharder that offers
         row_wise alone; a table that must stay whole, or sharding kinds without "row", is an error naming it."""
-        from dreamshard.plan import Shard, row_blocks
+        from dreamshard.plan import row_wise_shards
 
         if "row" not in self.sharding:
             raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, but sharding="
@@ -294,9 +294,7 @@ class DreamShardPlanner(ShardingPlanner):
             raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, which puts a block of every "
                                   f"table on every rank, but table {whole[0]!r} must stay whole or avoid ranks "
                                   "(its constraints); give a sharder with table_wise")
-        shards = [Shard(t.name, rank, 0, t.dim, r0, r1) for t in task.tables
-                  for rank, (r0, r1) in enumerate(row_blocks(t.rows, task.num_devices))]
-        return Plan(task.num_devices, tuple(shards))
+        return Plan(task.num_devices, tuple(s for t in task.tables for s in row_wise_shards(t, task.num_devices)))
 
     @staticmethod
     def _whole_as(offered: list[str] | None) -> str:

@@ -195,11 +195,13 @@ class CutSearchSharder(LearnedSharder):
             ends = []
             for start_cuts, start_where in starts:
                 where, cuts = self._search(task, u, options, start_cuts, start_where)
+                cost = u.cost(cuts, where)
                 if any(k != 1 for k in cuts):
                     again = decode(cuts)
-                    if u.cost(cuts, again) < u.cost(cuts, where):
-                        where = again
-                ends.append((u.cost(cuts, where), cuts, where))
+                    again_cost = u.cost(cuts, again)
+                    if again_cost < cost:
+                        where, cost = again, again_cost
+                ends.append((cost, cuts, where))
             _, cuts, where = min(ends, key=lambda e: e[0])  # the first of equals: the policy's start
         cut, pieces = cut_task(task, cuts_of(task, cuts))
         plan = Plan.from_assignment(cut, [d for devices in where for d in devices])
@@ -218,21 +220,21 @@ class CutSearchSharder(LearnedSharder):
         load, used = u.load(cuts, where)
         current = float(u.devices(load).max())
         cuts, where = cuts.copy(), where.copy()
-        for p in reversed(u.order):  # the cheapest whole table first
-            if p >= len(task.tables) or cuts[p] != ROW_WISE:
+        w = u.scorer.weights
+        for i in reversed(u.order):  # the cheapest whole table first (universe index i is table i whole)
+            if i >= len(task.tables) or cuts[i] != ROW_WISE:
                 continue  # a piece of a cut, or a table that is not row-wise
-            i, w = p, u.scorer.weights
             trial_load, trial_used = load.copy(), used.copy()
             for q, d in zip(u.pieces[(i, ROW_WISE)], where[i]):
                 trial_load[d] -= w[q]
                 trial_used[d] -= u.sizes[q]
-            room = [d for d in task.allowed_devices(task.tables[i].name) if trial_used[d] + u.sizes[p] <= capacity[d]]
+            room = [d for d in task.allowed_devices(task.tables[i].name) if trial_used[d] + u.sizes[i] <= capacity[d]]
             if not room:
                 continue
-            logits = u.scorer.logits(p, trial_load)
+            logits = u.scorer.logits(i, trial_load)
             d = max(room, key=lambda d: (logits[d], -d))
-            trial_load[d] += w[p]
-            trial_used[d] += u.sizes[p]
+            trial_load[d] += w[i]
+            trial_used[d] += u.sizes[i]
             rated = float(u.devices(trial_load).max())
             if rated <= current:
                 current, load, used = rated, trial_load, trial_used
@@ -258,7 +260,6 @@ class CutSearchSharder(LearnedSharder):
             # the costliest first: a piece's share of the cost heads' input
             here.sort(key=lambda i: -float(np.abs(w[u.pieces[(i, cuts[i])][0], :scorer.cost_width]).sum()))
             moves: list[tuple[float, int, int, list[int], np.ndarray, np.ndarray, np.ndarray]] = []
-
             for i in here[:cfg.candidates]:
                 for k in options[i][options[i].index(cuts[i]) + 1:]:  # every finer cut
                     trial_load, trial_used = load.copy(), used.copy()

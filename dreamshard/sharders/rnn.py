@@ -40,4 +40,3 @@ class RnnSharder(LearnedSharder):
             return rank_devices(logits)
 
         return Plan.from_assignment(task, place_tables(task, list(range(len(task.tables))), rank, enc.double().numpy()))
-
