@@ -406,6 +406,7 @@ def test_the_rows_lookups_read_are_filled_with_a_seeded_uniform_block_the_others
     ops = [backend.build_operator(task, [Shard(t.name, 0, 0, t.dim) for t in task.tables]) for _ in range(2)]
     a, b = ([w.clone() for w in op.op.split_embedding_weights()] for op in ops)
     assert all(torch.equal(x, y) for x, y in zip(a, b))  # seeded: the same weights every time
+    assert torch.equal(ops[0].grad, ops[1].grad)  # and the same output gradient, the first build as the next
     # every row a lookup reads holds a nonzero value
     batch = 64
     offsets = ops[0].offsets.tolist()

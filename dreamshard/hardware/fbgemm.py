@@ -352,9 +352,12 @@ class FbgemmBackend:
             )
         except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
             raise DreamShardError(f"fbgemm backend: FBGEMM refused the operator on {device}: {exc}") from exc
-        gen = torch.Generator(device=device).manual_seed(0)
         if self._init_block is None or self._init_block.device != device:
-            self._init_block = torch.empty(INIT_BLOCK, device=device).uniform_(-INIT_RANGE, INIT_RANGE, generator=gen)
+            # its own generator, so that `gen` below draws the same output gradient in every build
+            block_gen = torch.Generator(device=device).manual_seed(0)
+            self._init_block = torch.empty(INIT_BLOCK, device=device).uniform_(-INIT_RANGE, INIT_RANGE,
+                                                                                generator=block_gen)
+        gen = torch.Generator(device=device).manual_seed(0)
         batch = self.config.batch_size
         with torch.no_grad():
             # seeded uniform values in the rows the lookups read, the others left as FBGEMM wrote them: the
