@@ -6,7 +6,7 @@
 Each variant is `dreamshard_cut` (dreamshard/sharders/cuts.py) with some of its search turned off, planned
 with the pipeline's dreamshard checkpoint; beside them table-wise `dreamshard`, `neuroshard`,
 `size_lookup_greedy` and `torchrec_full`. On the first --tasks test tasks of each family, every plan of a task is measured in one
-interleaved pass (evaluate.measure_interleaved, --rounds rounds, medians), with the pipeline's backend
+interleaved pass (hardware.base.measure_rounds, --rounds rounds, medians), with the pipeline's backend
 (params.yaml `backend`): CPU timings on the machine it runs on. Reported per variant: the mean of the
 paired ratios to torchrec_full with a 95% bootstrap interval over tasks, the tasks it cut tables in, and
 its median planning time. Needs `make run`'s data/ and models/ (or --root of a project that has them).
@@ -49,8 +49,8 @@ def main() -> None:
     import torch
     import yaml
 
-    from dreamshard.evaluation.evaluate import measure_interleaved
     from dreamshard.evaluation.summary import bootstrap_ci
+    from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.sharders import load_model, make_sharder
     from dreamshard.sharders.cuts import CutConfig
     from dreamshard.sharders.search import SearchConfig
@@ -88,7 +88,7 @@ def main() -> None:
                 start = time.perf_counter()
                 plans.append(sharder.shard(task))
                 planning[name] = (time.perf_counter() - start) * 1e3
-            costs = measure_interleaved(backend, task, plans, args.rounds)
+            costs = measure_rounds(backend, task, plans, args.rounds, median_cost)
             for (name, plan), cost in zip(zip(sharders, plans), costs):
                 cut = len(plan.shards) > len({s.table for s in plan.shards})
                 rows.append({"family": family, "task": task.name, "sharder": name, "cost_ms": cost.cost_ms,

@@ -41,7 +41,6 @@ from dreamshard.evaluation.summary import (
     result_row,
     with_ratios,
 )
-from dreamshard.hardware.comm import Topology
 from dreamshard.io import write_parquet, write_text
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
 from dreamshard.sharders.cuts import CutConfig
@@ -187,7 +186,6 @@ def run(params: dict[str, Any]) -> None:
     cfg = section(params, "evaluate")
     backend = make_stage_backend(params)
     batch_size = int(section(params, "backend.batch_size"))
-    topology = build(Topology, section(params, "backend").get("topology", {}), "backend.topology")
     tasks, splits = evaluated_tasks(params)
     sharders = make_sharders(params, batch_size)
     journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
@@ -213,7 +211,7 @@ def run(params: dict[str, Any]) -> None:
 
     def evaluate(split: str, task) -> list[dict]:
         return [{"split": split, **result_row(r)}
-                for r in evaluate_task(backend, task, sharders, bound, batch_size, topology, int(cfg["rounds"]),
+                for r in evaluate_task(backend, task, sharders, bound, int(cfg["rounds"]),
                                        column_splits=column_splits, probes=probes,
                                        row_probe_ratio=float(cfg["row_probe_ratio"]),
                                        planned=planned.pop(journal.key(split, task)))]
@@ -237,7 +235,7 @@ def run(params: dict[str, Any]) -> None:
 
     ex = cfg["exhaustive"]
     exhaustive = exhaustive_check(backend, tasks, sharders, int(ex["num_tasks"]), int(ex["num_tables"]),
-                                  int(ex["num_devices"]), batch_size, topology, bound, int(ex["top_plans"]),
+                                  int(ex["num_devices"]), bound, int(ex["top_plans"]),
                                   int(ex["rounds"]))
     bk = cfg["best_known"]  # distance to the best plan a measured search finds (dreamshard/evaluation/improve.py)
     search = {k: v for k, v in bk.items() if k not in ("tasks_per_family", "seeds")}

@@ -85,7 +85,7 @@ def violations(regime_name: str, tasks, column_splits=False, regime=None, parts=
     b = backend(regime_name)
     bad = []
     for k, task in enumerate(tasks):
-        bound = lower_bound(b, task, regime or task_regime(b, task), BATCH, TOPOLOGY, column_splits)
+        bound = lower_bound(b, task, regime or task_regime(b, task), column_splits)
         assert bound.total_ms > 0
         for name in HEURISTICS:
             whole = make_sharder(name, **seeded(name, k)).shard(task)
@@ -123,7 +123,7 @@ def test_bound_below_every_heuristic_plan_sub_additive_and_close_to_the_best():
     assert not violations("sub_additive", tasks)
     # not vacuous: the best heuristic is within 2x of the bound on every task
     for k, task in enumerate(tasks):
-        bound = lower_bound(b, task, SUB_ADDITIVE, BATCH, TOPOLOGY).total_ms
+        bound = lower_bound(b, task, SUB_ADDITIVE).total_ms
         best = min(b.plan_cost(task, make_sharder(n, **seeded(n, k)).shard(task)).cost_ms for n in HEURISTICS)
         assert best < 2.0 * bound, (task.name, best, bound)
 
@@ -158,7 +158,7 @@ def test_eight_small_tables_mix_both_behaviours_in_the_super_additive_regime():
 def test_super_additive_bound_with_measured_regime_below_the_exhaustive_optimum_of_eight_small_tables():
     task = Task.uniform("eight", EIGHT_SMALL, 2, 1.0)
     b = backend("super_additive", Topology())
-    res = exhaustive_optimum(b, task, BATCH, Topology(), regime_of([additivity_ratio(b, task)]))
+    res = exhaustive_optimum(b, task, regime_of([additivity_ratio(b, task)]))
     assert res.bound.total_ms <= res.optimum.cost_ms
 
 
@@ -169,11 +169,11 @@ def test_bound_below_the_exhaustive_optimum_of_sampled_tasks(regime_name):
     gaps = []
     for k in range(4):
         task = random_task(rng, f"ex{k}", 7 if k % 2 else 8, 2)
-        res = exhaustive_optimum(b, task, BATCH, TOPOLOGY, task_regime(b, task))
+        res = exhaustive_optimum(b, task, task_regime(b, task))
         assert len(res.costs) == 2 ** (len(task.tables) - 1)  # every split onto 2 identical devices, once
         assert res.bound.total_ms <= res.optimum.cost_ms * (1 + 1e-9)
         # the conservative bound holds too, and is never tighter than the optimum
-        assert lower_bound(b, task, MIXED, BATCH, TOPOLOGY).total_ms <= res.optimum.cost_ms * (1 + 1e-9)
+        assert lower_bound(b, task, MIXED).total_ms <= res.optimum.cost_ms * (1 + 1e-9)
         gaps.append(res.optimum.cost_ms / res.bound.total_ms)
     assert max(gaps) < 1.5, gaps  # useful, not just valid
 
@@ -195,8 +195,8 @@ def test_whole_table_bound_does_not_hold_for_column_split_plans():
     b = backend("super_additive", Topology())
     plan = heavy_split_plan()
     validate_plan(task, plan)
-    whole = lower_bound(b, task, MIXED, BATCH, Topology())
-    split = lower_bound(b, task, MIXED, BATCH, Topology(), column_splits=True)
+    whole = lower_bound(b, task, MIXED)
+    split = lower_bound(b, task, MIXED, column_splits=True)
     assert whole.max_table_ms > 3 * b.plan_cost(task, plan).cost_ms
     assert split.max_table_ms < whole.max_table_ms  # only the dim-4 tables still count whole
     assert split.total_ms < whole.total_ms
@@ -209,8 +209,8 @@ def test_column_split_bound_below_plans_with_slices_super_additive():
     tasks = sampled_tasks(1, 12, memory_gb=4.0)
     b = backend("super_additive")
     for t in tasks:
-        assert lower_bound(b, t, MIXED, BATCH, TOPOLOGY, True).total_ms <= \
-            lower_bound(b, t, MIXED, BATCH, TOPOLOGY).total_ms
+        assert lower_bound(b, t, MIXED, True).total_ms <= \
+            lower_bound(b, t, MIXED).total_ms
     assert not violations("super_additive", tasks, column_splits=True, regime=MIXED, parts=(1, 2, 4, 8))
 
 
@@ -228,7 +228,7 @@ def test_a_slice_costs_less_per_column_than_its_table():
 def test_column_split_bound_below_a_plan_splitting_a_hot_table(regime_name):
     task = Task.uniform("heavy", HEAVY, 4, 1.0)
     b = backend(regime_name, Topology())
-    bound = lower_bound(b, task, task_regime(b, task), BATCH, Topology(), column_splits=True)
+    bound = lower_bound(b, task, task_regime(b, task), column_splits=True)
     assert bound.total_ms <= b.plan_cost(task, heavy_split_plan()).cost_ms
 
 
@@ -286,7 +286,7 @@ def test_lower_bound_is_below_every_sharders_plan(generated_tasks, name):
         assert regime in (SUPER_ADDITIVE, MIXED)
     sharders = [make_sharder(h, **seeded(h, 3)) for h in HEURISTICS]
     for task in generated_tasks:
-        bound = lower_bound(b, task, regime, b.config.batch_size, b.config.topology)
+        bound = lower_bound(b, task, regime)
         assert bound.total_ms > 0
         assert bound.total_ms == pytest.approx(max(bound.compute_mean_ms + 2 * bound.transfer_mean_ms,
                                                    bound.max_table_ms))
@@ -307,13 +307,13 @@ def test_lower_bound_is_below_the_exhaustive_optimum(regime_name, num_tables):
     task = sample_tasks(stats, stats["table_id"].tolist(), fam, 1, "test", DIMS, MemoryModel(), rng)[0]
     b = analytic(regime_name, batch_size=2048)
     regime = regime_of([additivity_ratio(b, task)])
-    result = exhaustive_optimum(b, task, b.config.batch_size, b.config.topology, regime)
+    result = exhaustive_optimum(b, task, regime)
     # the optimum is a real plan, costed exactly as the backend costs it
     validate_plan(task, result.optimum_plan)
     assert result.optimum.cost_ms == pytest.approx(b.plan_cost(task, result.optimum_plan).cost_ms)
     assert result.optimum.cost_ms == min(result.costs.values())
     assert len(result.costs) <= 2 ** (num_tables - 1)  # identical devices: each split counted once
-    assert result.bound == lower_bound(b, task, regime, b.config.batch_size, b.config.topology)
+    assert result.bound == lower_bound(b, task, regime)
     assert result.bound.total_ms <= result.optimum.cost_ms * (1 + 1e-9)
     for h in HEURISTICS:
         plan = make_sharder(h).shard(task)
@@ -335,7 +335,7 @@ def test_single_device_bound_has_no_transfer():
            Table("big3", 80_000, 64, 5.0)]
     task = Task.uniform("one", big, 1, 1.0)
     b = analytic("sub_additive")
-    bound = lower_bound(b, task, SUB_ADDITIVE, 2048, Topology())
+    bound = lower_bound(b, task, SUB_ADDITIVE)
     fused = b.compute_cost(task, whole_shards(task)).total_ms
     assert bound.transfer_mean_ms == 0.0
     assert bound.total_ms == pytest.approx(fused)  # one device: the bound is the plan's cost
@@ -351,15 +351,14 @@ def test_the_either_bound_holds_without_knowing_the_regime_and_costs_nothing_whe
         task = sample_tasks(stats, stats["table_id"].tolist(), fam, 1, "test", DIMS, MemoryModel(),
                             np.random.default_rng(seed))[0]
         b = analytic(regime_name, batch_size=2048)
-        either = lower_bound(b, task, EITHER, b.config.batch_size, b.config.topology)
-        optimum = exhaustive_optimum(b, task, b.config.batch_size, b.config.topology, EITHER).optimum.cost_ms
+        either = lower_bound(b, task, EITHER)
+        optimum = exhaustive_optimum(b, task, EITHER).optimum.cost_ms
         assert either.total_ms <= optimum * (1 + 1e-9)
-        assert either.total_ms <= lower_bound(b, task, regime_of([additivity_ratio(b, task)]), b.config.batch_size,
-                                              b.config.topology).total_ms * (1 + 1e-9)
+        assert either.total_ms <= lower_bound(b, task, regime_of([additivity_ratio(b, task)])).total_ms * (1 + 1e-9)
         if regime_of([additivity_ratio(b, task, max_tables=len(task.tables))]) == SUPER_ADDITIVE:
-            assert either == lower_bound(b, task, SUPER_ADDITIVE, b.config.batch_size, b.config.topology)
+            assert either == lower_bound(b, task, SUPER_ADDITIVE)
     with pytest.raises(ValueError, match="regime: expected one of"):
-        lower_bound(b, task, "cpu", b.config.batch_size, b.config.topology)
+        lower_bound(b, task, "cpu")
 
 
 class HostBound(AnalyticBackend):
@@ -388,9 +387,9 @@ def test_probes_that_see_tables_fused_cheaper_than_one_alone_drop_the_per_table_
         probe = fusion_probe(b, task)
         assert probe.monotone < 1.0 and probe.additivity < 1.0
         assert bound_regime([probe]) == NON_MONOTONE
-        optimum = exhaustive_optimum(b, task, 2048, b.config.topology, NON_MONOTONE)
-        either = lower_bound(b, task, EITHER, 2048, b.config.topology)
-        kept = lower_bound(b, task, NON_MONOTONE, 2048, b.config.topology)
+        optimum = exhaustive_optimum(b, task, NON_MONOTONE)
+        either = lower_bound(b, task, EITHER)
+        kept = lower_bound(b, task, NON_MONOTONE)
         # the per-table term (a lone table's 0.9 ms) is above the optimum (two groups of 0.6 ms): EITHER fails here
         assert either.total_ms > optimum.optimum.cost_ms
         assert kept.total_ms <= optimum.optimum.cost_ms * (1 + 1e-9)
@@ -406,7 +405,7 @@ def test_monotone_probes_keep_the_either_bound_and_the_non_monotone_one_is_never
         assert probe.monotone >= 1.0 and probe.additivity == pytest.approx(additivity_ratio(b, task))
         assert FusionProbe.from_dict(probe.to_dict()) == probe
         assert bound_regime([probe]) == EITHER
-        either = lower_bound(b, task, EITHER, 2048, b.config.topology)
-        kept = lower_bound(b, task, NON_MONOTONE, 2048, b.config.topology)
+        either = lower_bound(b, task, EITHER)
+        kept = lower_bound(b, task, NON_MONOTONE)
         assert kept.total_ms <= either.total_ms
         assert kept.compute_mean_ms == either.compute_mean_ms and kept.transfer_mean_ms == either.transfer_mean_ms

@@ -125,16 +125,16 @@ def test_bound_below_the_optimum_over_plans_with_row_halves(regime_name, columns
         validate_plan(task, plan)
         assert b.plan_cost(task, plan).cost_ms == pytest.approx(optimum)  # the optimum is a real plan's cost
         regime = measured_regime(b, task)
-        bound = lower_bound(b, task, regime, BATCH, b.config.topology, columns, halves(task))
+        bound = lower_bound(b, task, regime, columns, halves(task))
         assert bound.total_ms <= optimum * (1 + 1e-9), (task.name, bound, optimum)
         for also in (MIXED, SUB_ADDITIVE):  # whichever regime the evaluate stage measures
-            assert lower_bound(b, task, also, BATCH, b.config.topology, columns,
+            assert lower_bound(b, task, also, columns,
                                halves(task)).total_ms <= optimum * (1 + 1e-9)
         # pieces of any size (1 row): proven too, looser
         every_row = {t.name: 1 for t in task.tables}
-        assert lower_bound(b, task, regime, BATCH, b.config.topology, columns, every_row).total_ms <= optimum * (1 + 1e-9)
+        assert lower_bound(b, task, regime, columns, every_row).total_ms <= optimum * (1 + 1e-9)
         gaps.append(optimum / bound.total_ms)
-        old = lower_bound(b, task, regime, BATCH, b.config.topology, columns)
+        old = lower_bound(b, task, regime, columns)
         whole_bound_broken += old.total_ms > optimum * (1 + 1e-9)
         assert old.total_ms <= whole * (1 + 1e-9)  # the whole-table bound still holds for whole-table plans
     if not columns:
@@ -155,8 +155,8 @@ def test_a_hot_narrow_table_in_row_halves_beats_the_whole_table_bound_not_the_ro
     assert [r for r, _ in hot] == [(0, 40_000), (40_000, 80_000)] and {d for _, d in hot} == {0, 1}
     assert optimum < 0.6 * whole
     regime = measured_regime(b, task)
-    old = lower_bound(b, task, regime, BATCH, b.config.topology)
-    new = lower_bound(b, task, regime, BATCH, b.config.topology, row_splits=halves(task))
+    old = lower_bound(b, task, regime)
+    new = lower_bound(b, task, regime, row_splits=halves(task))
     assert old.max_table_ms > optimum  # the hot table alone: no bound once it may be cut
     assert new.total_ms <= optimum
     assert new.total_ms > 0.85 * optimum
@@ -227,7 +227,7 @@ def test_the_busiest_device_of_a_cut_table_is_bounded_at_the_true_operator_cost(
             task = Task.uniform("busiest", [t], n, 64.0)
             single = b.compute_cost(task, [Shard(t.name, 0, 0, t.dim)]).total_ms
             terms, _ = work_terms(b, task, 0, single, False, t.rows // 4, ROW_PROBE_RATIO)
-            bound = lower_bound(b, task, MIXED, BATCH, topo, row_splits={t.name: t.rows // 4})
+            bound = lower_bound(b, task, MIXED, row_splits={t.name: t.rows // 4})
             transfer = topo.latency_us * 1e-3 + (n - 1) / n * BATCH * t.dim * topo.output_bytes / (
                 topo.intra_host_gbps * 1e9) * 1e3
             assert bound.max_table_ms <= o + least_work(terms, o) / n + 2 * transfer + 1e-12
@@ -264,7 +264,7 @@ def test_bound_below_every_sharders_plan_of_tasks_with_oversized_tables(regime_n
         row_cut += bool(rows)
         column_cut += columns
         for regime in (measured_regime(b, task), MIXED):
-            bound = lower_bound(b, task, regime, BATCH, b.config.topology, columns, rows)
+            bound = lower_bound(b, task, regime, columns, rows)
             assert bound.total_ms > 0
             for name, plan in zip(HEURISTICS, plans):
                 cost = b.plan_cost(task, plan).cost_ms
@@ -305,17 +305,17 @@ def test_row_probe_sizes_bracket_every_piece_size():
 def test_row_splits_parameters_are_checked_and_default_to_the_whole_table_bound():
     task = Task.uniform("hot", HOT, 2, 1.0)
     b = analytic("super_additive", BATCH)
-    plain = lower_bound(b, task, MIXED, BATCH, b.config.topology)
-    assert lower_bound(b, task, MIXED, BATCH, b.config.topology, row_splits={}) == plain
+    plain = lower_bound(b, task, MIXED)
+    assert lower_bound(b, task, MIXED, row_splits={}) == plain
     # a table too small for two pieces of the given size is never cut: it counts whole
-    assert lower_bound(b, task, MIXED, BATCH, b.config.topology, row_splits={"small0": 300}) == plain
-    assert lower_bound(b, task, MIXED, BATCH, b.config.topology, row_splits={"hot": 40_000}) != plain
+    assert lower_bound(b, task, MIXED, row_splits={"small0": 300}) == plain
+    assert lower_bound(b, task, MIXED, row_splits={"hot": 40_000}) != plain
     with pytest.raises(ValueError, match=r"row_splits: table\(s\) 'nope' not in task 'hot'"):
-        lower_bound(b, task, MIXED, BATCH, b.config.topology, row_splits={"nope": 10})
+        lower_bound(b, task, MIXED, row_splits={"nope": 10})
     with pytest.raises(ValueError, match="fewest rows of a piece must be an int >= 1"):
-        lower_bound(b, task, MIXED, BATCH, b.config.topology, row_splits={"hot": 0})
+        lower_bound(b, task, MIXED, row_splits={"hot": 0})
     with pytest.raises(ValueError, match="row_probe_ratio"):
-        lower_bound(b, task, MIXED, BATCH, b.config.topology, row_splits={"hot": 10}, row_probe_ratio=1.0)
+        lower_bound(b, task, MIXED, row_splits={"hot": 10}, row_probe_ratio=1.0)
 
 
 @pytest.mark.parametrize("regime_name", REGIMES)
@@ -323,14 +323,14 @@ def test_one_device_bound_with_row_splits_is_no_more_the_fused_cost(regime_name)
     task = Task.uniform("one", HOT, 1, 1.0)
     b = analytic(regime_name, BATCH)
     fused = b.plan_cost(task, Plan.from_assignment(task, [0] * 4)).cost_ms
-    assert lower_bound(b, task, MIXED, BATCH, b.config.topology).total_ms == pytest.approx(fused)
+    assert lower_bound(b, task, MIXED).total_ms == pytest.approx(fused)
     halves_plan = Plan(1, (Shard("hot", 0, 0, 4, 0, 40_000), Shard("hot", 0, 0, 4, 40_000, 80_000),
                            *(Shard(f"small{i}", 0, 0, 4) for i in range(3))))
     cost = b.plan_cost(task, halves_plan).cost_ms
     if regime_name == "sub_additive":
         assert cost < fused  # two halves' smaller working sets miss the cache less: the one plan is no more
     for regime in (MIXED, SUB_ADDITIVE):
-        assert lower_bound(b, task, regime, BATCH, b.config.topology, row_splits=halves(task)).total_ms <= cost
+        assert lower_bound(b, task, regime, row_splits=halves(task)).total_ms <= cost
 
 
 class RowHalvesSharder:
@@ -352,7 +352,7 @@ def test_the_exhaustive_check_measures_a_sharders_plan_with_row_ranges():
 
     task = Task.uniform("ex/0", HOT, 2, 1.0)
     b = analytic("super_additive", BATCH)
-    out = exhaustive_check(b, [task], [RowHalvesSharder()], 1, 4, 2, BATCH, b.config.topology, MIXED)
+    out = exhaustive_check(b, [task], [RowHalvesSharder()], 1, 4, 2, MIXED)
     small = Task.uniform("exhaustive/0", HOT, 2, 1.0, task.memory, "exhaustive")
     plan = RowHalvesSharder().shard(small)
     validate_plan(small, plan)

@@ -280,7 +280,7 @@ def test_lower_bound_holds_on_devices_of_different_speed(regime, seed):
     backend = analytic(regime, topology=topology)
     best = min(backend.plan_cost(task, Plan.from_assignment(task, a)).cost_ms
                for a in itertools.product(range(3), repeat=len(tables)))
-    bound = lower_bound(backend, task, regime, backend.config.batch_size, topology)
+    bound = lower_bound(backend, task, regime)
     assert bound.total_ms <= best * (1 + 1e-9), (speeds, bound, best)
     assert bound.total_ms > 0.2 * best  # and not vacuous
 

@@ -25,7 +25,7 @@ from dreamshard.evaluation.collect import (
     plans_to_measure,
 )
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.hardware.base import ComputeCost
+from dreamshard.hardware.base import ComputeCost, measure_rounds
 from dreamshard.learning.cost_model import measurement_noise
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
@@ -56,7 +56,8 @@ def analytic() -> AnalyticBackend:
 
 class FailingBackend:
     """Delegates to a backend; its compute_cost raises once `fail_after` device operators were measured (fault
-    injection). A plan measurement is one compute_cost per device of the plan (collect.measure_chunk)."""
+    injection). A plan measurement is one compute_cost per device of the plan not yet read in its round
+    (measure_rounds)."""
 
     def __init__(self, inner, fail_after: int) -> None:
         self.inner, self.fail_after, self.calls = inner, fail_after, 0
@@ -86,10 +87,22 @@ def counting_backend(inner):
     return FailingBackend(inner, fail_after=10**9)
 
 
-def operators(items, ids) -> int:
-    """Device operators of one measurement of each plan of `ids`."""
+def operators(items, ids, chunk: int = 10**9) -> int:
+    """Device operators of one measurement of each plan of `ids`, in order, `chunk` plans at a time: within a chunk,
+    a device shard set that plans of one task share is measured once, and an empty device not at all."""
     by_id = {it.plan_id: it for it in items}
-    return sum(by_id[i].plan.num_devices for i in ids)
+    total = 0
+    for start in range(0, len(ids), chunk):
+        seen = set()
+        for i in ids[start:start + chunk]:
+            it = by_id[i]
+            for d in range(it.plan.num_devices):
+                shards = it.plan.device_shards(d)
+                if shards:
+                    seen.add((id(it.task), tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1)
+                                                        for s in shards))))
+        total += len(seen)
+    return total
 
 
 # ---------------------------------------------------------------- which plans
@@ -202,7 +215,7 @@ def test_resume_after_a_crash_loses_and_repeats_nothing(data, analytic, tmp_path
     collect(analytic, items, reference, chunk, EXTRA)
 
     journal = CostJournal(tmp_path / "journal")
-    failing = FailingBackend(analytic, operators(items, ids[:fail_after]))  # fails as plan fail_after starts
+    failing = FailingBackend(analytic, operators(items, ids[:fail_after], chunk))  # fails as plan fail_after starts
     with pytest.raises(RuntimeError, match="injected crash"):
         collect(failing, items, journal, chunk, EXTRA)
     completed = fail_after // chunk  # chunks written before the crash; the crashed chunk is not
@@ -212,7 +225,7 @@ def test_resume_after_a_crash_loses_and_repeats_nothing(data, analytic, tmp_path
 
     counter = counting_backend(analytic)
     collect(counter, items, journal, chunk, EXTRA)
-    assert counter.calls == operators(items, set(ids) - done)  # only the missing plans are measured
+    assert counter.calls == operators(items, [i for i in ids if i not in done], chunk)  # only the missing plans are measured
 
     plans, ref_plans = journal.read("plans", ids), reference.read("plans", ids)
     assert plans["plan_id"].tolist() == ids and plans["plan_id"].is_unique
@@ -235,7 +248,7 @@ def test_crash_between_the_devices_and_the_plans_part_is_redone(data, analytic, 
     assert journal.done_ids() == set(ids) - lost
     counter = counting_backend(analytic)
     collect(counter, items, journal, 4, EXTRA)
-    assert counter.calls == operators(items, lost)
+    assert counter.calls == operators(items, [i for i in ids if i in lost], 4)
     assert journal.read("plans", ids)["plan_id"].tolist() == ids
     pd.testing.assert_frame_equal(journal.read("devices", ids), reference_devices)
 
@@ -393,9 +406,9 @@ def test_plans_with_cuts_are_valid_and_priced_piece_by_piece(data, analytic):
 
     measured = [(it.task, it.plan, analytic.plan_cost(it.task, it.plan)) for it in items[:12]]
     from_plans = cost_data_from_plans(measured)
-    rows = [measure_rows(analytic, it, {}, [[analytic.compute_cost(it.task, it.plan.device_shards(d))
-                                             for d in range(it.plan.num_devices)]])
-            for it in items[:12]]
+    rows = [measure_rows(analytic, it, {}, readings)
+            for it, readings in zip(items[:12], measure_rounds(analytic, [it.task for it in items[:12]],
+                                                                [it.plan for it in items[:12]], 1, list))]
     plans_frame = pd.DataFrame([r[0] for r in rows])
     devices_frame = pd.DataFrame([d for r in rows for d in r[1]])
     from_rows = cost_data_from_rows(plans_frame, devices_frame, tasks)

@@ -66,6 +66,9 @@ class Crashing:
         self.calls += 1
         return self.inner.compute_cost(task, shards)
 
+    def plan_cost_from(self, task, plan, compute):
+        return self.inner.plan_cost_from(task, plan, compute)
+
 
 def test_samples_are_seeded_fit_the_cap_and_use_the_dims(data):
     _, tasks, pool = data
@@ -201,6 +204,9 @@ def test_samples_are_measured_in_rounds_and_keep_their_medians_and_every_round(d
             f = self.factors[self.calls // len(samples)]
             self.calls += 1
             return ComputeCost(cost.fwd_ms * f, cost.bwd_ms * f)
+
+        def plan_cost_from(self, task, plan, compute):
+            return inner.plan_cost_from(task, plan, compute)
 
     drifting = Drifting()
     rows = measure_samples(drifting, samples, tasks[0], EXTRA, rounds=3)

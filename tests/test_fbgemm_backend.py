@@ -432,7 +432,7 @@ def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():
     assert err.value.needed_bytes == sum(size.values()) and err.value.budget_bytes == budget
 
     class Recording:  # the real backend; remembers the operators of several tables it was asked for
-        name, measured = real.name, real.measured
+        name, measured, batch_size, topology = real.name, real.measured, real.batch_size, real.topology
         fused: list[set[str]] = []
 
         def compute_cost(self, task, shards):
@@ -441,7 +441,7 @@ def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():
             return real.compute_cost(task, shards)
 
     spy = Recording()
-    bound = lower_bound(spy, task, EITHER, 256, Topology())  # type: ignore[arg-type]
+    bound = lower_bound(spy, task, EITHER)  # type: ignore[arg-type]
     assert positive_finite(bound.total_ms) and positive_finite(bound.compute_mean_ms)
     # all refused, then the costliest that fit: which tables those are follows the measured single costs (on
     # tables this small their order can flip between runs), so the check is that the set fits and is full
@@ -449,4 +449,4 @@ def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():
     room = budget - sum(size[t] for t in spy.fused[-1])
     assert room >= 0 and all(size[t] > room for t in set(size) - spy.fused[-1])
     with pytest.raises(OverBudgetError, match="non-monotone"):
-        lower_bound(real, task, NON_MONOTONE, 256, Topology())
+        lower_bound(real, task, NON_MONOTONE)

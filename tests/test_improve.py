@@ -25,11 +25,13 @@ GREEDY = ("size_greedy", "lookup_greedy", "size_lookup_greedy")
 
 
 class Checked:
-    """Counts every plan_cost call, per plan, and checks every plan it is asked to measure: valid for the task, and
-    no column slice unless the task allows column cuts (validate_plan does not check the kinds of cut)."""
+    """Counts every plan reading (plan_cost_from: what measure_rounds makes of a reading's device operators), per
+    plan, and checks every plan it is asked to measure: valid for the task, and no column slice unless the task
+    allows column cuts (validate_plan does not check the kinds of cut)."""
 
     def __init__(self, inner, seeds=()):
         self.inner, self.name, self.measured = inner, inner.name, inner.measured
+        self.batch_size, self.topology = inner.batch_size, inner.topology
         self.calls = 0
         self.per_plan: Counter = Counter()
         self.seed_keys = {p.key() for p in seeds}
@@ -37,14 +39,21 @@ class Checked:
     def device_name(self):
         return self.inner.device_name()
 
-    def plan_cost(self, task, plan):
+    def compute_cost(self, task, shards):
+        return self.inner.compute_cost(task, shards)
+
+    def plan_cost_from(self, task, plan, compute):
         validate_plan(task, plan)
         if "column" not in task.sharding and plan.key() not in self.seed_keys:
             dims = {t.name: t.dim for t in task.tables}
             assert all((s.col_start, s.col_end) == (0, dims[s.table]) for s in plan.shards), plan
         self.calls += 1
         self.per_plan[plan.key()] += 1
-        return self.inner.plan_cost(task, plan)
+        return self.inner.plan_cost_from(task, plan, compute)
+
+    def plan_cost(self, task, plan):
+        return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
+                                                for d in range(plan.num_devices)])
 
 
 def scaled(cost: PlanCost, factor: float) -> PlanCost:
@@ -54,21 +63,21 @@ def scaled(cost: PlanCost, factor: float) -> PlanCost:
 
 
 class Noisy(Checked):
-    """The analytic cost times a seeded random factor in [1 - spread, 1 + spread], drawn per call."""
+    """The analytic cost times a seeded random factor in [1 - spread, 1 + spread], drawn per plan reading."""
 
     def __init__(self, inner, seed, spread=0.1, seeds=()):
         super().__init__(inner, seeds)
         self.rng, self.spread = random.Random(seed), spread
 
-    def plan_cost(self, task, plan):
-        return scaled(super().plan_cost(task, plan), self.rng.uniform(1 - self.spread, 1 + self.spread))
+    def plan_cost_from(self, task, plan, compute):
+        return scaled(super().plan_cost_from(task, plan, compute), self.rng.uniform(1 - self.spread, 1 + self.spread))
 
 
 class LuckyOnce(Checked):
     """Adversarial noise: a plan's first measurement reads half its cost, every later one the true cost."""
 
-    def plan_cost(self, task, plan):
-        cost = super().plan_cost(task, plan)
+    def plan_cost_from(self, task, plan, compute):
+        cost = super().plan_cost_from(task, plan, compute)
         return scaled(cost, 0.5) if self.per_plan[plan.key()] == 1 else cost
 
 

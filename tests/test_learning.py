@@ -711,8 +711,7 @@ def small_tasks(backend) -> list[tuple[Task, float]]:
     out = []
     for k in range(10):
         task = Task.uniform(f"small/{k}", [pool[int(i)] for i in rng.choice(len(pool), 6, replace=False)], 2, 1.0)
-        out.append((task, exhaustive_optimum(backend, task, BATCH, backend.config.topology,
-                                             "super_additive").optimum.cost_ms))
+        out.append((task, exhaustive_optimum(backend, task, "super_additive").optimum.cost_ms))
     return out
 
 

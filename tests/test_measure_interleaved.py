@@ -1,9 +1,9 @@
-"""Measuring a task's plans in interleaved rounds, each device shard set once per round."""
+"""Measuring plans in interleaved rounds (measure_rounds), each device shard set once per round."""
 from __future__ import annotations
 
 import pytest
 
-from dreamshard.evaluation.evaluate import MeasureCount, measure_interleaved
+from dreamshard.hardware.base import MeasureCount, least_cost, measure_rounds, median_cost
 from dreamshard.plan import Plan
 from dreamshard.tasks import Device, Task
 from helpers import BIG, SMALL, analytic
@@ -15,6 +15,7 @@ class Counting:
     def __init__(self) -> None:
         self.inner = analytic()
         self.name, self.measured, self.operators = self.inner.name, self.inner.measured, 0
+        self.batch_size, self.topology = self.inner.batch_size, self.inner.topology
 
     def device_name(self):
         return self.inner.device_name()
@@ -34,7 +35,7 @@ def test_a_device_shard_set_shared_by_plans_is_measured_once_per_round():
     b = Plan.from_assignment(task, [0, 0, 1, 2, 1, 2, 2])
     c = Plan.from_assignment(task, [0, 0, 1, 1, 2, 2, 2])
     backend, count = Counting(), MeasureCount()
-    costs = measure_interleaved(backend, task, [a, b, c], rounds=3, count=count)
+    costs = measure_rounds(backend, task, [a, b, c], 3, median_cost, count=count)
     assert count.measured == backend.operators == 3 * (3 + 2)  # a: 3 devices; b: devices 1 and 2 new
     assert count.reused == 3 * 1
     exact = analytic()
@@ -54,10 +55,8 @@ def test_bound_probes_are_measured_once_per_table_and_width_across_tasks():
     second = Task("second", tables[2:] + (BIG[0].with_dim(8),), (Device(2**34), Device(2**34)))  # other dim, same rows
     sharders = [make_sharder("size_greedy"), make_sharder("lookup_greedy")]
     for task in (first, second):
-        cached = evaluate_task(backend, task, sharders, "either", 2048, analytic().config.topology, column_splits=True,
-                               probes=probes)
-        fresh = evaluate_task(analytic(), task, sharders, "either", 2048, analytic().config.topology,
-                              column_splits=True)
+        cached = evaluate_task(backend, task, sharders, "either", column_splits=True, probes=probes)
+        fresh = evaluate_task(analytic(), task, sharders, "either", column_splits=True)
         assert [r.bound for r in cached] == [r.bound for r in fresh]  # the same bound, from reused probes
         assert [r.cost.cost_ms for r in cached] == pytest.approx([r.cost.cost_ms for r in fresh])
     # the second task's tables were probed with the first (whole at their dim, and as 4-column slices): only
@@ -82,14 +81,38 @@ def test_bound_probes_keep_their_least_reading_so_a_noisy_spell_cannot_lift_the_
     from dreamshard.evaluation.evaluate import ProbeCache, exhaustive_optimum
 
     task = Task("t", tuple(BIG[:2] + SMALL[:3]), (Device(2**34), Device(2**34)))
-    topology = analytic().config.topology
-    exact = lower_bound(analytic(), task, "either", 2048, topology)
+    exact = lower_bound(analytic(), task, "either")
     spiky = Spiky()
-    assert lower_bound(spiky, task, "either", 2048, topology).total_ms > 1.1 * exact.total_ms  # one reading each
+    assert lower_bound(spiky, task, "either").total_ms > 1.1 * exact.total_ms  # one reading each
     probes = ProbeCache(Spiky(), rounds=3)
-    assert lower_bound(probes, task, "either", 2048, topology).total_ms == pytest.approx(exact.total_ms)
+    assert lower_bound(probes, task, "either").total_ms == pytest.approx(exact.total_ms)
     assert probes.backend.operators == 3 * len(probes.costs) + 3  # the fused-all probe: 3 readings, not cached
-    ex = exhaustive_optimum(Spiky(), task, 2048, topology, "either", bound_rounds=3)
+    ex = exhaustive_optimum(Spiky(), task, "either", bound_rounds=3)
     assert ex.bound.total_ms == pytest.approx(exact.total_ms)
     with pytest.raises(ValueError, match="rounds: expected an integer >= 1"):
         ProbeCache(analytic(), rounds=0)
+
+
+def test_measure_rounds_takes_a_task_per_plan_and_rounds_per_plan_in_turns():
+    """Plans of several tasks (collect's chunks), and a count of readings per plan (the measured search):
+    a plan with fewer readings sits out the later rounds; readings come in turns, and are reduced as asked."""
+    t1 = Task("t1", tuple(BIG + SMALL), (Device(2**34), Device(2**34)))
+    t2 = Task("t2", tuple(BIG[:2] + SMALL[:2]), (Device(2**34), Device(2**34)))
+    p1 = Plan.from_assignment(t1, [0, 1, 0, 1, 0, 1, 0])
+    p2 = Plan.from_assignment(t2, [0, 0, 1, 1])
+    order = []
+
+    class Ordered(Counting):
+        def compute_cost(self, task, shards):
+            order.append(task.name)
+            return super().compute_cost(task, shards)
+
+    readings = measure_rounds(Ordered(), [t1, t2], [p1, p2], [3, 1], list)
+    assert [len(r) for r in readings] == [3, 1]
+    assert order == ["t1", "t1", "t2", "t2", "t1", "t1", "t1", "t1"]  # round 0: p1, p2; then p1 alone
+    assert readings[0][0].cost == analytic().plan_cost(t1, p1)
+    assert least_cost(readings[0]) == median_cost(readings[0])  # the analytic backend reads alike every time
+    with pytest.raises(ValueError, match="2 tasks for 1 plans"):
+        measure_rounds(analytic(), [t1, t2], [p1], 1, list)
+    with pytest.raises(ValueError, match="rounds: expected an integer >= 1"):
+        measure_rounds(analytic(), t1, [p1], 0, list)

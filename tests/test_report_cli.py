@@ -16,7 +16,6 @@ from dreamshard.cli import main
 from dreamshard.evaluation.bounds import column_splits_in, lower_bound, row_splits_of
 from dreamshard.evaluation.plan_report import build_report, render_figure, render_html
 from dreamshard.hardware.base import DeviceCost, PlanCost
-from dreamshard.hardware.comm import Topology
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tables import Table
@@ -106,8 +105,8 @@ def report(tables: Path, plan: Path, out: Path, *extra: str, regime: str | None 
             *(("--regime", regime) if regime else ()), "-o", str(out), *extra]
 
 
-def expected_bound(backend, task: Task, plan: Plan, regime: str, batch_size: int) -> float:
-    return lower_bound(backend, task, regime, batch_size, Topology(), column_splits=column_splits_in(task, [plan]),
+def expected_bound(backend, task: Task, plan: Plan, regime: str) -> float:
+    return lower_bound(backend, task, regime, column_splits=column_splits_in(task, [plan]),
                        row_splits=row_splits_of(task, [plan]) or None).total_ms
 
 
@@ -123,7 +122,7 @@ def check_costs(page: Page, task: Task, plan: Plan, regime: str, batch_size: int
         assert float(row["bwd"]["data-ms"]) == pytest.approx(dc.bwd_ms, rel=1e-12)
         assert float(row["comm"]["data-ms"]) == pytest.approx(dc.fwd_comm_ms + dc.bwd_comm_ms, rel=1e-12)
         assert float(row["comm"]["data-fwd-ms"]) == pytest.approx(dc.fwd_comm_ms, rel=1e-12)
-    assert page.ms("lower-bound") == pytest.approx(expected_bound(backend, task, plan, regime, batch_size), rel=1e-12)
+    assert page.ms("lower-bound") == pytest.approx(expected_bound(backend, task, plan, regime), rel=1e-12)
     assert page.ms("lower-bound") <= page.ms("plan-cost")
 
 
@@ -237,7 +236,7 @@ def _tiny_report(measured: bool):
     plan = Plan.from_assignment(task, [0, 1])
     cost = PlanCost((DeviceCost(1.0, 2.0, 0.25, 0.25), DeviceCost(0.5, 1.0, 0.5, 0.5)), "fbgemm" if measured else
                     "analytic", "cpu: test" if measured else "model", measured, "model")
-    bound = lower_bound(analytic(), task, "super_additive", 2048, Topology())
+    bound = lower_bound(analytic(), task, "super_additive")
     return build_report(task, plan, cost, bound, 2048, "super_additive")
 
 

@@ -21,7 +21,6 @@ from dreamshard.evaluation.summary import (
     win_rate,
 )
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.hardware.comm import Topology
 from dreamshard.sharders import make_sharder
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -201,7 +200,7 @@ def test_exhaustive_check_reports_the_optimum_the_bound_and_the_best_sharder():
     backend = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
     regime = regime_of([additivity_ratio(backend, task)])
     sharders = [make_sharder("size_greedy"), make_sharder("lookup_greedy")]
-    out = exhaustive_check(backend, [task], sharders, 1, 5, 2, 1024, Topology(), regime)
+    out = exhaustive_check(backend, [task], sharders, 1, 5, 2, regime)
     assert out["num_tables"] == 5 and out["num_devices"] == 2 and len(out["tasks"]) == 1
     t = out["tasks"][0]
     assert t["plans"] == 2 ** 5 // 2  # identical devices: each split once
@@ -209,7 +208,7 @@ def test_exhaustive_check_reports_the_optimum_the_bound_and_the_best_sharder():
     assert out["bound_holds"] is True
     assert out["mean_best_sharder_over_optimum"] == pytest.approx(t["best_sharder_ms"] / t["optimum_ms"])
     assert regime in (SUPER_ADDITIVE, "mixed", "sub_additive")
-    assert exhaustive_check(backend, [task], sharders, 0, 5, 2, 1024, Topology(), regime) == {}
+    assert exhaustive_check(backend, [task], sharders, 0, 5, 2, regime) == {}
 
 
 def test_first_per_family_keeps_file_order_without_parsing_names():
@@ -271,6 +270,7 @@ def test_exhaustive_check_remeasures_the_top_plans_against_the_winners_curse():
 
         def __init__(self, inner):
             self.inner, self.name, self.measured, self.seen = inner, inner.name, inner.measured, set()
+            self.batch_size, self.topology = inner.batch_size, inner.topology
 
         def device_name(self):
             return self.inner.device_name()
@@ -294,8 +294,8 @@ def test_exhaustive_check_remeasures_the_top_plans_against_the_winners_curse():
     task = Task.uniform("big/0", tables, 4, 1.0)
     exact = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
     sharders = [make_sharder("size_greedy")]
-    truth = exhaustive_check(exact, [task], sharders, 1, 5, 2, 1024, Topology(), "either", top_plans=4, rounds=3)
-    noisy = exhaustive_check(LuckyOnce(exact), [task], sharders, 1, 5, 2, 1024, Topology(), "either", top_plans=4,
+    truth = exhaustive_check(exact, [task], sharders, 1, 5, 2, "either", top_plans=4, rounds=3)
+    noisy = exhaustive_check(LuckyOnce(exact), [task], sharders, 1, 5, 2, "either", top_plans=4,
                              rounds=3)
     t, n = truth["tasks"][0], noisy["tasks"][0]
     assert n["optimum_single_ms"] < 0.75 * t["optimum_ms"]  # the minimum of single lucky measurements
@@ -312,7 +312,7 @@ def test_best_known_check_seeds_the_search_with_every_sharders_plan():
     task = Task.uniform("big/0", tables, 3, 1.0, family="fam")
     backend = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
     sharders = [make_sharder(n) for n in ("size_greedy", "dim_greedy", "lookup_greedy")]
-    rows = pd.DataFrame([result_row(r) for r in evaluate_task(backend, task, sharders, "either", 1024, Topology())])
+    rows = pd.DataFrame([result_row(r) for r in evaluate_task(backend, task, sharders, "either")])
     config = ImproveConfig(budget=40, rounds=1, min_gain=0.0)
     per_task = best_known_check(backend, [task], rows, config)
     t = per_task[0]

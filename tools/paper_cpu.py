@@ -340,7 +340,7 @@ def timing_check(params: dict[str, Any], journal, splits, tasks: int, tolerance:
     cost), and its timings must not join the run's. Returns the ratio and the tasks measured."""
     import statistics
 
-    from dreamshard.evaluation.evaluate import measure_interleaved
+    from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.plan import Plan
     from stages.backend import make_stage_backend
 
@@ -354,7 +354,7 @@ def timing_check(params: dict[str, Any], journal, splits, tasks: int, tolerance:
         rows = journal.read("test", task)
         plans = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(r["shards"])},
                                 f"{journal.folder}: task {task.name!r}") for r in rows]
-        for row, cost in zip(rows, measure_interleaved(backend, task, plans, rounds), strict=True):
+        for row, cost in zip(rows, measure_rounds(backend, task, plans, rounds, median_cost), strict=True):
             ratios.append(cost.cost_ms / float(row["cost_ms"]))
     if not ratios:
         raise RunError(f"{journal.folder}: no journaled test task to measure again")

@@ -48,8 +48,8 @@ def cmd_report(args: argparse.Namespace) -> None:
         bound_regime, described = args.regime, args.regime
     else:  # fbgemm, regime not measured: min(fused / N, super-additive bound) holds in either
         bound_regime, described = EITHER, EITHER_REGIME
-    bound = lower_bound(backend, task, bound_regime, args.batch_size, topology,
-                        column_splits=column_splits_in(task, [plan]), row_splits=row_splits_of(task, [plan]) or None)
+    bound = lower_bound(backend, task, bound_regime, column_splits=column_splits_in(task, [plan]),
+                        row_splits=row_splits_of(task, [plan]) or None)
     sources = [("plan file", str(args.plan)), ("tables file", str(args.tables))]
     if args.devices_file is not None:
         sources.append(("devices file", str(args.devices_file)))

@@ -323,8 +323,8 @@ def fused_all_bound(backend: CostBackend, task: Task, singles: Sequence[float], 
         return backend.compute_cost(task, whole_shards(task, sorted(held))).total_ms
 
 
-def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, topology: Topology,
-                column_splits: bool = False, row_splits: Mapping[str, int] | None = None,
+def lower_bound(backend: CostBackend, task: Task, regime: str, column_splits: bool = False,
+                row_splits: Mapping[str, int] | None = None,
                 row_probe_ratio: float = ROW_PROBE_RATIO) -> LowerBound:
     """Lower bound on the cost of every plan of `task` that cuts tables only as allowed (module docstring):
     `column_splits`: any table into column slices; `row_splits`: table name -> the fewest rows a piece of
@@ -332,7 +332,7 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, batch_size: int, 
     the plans to bound); `row_probe_ratio`: the most by which consecutive probed piece sizes differ."""
     if regime not in REGIMES:
         raise ValueError(f"regime: expected one of {', '.join(REGIMES)}, got {regime!r}")
-    n = task.num_devices
+    n, batch_size, topology = task.num_devices, backend.batch_size, backend.topology
     min_rows = _min_piece_rows(task, row_splits)
     singles = [backend.compute_cost(task, [s]).total_ms for s in whole_shards(task)]
     probed = [work_terms(backend, task, i, c, column_splits, m, row_probe_ratio)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dreamshard.hardware.base import ComputeCost, CostBackend, turns
+from dreamshard.hardware.base import ComputeCost, CostBackend, Reading, measure_rounds
 from dreamshard.io import write_parquet
 from dreamshard.plan import Plan, Shard, device_memory_bytes, row_wise_shards, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
@@ -174,25 +174,25 @@ def plans_to_measure(tasks: Sequence[Task], num_plans: int, perturb_fraction: fl
 
 
 def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict,
-                 rounds: Sequence[Sequence[ComputeCost]]) -> tuple[dict, list[dict]]:
-    """One plan row and one row per device of `item` from its measurements `rounds` (what `measure_chunk` takes
-    in turns), each the reference device's compute cost of every device of the plan.
+                 readings: Sequence[Reading]) -> tuple[dict, list[dict]]:
+    """One plan row and one row per device of `item` from its `readings` (what `measure_chunk` takes in turns).
 
-    A device's fwd and bwd are the medians of its rounds; the rows keep every round (cost_ms_rounds; fwd_ms_rounds
-    and bwd_ms_rounds, at the devices' speeds).
+    A device's fwd and bwd are the medians of its readings on the reference device; the rows keep every reading
+    (cost_ms_rounds; fwd_ms_rounds and bwd_ms_rounds, at the devices' speeds).
     """
-    if not rounds:
+    if not readings:
         raise ValueError(f"plan {item.plan_id}: no measurements to make rows of")
-    each = [backend.plan_cost_from(item.task, item.plan, r) for r in rounds]
+    each = [r.cost for r in readings]
     cost = backend.plan_cost_from(item.task, item.plan, [
-        ComputeCost(statistics.median(r[d].fwd_ms for r in rounds), statistics.median(r[d].bwd_ms for r in rounds))
+        ComputeCost(statistics.median(r.compute[d].fwd_ms for r in readings),
+                    statistics.median(r.compute[d].bwd_ms for r in readings))
         for d in range(item.plan.num_devices)])
     common = {"plan_id": item.plan_id, "task_id": item.task.name, "family": item.task.family,
               "backend": cost.backend, "device_name": cost.device_name, "measured": cost.measured,
               "comm": cost.comm, **extra}
     plan_row = {**common, "source": item.source, "num_devices": item.plan.num_devices,
                 "shards": json.dumps(item.plan.to_dict()["shards"]), "cost_ms": cost.cost_ms,
-                "rounds": len(rounds), "cost_ms_rounds": [c.cost_ms for c in each]}
+                "rounds": len(readings), "cost_ms_rounds": [c.cost_ms for c in each]}
     device_rows = []
     table_rows = {t.name: t.rows for t in item.task.tables}
     for d, dc in enumerate(cost.devices):
@@ -206,11 +206,6 @@ def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict,
                             "fwd_ms_rounds": [c.devices[d].fwd_ms for c in each],
                             "bwd_ms_rounds": [c.devices[d].bwd_ms for c in each]})
     return plan_row, device_rows
-
-
-def _device_computes(backend: CostBackend, item: PlanToMeasure) -> list[ComputeCost]:
-    """One measurement of a plan: each device's operator on the reference device (backend.compute_cost)."""
-    return [backend.compute_cost(item.task, item.plan.device_shards(d)) for d in range(item.plan.num_devices)]
 
 
 class CostJournal:
@@ -259,18 +254,15 @@ def measure_chunk(backend: CostBackend, chunk: Sequence[PlanToMeasure], extra: d
                   on_plan: Callable[[], None] | None = None) -> tuple[list[dict], list[dict]]:
     """The plan rows and device rows of one chunk, in the chunk's order; writes nothing.
 
-    Each plan is measured `rounds` times, in turns (plans A, B, C, then B, C, A, ...) so that a slow
-    spell of the machine hits the chunk's plans alike; a device's costs are the medians of its rounds
-    (measure_rows). What a distributed worker runs: the caller journals the rows (CostJournal.write_chunk).
+    Each plan is measured `rounds` times in turns (measure_rounds), so that a slow spell of the machine hits
+    the chunk's plans alike; a device's costs are the medians of its readings (measure_rows). What a
+    distributed worker runs: the caller journals the rows (CostJournal.write_chunk).
     """
-    measured: list[list[list[ComputeCost]]] = [[] for _ in chunk]
-    for r, i in turns(len(chunk), rounds):
-        measured[i].append(_device_computes(backend, chunk[i]))
-        if on_plan and r == rounds - 1:
-            on_plan()
+    measured = measure_rounds(backend, [it.task for it in chunk], [it.plan for it in chunk], rounds, list,
+                              on_plan=on_plan)
     plan_rows, device_rows = [], []
-    for item, item_rounds in zip(chunk, measured, strict=True):
-        p, ds = measure_rows(backend, item, extra, item_rounds)
+    for item, readings in zip(chunk, measured, strict=True):
+        p, ds = measure_rows(backend, item, extra, readings)
         plan_rows.append(p)
         device_rows += ds
     return plan_rows, device_rows

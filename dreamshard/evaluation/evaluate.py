@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.evaluation.bounds import ROW_PROBE_RATIO, LowerBound, column_splits_in, lower_bound, row_splits_of
-from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, turns
-from dreamshard.hardware.comm import Topology, assemble_plan_cost
+from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, measure_rounds, median_cost
+from dreamshard.hardware.comm import Topology
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import Sharder
 from dreamshard.tasks import Task
@@ -43,50 +43,6 @@ def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:
     return planned
 
 
-def _device_key(shards: Sequence) -> tuple:
-    return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1) for s in shards))
-
-
-@dataclass
-class MeasureCount:
-    """How many device operators measure_interleaved measured, and how many it took from the round's others."""
-
-    measured: int = 0
-    reused: int = 0
-
-
-def measure_interleaved(backend: CostBackend, task: Task, plans: Sequence[Plan], rounds: int,
-                        count: MeasureCount | None = None) -> list[PlanCost]:
-    """Measure the distinct plans of one task in turns, `rounds` times; keep each one's median round.
-
-    Turns (plan A, B, C, then B, C, A, ...) let drift of the machine hit all plans alike. Within a
-    round, a device shard set that several plans hold (the same tables and blocks on one device)
-    is measured once and its compute cost used for each of them (backend.plan_cost_from): the same
-    fused operator, so the plans compare on the same measurement of it; `count` tallies both.
-    """
-    keys = [p.key() for p in plans]
-    distinct = list(dict.fromkeys(keys))
-    first = {k: plans[keys.index(k)] for k in distinct}
-    measured: dict[tuple, list[PlanCost]] = {k: [] for k in distinct}
-    count = count if count is not None else MeasureCount()
-    rounds_seen: dict[int, dict[tuple, ComputeCost]] = {}  # per round: its device operators, measured once
-    for r, i in turns(len(distinct), rounds):
-        this_round = rounds_seen.setdefault(r, {})
-        plan = first[distinct[i]]
-        compute = []
-        for d in range(plan.num_devices):
-            shards = plan.device_shards(d)
-            device = _device_key(shards)
-            if device in this_round:
-                count.reused += 1
-            else:
-                this_round[device] = backend.compute_cost(task, shards)
-                count.measured += 1
-            compute.append(this_round[device])
-        measured[distinct[i]].append(backend.plan_cost_from(task, plan, compute))
-    return [sorted(measured[k], key=lambda c: c.cost_ms)[(rounds - 1) // 2] for k in keys]
-
-
 class ProbeCache:
     """The backend's operator costs for the lower bounds' probes: each probe's least reading of `rounds`, and a
     single-shard probe measured once per evaluation.
@@ -100,7 +56,7 @@ class ProbeCache:
     rows and the memory model, not on the task. Tasks of one evaluation draw their tables from one pool,
     so the same probe recurs across tasks; measured once, it is reused (`hits`). Operators of several
     shards (the fused-all probe) are measured each time. Only for bounds: plans are measured afresh in
-    every round (measure_interleaved), never from this cache."""
+    every round (measure_rounds), never from this cache."""
 
     def __init__(self, backend: CostBackend, rounds: int = 1) -> None:
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -114,9 +70,19 @@ class ProbeCache:
     def name(self) -> str:
         return self.backend.name
 
+    @property
+    def batch_size(self) -> int:
+        return self.backend.batch_size
+
+    @property
+    def topology(self) -> Topology:
+        return self.backend.topology
+
     def least(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
-        """The least of `rounds` readings of the operator holding `shards`."""
-        return min((self.backend.compute_cost(task, shards) for _ in range(self.rounds)), key=lambda c: c.total_ms)
+        """The least of `rounds` readings of the operator holding `shards` (on the task's first device)."""
+        probe = Plan(task.num_devices, tuple(replace(s, device=0) for s in shards))
+        return measure_rounds(self.backend, task, [probe], self.rounds,
+                              lambda readings: min((r.compute[0] for r in readings), key=lambda c: c.total_ms))[0]
 
     def compute_cost(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
         if len(shards) != 1:
@@ -131,8 +97,7 @@ class ProbeCache:
         return self.costs[key]
 
 
-def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str,
-                  batch_size: int, topology: Topology, rounds: int = 1,
+def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder], regime: str, rounds: int = 1,
                   column_splits: bool = False, probes: ProbeCache | None = None,
                   row_probe_ratio: float = ROW_PROBE_RATIO,
                   planned: Sequence[PlannedTask] | None = None) -> list[EvalResult]:
@@ -149,9 +114,9 @@ def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder],
         for p in planned:
             validate_plan(task, p.plan)
     plans = [p.plan for p in planned]
-    costs = measure_interleaved(backend, task, plans, rounds)
+    costs = measure_rounds(backend, task, plans, rounds, median_cost)
     # a bound that holds for every evaluated plan: the cuts the sharders may make, and those they made
-    bound = lower_bound(probes if probes is not None else backend, task, regime, batch_size, topology,  # type: ignore[arg-type]
+    bound = lower_bound(probes if probes is not None else backend, task, regime,  # type: ignore[arg-type]
                         column_splits=column_splits or column_splits_in(task, plans),
                         row_splits=row_splits_of(task, plans) or None, row_probe_ratio=row_probe_ratio)
     return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound) for p, c in zip(planned, costs)]
@@ -183,7 +148,7 @@ def estimated_bins_check(backend: CostBackend, tasks: Sequence[Task], sharders: 
             with_bins, without = sharder.shard(task), sharder.shard(blind)
             validate_plan(task, with_bins)
             validate_plan(task, without)
-            a, b = measure_interleaved(backend, task, [with_bins, without], rounds)
+            a, b = measure_rounds(backend, task, [with_bins, without], rounds, median_cost)
             out.append(BinsComparison(task, sharder.name, a, b, with_bins.key() == without.key()))
     return out
 
@@ -225,8 +190,7 @@ def canonical(assignment: Sequence[int]) -> tuple[int, ...]:
     return tuple(labels.setdefault(d, len(labels)) for d in assignment)
 
 
-def exhaustive_optimum(backend: CostBackend, task: Task, batch_size: int, topology: Topology,
-                       regime: str, progress: Callable[[], None] | None = None,
+def exhaustive_optimum(backend: CostBackend, task: Task, regime: str, progress: Callable[[], None] | None = None,
                        bound_rounds: int = 1) -> ExhaustiveResult:
     """Measure every memory-feasible plan of a small task (each device subset measured once); its lower bound
     from probes read `bound_rounds` times, the least reading kept (ProbeCache)."""
@@ -247,11 +211,11 @@ def exhaustive_optimum(backend: CostBackend, task: Task, batch_size: int, topolo
                 if progress:
                     progress()
             compute.append(subset_cost[subset])
-        cost = assemble_plan_cost(backend, plan, compute, batch_size, topology)
+        cost = backend.plan_cost_from(task, plan, compute)
         costs[assignment] = cost.cost_ms
         if best is None or cost.cost_ms < best[0].cost_ms:
             best = (cost, plan)
     if best is None:
         raise InfeasibleTaskError(f"task {task.name!r}: no plan fits in memory")
-    bound = lower_bound(ProbeCache(backend, bound_rounds), task, regime, batch_size, topology)  # type: ignore[arg-type]
+    bound = lower_bound(ProbeCache(backend, bound_rounds), task, regime)  # type: ignore[arg-type]
     return ExhaustiveResult(task, best[0], best[1], costs, bound)

@@ -63,7 +63,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dreamshard.hardware.base import CostBackend, PlanCost
+from dreamshard.hardware.base import CostBackend, PlanCost, Reading, measure_rounds, median_cost
 from dreamshard.plan import Plan, PlanKey, Shard, device_memory_bytes, validate_plan
 from dreamshard.tasks import Task
 
@@ -103,7 +103,7 @@ class ImproveResult:
     best_plan: Plan
     best_cost: PlanCost  # the median of its `rounds` confirming measurements
     seed_costs: tuple[PlanCost, ...]  # per seed plan (as given, duplicates included): median of `rounds`
-    measurements: int  # backend.plan_cost calls made
+    measurements: int  # plan readings taken
     history: tuple[tuple[int, float], ...]  # (measurements so far, best cost ms) after the seeds and each improvement
     start_seed: int  # index in seeds of the seed the search started from (the cheapest)
     best_seed: int  # index in seeds of the seed best_plan descends from (through descents and kicks)
@@ -121,10 +121,6 @@ class ImproveResult:
 
 class _BudgetSpent(Exception):
     pass
-
-
-def _median(costs: Sequence[PlanCost]) -> PlanCost:
-    return sorted(costs, key=lambda c: c.cost_ms)[(len(costs) - 1) // 2]
 
 
 # a neighbour: how to build it from the incumbent's shards: ("move", unit, dest) | ("swap", unit_a, unit_b) |
@@ -335,7 +331,7 @@ class _Search:
         self.rng = random.Random(config.seed)
         self.used = 0
         self.single: dict[PlanKey, PlanCost] = {}  # first measurement of each plan measured
-        self.samples: dict[PlanKey, list[PlanCost]] = {}  # every measurement of each plan
+        self.samples: dict[PlanKey, list[Reading]] = {}  # every reading of each plan
         self.confirmed: dict[PlanKey, PlanCost] = {}  # median of `rounds` measurements
         self.plans: dict[PlanKey, Plan] = {}
         self.best: PlanKey | None = None
@@ -345,14 +341,16 @@ class _Search:
 
     # ------------------------------------------------------------ measuring
 
-    def _measure(self, key: PlanKey) -> PlanCost:
-        if self.used >= self.config.budget:
+    def _measure(self, keys: Sequence[PlanKey], counts: Sequence[int]) -> None:
+        """`counts[i]` more readings of `keys[i]`, taken in turns (measure_rounds); each reading is one of the
+        budget's measurements."""
+        if self.used + sum(counts) > self.config.budget:
             raise _BudgetSpent
-        self.used += 1
-        cost = self.backend.plan_cost(self.task, self.plans[key])
-        self.samples.setdefault(key, []).append(cost)
-        self.single.setdefault(key, cost)
-        return cost
+        self.used += sum(counts)
+        plans = [self.plans[k] for k in keys]
+        for k, readings in zip(keys, measure_rounds(self.backend, self.task, plans, list(counts), list)):
+            self.samples.setdefault(k, []).extend(readings)
+            self.single.setdefault(k, readings[0].cost)
 
     def _register(self, plan: Plan) -> PlanKey:
         key = plan.key()
@@ -372,13 +370,11 @@ class _Search:
             if need[k] <= left:
                 affordable.append(k)
                 left -= max(need[k], 0)
-        for r in range(max((need[k] for k in affordable), default=0)):
-            shift = r % len(affordable)
-            for k in affordable[shift:] + affordable[:shift]:
-                if len(self.samples.get(k, [])) < self.config.rounds:
-                    self._measure(k)
+        short = [k for k in affordable if need[k] > 0]
+        if short:
+            self._measure(short, [need[k] for k in short])
         for k in affordable:
-            self.confirmed[k] = _median(self.samples[k][:self.config.rounds])
+            self.confirmed[k] = median_cost(self.samples[k][:self.config.rounds])
             self._offer(k, origin)
 
     def _offer(self, key: PlanKey, origin: int) -> None:
@@ -396,12 +392,9 @@ class _Search:
         if len(distinct) * self.config.rounds > self.config.budget:
             raise ValueError(f"improve: a budget of {self.config.budget} measurements cannot measure the "
                              f"{len(distinct)} distinct seed plans {self.config.rounds} times each")
-        for r in range(self.config.rounds):
-            shift = r % len(distinct)
-            for k in distinct[shift:] + distinct[:shift]:
-                self._measure(k)
+        self._measure(distinct, [self.config.rounds] * len(distinct))
         for k in distinct:
-            self.confirmed[k] = _median(self.samples[k])
+            self.confirmed[k] = median_cost(self.samples[k])
         for k in sorted(distinct, key=lambda k: self.confirmed[k].cost_ms):  # the cheapest seed first
             self._offer(k, keys.index(k))
         return keys
@@ -434,13 +427,13 @@ class _Search:
         """The first chunk's best confirmed improvement below `threshold` ms, or None if no neighbour has one."""
         size = self.config.max_neighbours
         for start in range(0, len(neighbours), size):
-            chunk = []
-            for nb in neighbours[start:start + size]:
-                key = self._register(hood.build(nb))
-                if key not in self.single:
-                    self._measure(key)
-                chunk.append(key)
-            chunk = list(dict.fromkeys(chunk))
+            chunk = list(dict.fromkeys(self._register(hood.build(nb)) for nb in neighbours[start:start + size]))
+            new = [k for k in chunk if k not in self.single]
+            affordable = new[:max(self.config.budget - self.used, 0)]
+            if affordable:  # one round: the devices neighbours share are read once
+                self._measure(affordable, [1] * len(affordable))
+            if len(affordable) < len(new):
+                raise _BudgetSpent
             done = [k for k in chunk if k in self.confirmed and self.confirmed[k].cost_ms < threshold]
             if done:  # confirmed before (from another incumbent) and better than this one
                 return min(done, key=lambda k: self.confirmed[k].cost_ms)
@@ -470,7 +463,7 @@ class _Search:
             if key in self.confirmed:
                 continue
             if key not in self.single:
-                self._measure(key)
+                self._measure([key], [1])
             self.confirm([key], self.best_origin)
             if key in self.confirmed:
                 return key

@@ -14,10 +14,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from dreamshard.evaluation.bounds import BOUND_USED
-from dreamshard.evaluation.evaluate import BinsComparison, EvalResult, exhaustive_optimum, measure_interleaved, plan_with
+from dreamshard.evaluation.evaluate import BinsComparison, EvalResult, exhaustive_optimum, plan_with
 from dreamshard.evaluation.improve import ImproveConfig, improve
-from dreamshard.hardware.base import CostBackend
-from dreamshard.hardware.comm import Topology
+from dreamshard.hardware.base import CostBackend, measure_rounds, median_cost
 from dreamshard.memory import GB
 from dreamshard.plan import Plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, Sharder
@@ -237,14 +236,14 @@ def generalisation(sharders: Sequence[Sharder], tasks: Sequence[Task]) -> dict[s
 
 
 def exhaustive_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequence[Sharder], num_tasks: int,
-                     n_tables: int, n_devices: int, batch_size: int, topology: Topology, regime: str,
+                     n_tables: int, n_devices: int, regime: str,
                      top_plans: int = 8, rounds: int = 3) -> dict[str, Any]:
     """Measure every plan of small tasks (the first `n_tables` tables of the first `num_tasks` tasks on
     `n_devices` devices): does the bound hold, how far is the best sharder from the optimum?
 
     Every plan is measured once; the minimum of many single noisy measurements is biased low (the
     winner's curse), so the `top_plans` cheapest plans and every sharder's plan are then measured again
-    in `rounds` interleaved rounds (measure_interleaved) and compared by their medians: `optimum_ms` is
+    in `rounds` interleaved rounds (measure_rounds) and compared by their medians: `optimum_ms` is
     the best re-measured whole-table plan, `optimum_single_ms` the minimum of the single measurements. The
     bound's probes are read `rounds` times each, the least reading kept (ProbeCache)."""
     if num_tasks == 0:
@@ -256,10 +255,10 @@ def exhaustive_check(backend: CostBackend, tasks: Sequence[Task], sharders: Sequ
              for i, t in enumerate(tasks[:num_tasks])]
     per_task = []
     for task in tqdm(small, desc="exhaustive", unit="task"):
-        res = exhaustive_optimum(backend, task, batch_size, topology, regime, bound_rounds=rounds)
+        res = exhaustive_optimum(backend, task, regime, bound_rounds=rounds)
         top = [Plan.from_assignment(task, list(a)) for a in sorted(res.costs, key=lambda a: res.costs[a])[:top_plans]]
         planned = [p.plan for p in plan_with(sharders, task)]
-        remeasured = measure_interleaved(backend, task, top + planned, rounds)
+        remeasured = measure_rounds(backend, task, top + planned, rounds, median_cost)
         optimum = min(c.cost_ms for c in remeasured[:len(top)])
         best_algo_cost = min(c.cost_ms for c in remeasured[len(top):])
         per_task.append({

@@ -81,6 +81,14 @@ class AnalyticBackend:
     def __init__(self, config: AnalyticConfig) -> None:
         self.config = config
 
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def topology(self) -> Topology:
+        return self.config.topology
+
     def device_name(self) -> str:
         return f"analytic model ({self.config.regime} regime)"
 
@@ -113,7 +121,7 @@ class AnalyticBackend:
 
     def communication_cost(self, fwd_ms, dim_sums):
         """The all-to-all model (dreamshard.hardware.comm): not measured by this backend."""
-        return communication_ms(fwd_ms, dim_sums, self.config.batch_size, self.config.topology)
+        return communication_ms(fwd_ms, dim_sums, self.batch_size, self.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """Each device's compute is the reference device's (compute_cost) / its speed; hosts as the task names them."""
@@ -122,7 +130,7 @@ class AnalyticBackend:
 
     def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
         scaled_compute = [scaled(c, task.devices[d].speed) for d, c in enumerate(compute)]
-        return assemble_plan_cost(self, plan, scaled_compute, self.config.batch_size, self.config.topology,
+        return assemble_plan_cost(self, plan, scaled_compute, self.batch_size, self.topology,
                                   hosts=task.host_ids())
 
 

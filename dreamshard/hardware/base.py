@@ -5,14 +5,19 @@ fwd + bwd (the fused operator's compute) + fwd_comm + bwd_comm (the all-to-all),
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
+
+if TYPE_CHECKING:
+    from dreamshard.hardware.comm import Topology
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,20 @@ class PlanCost:
 
 
 class CostBackend(Protocol):
+    """What a plan costs. Besides the plan, a cost depends on the task's devices (`Task.devices`: memory, speeds,
+    hosts) and on what the backend holds: the batch every operator runs at and the topology the all-to-all
+    crosses. Nothing takes those two beside a backend: they are read from it."""
+
     name: str
     measured: bool
+
+    @property
+    def batch_size(self) -> int:
+        """The global batch every operator runs at."""
+
+    @property
+    def topology(self) -> Topology:
+        """The links the all-to-all crosses."""
 
     def device_name(self) -> str:
         """The physical device (CPU model or GPU name) costs come from."""
@@ -87,3 +104,85 @@ def turns(count: int, rounds: int) -> list[tuple[int, int]]:
         shift = r % count if count else 0
         order += [(r, i) for i in [*range(shift, count), *range(shift)]]
     return order
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One measurement of a plan: each device's operator on the reference device, and the plan cost they make
+    (backend.plan_cost_from)."""
+
+    compute: tuple[ComputeCost, ...]
+    cost: PlanCost
+
+
+def median_cost(readings: Sequence[Reading]) -> PlanCost:
+    """The median reading's plan cost (the lower of the two middle ones for an even count)."""
+    return sorted((r.cost for r in readings), key=lambda c: c.cost_ms)[(len(readings) - 1) // 2]
+
+
+def least_cost(readings: Sequence[Reading]) -> PlanCost:
+    """The least reading's plan cost: a lower bound's probe wants the least a reading ever showed."""
+    return min((r.cost for r in readings), key=lambda c: c.cost_ms)
+
+
+@dataclass
+class MeasureCount:
+    """How many device operators measure_rounds measured, and how many it took from the round's other plans."""
+
+    measured: int = 0
+    reused: int = 0
+
+
+def _device_key(shards: Sequence[Shard]) -> tuple:
+    return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1) for s in shards))
+
+
+def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Sequence[Plan],
+                   rounds: int | Sequence[int], reduce: Callable[[list[Reading]], R],
+                   count: MeasureCount | None = None, on_plan: Callable[[], None] | None = None) -> list[R]:
+    """Measure `plans` in turns, `rounds` times each, and reduce each plan's readings (median_cost, least_cost,
+    or `list` to keep them all): the one measuring loop of evaluate, collect, single devices, the measured
+    search and the bounds' probes.
+
+    `tasks`: the plans' task, or one task per plan. `rounds`: one count for all, or one per plan (a plan with
+    fewer sits out the later rounds). Turns (plan A, B, C, then B, C, A, ...) let a slow spell of the machine hit
+    all plans alike. A plan given twice for one task is measured once. Within a round, a device shard set that
+    several plans of one task hold is measured once and its compute used for each of them: the same fused
+    operator, so the plans compare on the same reading of it; `count` tallies both. `on_plan` is called once per
+    plan given, when its last reading is taken."""
+    task_of = [tasks] * len(plans) if isinstance(tasks, Task) else list(tasks)
+    if len(task_of) != len(plans):
+        raise ValueError(f"measure_rounds: {len(task_of)} tasks for {len(plans)} plans")
+    need = [rounds] * len(plans) if isinstance(rounds, int) else list(rounds)
+    if len(need) != len(plans) or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in need):
+        raise ValueError(f"rounds: expected an integer >= 1, or one per plan, got {rounds!r}")
+    keys = [(id(t), p.key()) for t, p in zip(task_of, plans)]
+    distinct = list(dict.fromkeys(keys))
+    first = {k: keys.index(k) for k in distinct}
+    wanted = {k: max(need[i] for i in range(len(plans)) if keys[i] == k) for k in distinct}
+    readings: dict[tuple, list[Reading]] = {k: [] for k in distinct}
+    count = count if count is not None else MeasureCount()
+    operators: dict[int, dict[tuple, ComputeCost]] = {}  # per round: its device operators, measured once
+    for r, j in turns(len(distinct), max(wanted.values(), default=1)):
+        key = distinct[j]
+        if r >= wanted[key]:
+            continue
+        task, plan = task_of[first[key]], plans[first[key]]
+        this_round = operators.setdefault(r, {})
+        compute = []
+        for d in range(plan.num_devices):
+            shards = plan.device_shards(d)
+            device = (id(task), _device_key(shards))
+            if not shards:  # no operator to run
+                this_round.setdefault(device, ComputeCost(0.0, 0.0))
+            elif device in this_round:
+                count.reused += 1
+            else:
+                this_round[device] = backend.compute_cost(task, shards)
+                count.measured += 1
+            compute.append(this_round[device])
+        readings[key].append(Reading(tuple(compute), backend.plan_cost_from(task, plan, compute)))
+        if on_plan is not None and len(readings[key]) == wanted[key]:
+            for _ in range(keys.count(key)):
+                on_plan()
+    return [reduce(readings[k][:n]) for k, n in zip(keys, need)]

@@ -146,6 +146,14 @@ class FbgemmBackend:
         self.config = config
         self._init_block: Any = None  # INIT_BLOCK seeded values (fill_read_rows), drawn on the first build
 
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def topology(self) -> Topology:
+        return self.config.topology
+
     # ---------------------------------------------------------------- metadata
 
     def device_name(self) -> str:
@@ -174,7 +182,7 @@ class FbgemmBackend:
 
     def communication_cost(self, fwd_ms, dim_sums):
         """The all-to-all model (dreamshard.hardware.comm): not measured by this backend."""
-        return communication_ms(fwd_ms, dim_sums, self.config.batch_size, self.config.topology)
+        return communication_ms(fwd_ms, dim_sums, self.batch_size, self.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         self._check_devices(task, plan)
@@ -183,7 +191,7 @@ class FbgemmBackend:
 
     def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
         self._check_devices(task, plan)
-        return assemble_plan_cost(self, plan, compute, self.config.batch_size, self.config.topology,
+        return assemble_plan_cost(self, plan, compute, self.batch_size, self.topology,
                                   hosts=task.host_ids())
 
     def _check_devices(self, task: Task, plan: Plan) -> None:

@@ -22,12 +22,12 @@ import pandas as pd
 import pyarrow as pa
 
 from dreamshard.errors import DataFormatError
-from dreamshard.hardware.base import ComputeCost, CostBackend, turns
+from dreamshard.hardware.base import CostBackend, measure_rounds
 from dreamshard.io import write_parquet
 from dreamshard.learning.cost_model import CostData
 from dreamshard.learning.features import NUM_FEATURES, shard_features
 from dreamshard.memory import GB
-from dreamshard.plan import Shard
+from dreamshard.plan import Plan, Shard
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -74,15 +74,13 @@ def measure_samples(backend: CostBackend, samples: Sequence[DeviceSample], templ
     """One row per sample: its tables, their dims, the measured fused operator's costs, the backend and
     device that measured it and `extra` (e.g. batch size, seed); writes nothing.
 
-    Each sample is measured `rounds` times, in turns (samples A, B, C, then B, C, A, ...) so that a slow
-    spell of the machine hits them alike; fwd_ms and bwd_ms are the medians of the rounds, and the rows keep
+    Each sample is measured `rounds` times in turns (measure_rounds), so that a slow spell of the machine hits
+    them alike; fwd_ms and bwd_ms are the medians of the rounds, and the rows keep
     every round (fwd_ms_rounds, bwd_ms_rounds)."""
-    measured: list[list[ComputeCost]] = [[] for _ in samples]
-    for r, i in turns(len(samples), rounds):
-        s = samples[i]
-        measured[i].append(backend.compute_cost(sample_task(s, template), [Shard(t.name, 0, 0, t.dim) for t in s.tables]))
-        if on_sample and r == rounds - 1:
-            on_sample()
+    tasks = [sample_task(s, template) for s in samples]
+    plans = [Plan(1, tuple(Shard(t.name, 0, 0, t.dim) for t in s.tables)) for s in samples]
+    readings = measure_rounds(backend, tasks, plans, rounds, list, on_plan=on_sample)
+    measured = [[r.compute[0] for r in rs] for rs in readings]
     rows = []
     for s, costs in zip(samples, measured, strict=True):
         fwd, bwd = [c.fwd_ms for c in costs], [c.bwd_ms for c in costs]
