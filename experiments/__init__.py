@@ -1,1 +1,2 @@
-"""A/Bs and studies: one-off comparisons of models, decoders and measurements (docs/benchmarks.md)."""
+"""A/Bs and studies: model_ab compares models and decodings by their plans, cost_net studies the cost network
+(docs/benchmarks.md)."""

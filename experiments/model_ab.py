@@ -1,8 +1,12 @@
-"""Do two groups of trained DreamShard models plan differently well? An A/B measured in one interleaved pass.
+"""Do two groups of trained DreamShard models, or two decodings of one model, plan differently well? An A/B
+measured in one interleaved pass, or a decoding's A/B read off an evaluation's journal.
 
     python -m experiments.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
+        [--a-decoding JSON] [--b-decoding JSON] \
         [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json] \
         [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train] [--only dlrm-80-4,...] [--tasks-per-family N]
+    python -m experiments.model_ab --rows ab.jsonl [--rivals ...] [--root .] [--out ab.json]
+    python -m experiments.model_ab --journal [--root RUN] [--sharder dreamshard] [--b-decoding JSON] [--out F]
 
 Two pipeline runs measured an hour apart differ by machine state as much as by code (the fusion ratio of
 one 2-core AMD EPYC read 1.03-1.54 in one run, 0.74-1.17 in the next), so comparing their metrics/eval.json
@@ -13,7 +17,9 @@ one setting, e.g. policy seeds) and with the `rivals` heuristics, measures all t
 family the groups' mean cost over the best rival, each model's, and the paired ratio group A / group B
 (per task: the mean over A's models over the mean over B's) with a 95% bootstrap interval over tasks.
 Each task's row is written to `--out` as measured (JSON lines beside the summary), labelled with the
-backend's device.
+backend's device. Each group's models decode with the options of its `--a-decoding` / `--b-decoding`
+(evaluate.decoding's options of a sharder, e.g. '{"rivals": ["size_greedy", "lookup_greedy"]}'; default
+none): the same checkpoints in both groups measure what a decoding does.
 
 `--families` adds test-only families (name:tables:devices:memory_gb:tasks) drawn from the project's test
 pool as the tasks stage draws a family (`stages.tasks.family_tasks`: its seed, dims and memory model), e.g.
@@ -21,6 +27,17 @@ more tables per device than any family of the profile; `--splits test` leaves th
 `--only` and `--tasks-per-family` measure part of the stage's tasks (a few families, the first N tasks of
 each), e.g. the paper profile's, whose whole set takes hours. The summary also gives each group over each
 rival (paired per task, with its interval): e.g. DreamShard over TorchRec's planner with `--rivals ...,torchrec`.
+
+`--journal` measures nothing: with `rivals` decoding a policy sharder keeps whichever of its own plan and the
+greedy heuristics' plans its cost network rates cheapest, and each of those plans was planned and measured by
+the evaluation (the heuristics are sharders of evaluate.sharders), so the variant's measured cost on a task is
+the measured cost of the plan it picks, read from the journal: the same measurement the other sharders are
+compared on. For every journaled task of the run in ROOT (params.yaml, its models, its evaluate journal), this
+plans the task with `--sharder` decoding with `--b-decoding` (default: rivals, every greedy heuristic), finds
+its plan among the evaluated ones, and reports per family the paired ratio to the best heuristic (95%
+bootstrap interval, win rate) of the sharder as evaluated and of the variant, and how often the variant kept
+the sharder's own plan. A decoding whose plans the evaluation never measured (e.g. `samples`) needs the
+measured A/B.
 """
 from __future__ import annotations
 
@@ -29,9 +46,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from dreamshard.sharders.heuristics import GREEDY_KEYS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], rivals: list[str],
@@ -145,12 +167,138 @@ def summarise_rows(path: Path, rivals: list[str], seed: int) -> dict[str, Any]:
             "families": group_rows(rows, a, b, rivals, seed)}
 
 
+def parse_decoding(text: str, flag: str) -> dict[str, Any]:
+    """A group's decoding options from JSON (an object: evaluate.decoding's options of one sharder)."""
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag}: not JSON ({exc})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"{flag}: expected a JSON object of decoding options, e.g. "
+                         '\'{"rivals": ["size_greedy", "lookup_greedy"]}\', got ' + text)
+    return options
+
+
+def sharder_of(params: dict[str, Any], name: str, decoding: dict[str, Any], checkpoint: Path | None = None) -> Any:
+    """Sharder `name` as the evaluate stage makes it from `params` (its settings, its trained model or, for
+    DreamShard, `checkpoint`), decoding with `decoding` as evaluate.decoding would give it."""
+    from stages.common import section
+    from stages.evaluate import make_sharders
+
+    paths = params["paths"] if checkpoint is None else {**params["paths"], "dreamshard_model": str(checkpoint)}
+    one = {**params, "paths": paths,
+           "evaluate": {**params["evaluate"], "sharders": [name], "decoding": {name: decoding} if decoding else {}}}
+    return make_sharders(one, int(section(params, "backend.batch_size")))[0]
+
+
+def variant_name(sharder: str, decoding: dict[str, Any]) -> str:
+    """The journal A/B's label of `sharder` decoding with `decoding`, e.g. dreamshard+rivals."""
+    return "+".join([sharder, *sorted(decoding)])
+
+
+def counterfactual(params: dict[str, Any], sharder: str,
+                   decoding: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The journaled rows plus one row per task for `sharder` decoding with `decoding` (the evaluated row of the
+    plan it picks, renamed), and counts: tasks, kept (the sharder's own plan), picked per heuristic, missing (its
+    plan not evaluated). A DreamShardError names the sharders the run did not evaluate."""
+    import pandas as pd
+
+    from dreamshard.errors import DreamShardError
+    from dreamshard.plan import Plan
+    from tools.paper_cpu import evaluation_of
+
+    _backend, sharders, journal, splits = evaluation_of(params)
+    rivals = list(decoding.get("rivals") or [])
+    missing = sorted({sharder, *rivals} - {s.name for s in sharders})
+    if missing:
+        raise DreamShardError(f"params.yaml: evaluate.sharders: the variant needs {sharder} and the rivals "
+                              f"{', '.join(rivals)} evaluated; missing: {', '.join(missing)}")
+    variant = sharder_of(params, sharder, decoding)
+    name = variant_name(sharder, decoding)
+    rows: list[dict[str, Any]] = []
+    counts = {"tasks": 0, "kept": 0, "missing": 0, **{r: 0 for r in rivals}}
+    for split, task in splits:
+        if not journal.has(split, task):
+            continue
+        mine = journal.read(split, task)
+        rows += mine
+        keys = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(r["shards"])}).key()
+                for r in mine]
+        key = variant.shard(task).key()
+        counts["tasks"] += 1
+        if key not in keys:
+            counts["missing"] += 1
+            continue
+        picked = mine[keys.index(key)]
+        own = next(k for k, r in zip(keys, mine) if r["algorithm"] == sharder)
+        if own == key:
+            counts["kept"] += 1
+        else:
+            counts[picked["algorithm"]] = counts.get(picked["algorithm"], 0) + 1
+        rows.append({**picked, "algorithm": name, "planning_ms": float("nan")})
+    return pd.DataFrame(rows), counts
+
+
+def decoding_summary(frame: pd.DataFrame, sharder: str, variant: str, seed: int) -> dict[str, Any]:
+    """Per split and family, the sharder's and the variant's paired ratio to the best heuristic."""
+    from dreamshard.evaluation.summary import family_summary
+
+    out: dict[str, Any] = {}
+    for split in ("test", "train"):
+        part = frame[frame["split"] == split]
+        if part.empty:
+            continue
+        fams = family_summary(part, seed=seed)
+        out[split] = {f: {a: algos[a].get("vs_best_heuristic") for a in (sharder, variant) if a in algos}
+                      for f, algos in fams.items()}
+    return out
+
+
+def decoding_markdown(result: dict[str, Any], sharder: str, variant: str) -> str:
+    """The journal A/B's table: per split and family, each one's ratio to the best heuristic and win rate."""
+    lines = [f"| split | family | {sharder} vs best heuristic | {variant} vs best heuristic | tasks |",
+             "|---|---|---:|---:|---:|"]
+
+    def cell(c: dict | None) -> str:
+        return f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}], wins {100 * c['win_rate']:.0f}%" if c else "–"
+
+    for split, fams in result["families"].items():
+        for family, v in fams.items():
+            tasks = (v.get(sharder) or {}).get("tasks", "–")
+            lines.append(f"| {split} | {family} | {cell(v.get(sharder))} | {cell(v.get(variant))} | {tasks} |")
+    return "\n".join(lines) + "\n"
+
+
+def journal_ab(params: dict[str, Any], sharder: str, decoding: dict[str, Any], out: Path | None) -> int:
+    """The journal A/B of `sharder` as evaluated against it decoding with `decoding`: printed, and written to
+    `out` (JSON) if given."""
+    from stages.common import section
+
+    frame, counts = counterfactual(params, sharder, decoding)
+    variant = variant_name(sharder, decoding)
+    rivals = list(decoding.get("rivals") or [])
+    result = {"sharder": sharder, "decoding": decoding, "rivals": rivals, "counts": counts,
+              "families": decoding_summary(frame, sharder, variant, int(section(params, "evaluate.seed")))}
+    picked = ", ".join(f"{r} {counts.get(r, 0)}" for r in rivals)
+    print(f"{counts['tasks']} journaled tasks: {variant} kept {sharder}'s plan on {counts['kept']}, "
+          f"picked {picked or 'none other'}; {counts['missing']} plans not among the evaluated\n")
+    print(decoding_markdown(result, sharder, variant))
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.model_ab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.model_ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", default="", help="comma-separated DreamShard checkpoints of group A")
     ap.add_argument("--b", default="", help="comma-separated DreamShard checkpoints of group B")
+    ap.add_argument("--a-decoding", default=None, help="group A's decoding options, a JSON object (default: none)")
+    ap.add_argument("--b-decoding", default=None,
+                    help="group B's decoding options, a JSON object (default: none; with --journal: "
+                         '{"rivals": [every greedy heuristic]})')
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params and tasks are used")
-    ap.add_argument("--rivals", default="lookup_greedy,size_lookup_greedy")
+    ap.add_argument("--rivals", default=None, help="the heuristics measured beside the groups, comma-separated "
+                                                   "(default: lookup_greedy,size_lookup_greedy)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write the rows (JSON lines) and the summary (JSON) here")
     ap.add_argument("--families", default="", help="extra test-only families, name:tables:devices:memory_gb:tasks,...")
@@ -162,13 +310,31 @@ def main(argv: list[str] | None = None) -> int:
                          "--rivals, --root for evaluate.seed, --out)")
     ap.add_argument("--tasks-per-family", type=int, default=None,
                     help="of the evaluate stage's tasks, the first N of each family and split (default: all)")
+    ap.add_argument("--journal", action="store_true",
+                    help="measure nothing: --sharder as evaluated (A) against it with --b-decoding (B), each plan's "
+                         "cost read off ROOT's evaluate journal (with --root, --sharder, --b-decoding, --out)")
+    ap.add_argument("--sharder", default=None, help="--journal: the evaluated sharder whose decoding is compared "
+                                                    "(default: dreamshard)")
     args = ap.parse_args(argv)
-    rivals = [r for r in args.rivals.split(",") if r]
+    rivals = [r for r in (args.rivals or "lookup_greedy,size_lookup_greedy").split(",") if r]
+    measuring = [f"--{k.replace('_', '-')}" for k in ("a", "b", "a_decoding", "families", "only", "tasks_per_family")
+                 if getattr(args, k)]
+    if args.journal:
+        given = measuring + [f"--{k}" for k in ("rivals", "rows") if getattr(args, k) is not None]
+        if given:
+            ap.error(f"--journal reads the run's evaluation; {', '.join(given)} only apply to a measured A/B")
+    elif args.sharder is not None:
+        ap.error("--sharder: only with --journal (a measured A/B plans with DreamShard checkpoints)")
+    try:
+        a_decoding = parse_decoding(args.a_decoding or "{}", "--a-decoding")
+        b_decoding = (parse_decoding(args.b_decoding, "--b-decoding") if args.b_decoding is not None
+                      else {"rivals": list(GREEDY_KEYS)} if args.journal else {})
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.rows is not None:
         from stages.common import load_params, section
 
-        measuring = [f"--{k.replace('_', '-')}" for k in ("a", "b", "families", "only", "tasks_per_family")
-                     if getattr(args, k)]
+        measuring += ["--b-decoding"] if args.b_decoding is not None else []
         if measuring:
             ap.error(f"--rows summarises measured rows; {', '.join(measuring)} only apply to a measuring pass")
         try:
@@ -187,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     a, b = [Path(p).resolve() for p in args.a.split(",") if p], [Path(p).resolve() for p in args.b.split(",") if p]
-    if not a or not b or not rivals or args.rounds < 1:
+    if not args.journal and (not a or not b or not rivals or args.rounds < 1):
         ap.error("--a, --b and --rivals need at least one entry each, --rounds at least 1")
     if args.tasks_per_family is not None and args.tasks_per_family < 1:
         ap.error(f"--tasks-per-family: expected an integer >= 1, got {args.tasks_per_family}")
@@ -203,21 +369,23 @@ def main(argv: list[str] | None = None) -> int:
     from dreamshard.sharders import make_sharder
     from stages.backend import make_stage_backend
     from stages.common import load_params, section
-    from stages.evaluate import evaluated_tasks, make_sharders
+    from stages.evaluate import evaluated_tasks
 
+    if args.journal:
+        try:
+            return journal_ab(load_params("params.yaml"), args.sharder or "dreamshard", b_decoding, out)
+        except DreamShardError as exc:
+            print(f"model_ab: error: {exc}", file=sys.stderr)
+            return 1
     try:
         params = load_params("params.yaml")
         backend = make_stage_backend(params)
         _, stage_splits = evaluated_tasks(params)
         splits = select_tasks(stage_splits, splits_wanted, only, args.tasks_per_family)
         splits += [("test", t) for t in extra_tasks(params, families)]
-        batch_size = int(section(params, "backend.batch_size"))
         names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]
-        sharders = {}
-        for name, path in zip(names, a + b):  # as the evaluate stage makes it, from this checkpoint
-            one = {**params, "paths": {**params["paths"], "dreamshard_model": str(path)},
-                   "evaluate": {**params["evaluate"], "sharders": ["dreamshard"], "decoding": {}}}
-            sharders[name] = make_sharders(one, batch_size)[0]
+        sharders = {name: sharder_of(params, "dreamshard", a_decoding if name[0] == "A" else b_decoding, path)
+                    for name, path in zip(names, a + b)}  # as the evaluate stage makes it, from this checkpoint
         sharders.update({r: make_sharder(r) for r in rivals})
     except (DreamShardError, ValueError, OSError) as exc:
         print(f"model_ab: error: {exc}", file=sys.stderr)
@@ -240,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.close()
     summary = {"device": backend.device_name(), "measured": backend.measured, "rounds": args.rounds,
                "a": [str(p) for p in a], "b": [str(p) for p in b], "rivals": rivals,
+               **{f"{g}_decoding": d for g, d in (("a", a_decoding), ("b", b_decoding)) if d},
                "families": group_rows(rows, names[:len(a)], names[len(a):], rivals,
                                       int(section(params, "evaluate.seed")))}
     report(summary, out)

@@ -10,7 +10,7 @@ and saved in the checkpoint with the network. A seeded `holdout_fraction` of the
 collected plans is kept out of the fit to measure accuracy (metrics/cost_model.json),
 beside the floor under that accuracy within one spell of the machine: how far one
 measurement of those plans lies from the median of their rounds (`held_out_measurement_noise`,
-from collect.rounds; measured again minutes later they move further: experiments/remeasure.py). With
+from collect.rounds; measured again minutes later they move further: experiments/cost_net.py remeasure). With
 `learn_from_held_out` the checkpoint is then refitted on all plans, else it is the network
 fitted without them (and the policies' stages too learn from the fitted share only: the held-out
 plans then serve the report alone, outside the plan budget the models learn from).

@@ -1,9 +1,20 @@
-"""experiments.model_ab's summary: per family, each group's cost over the best rival and the paired A / B."""
+"""experiments.model_ab: per family, each group's cost over the best rival and the paired A / B; a decoding's A/B
+read off an evaluation's journal, where the variant's cost on a task is the measured cost of the plan it picks."""
 from __future__ import annotations
 
-import pytest
+import importlib
+import json
+import os
 
+import pytest
+import yaml
+
+from dreamshard.errors import DreamShardError
+from dreamshard.plan import Plan
+from dreamshard.sharders.heuristics import GREEDY_KEYS
+from experiments import model_ab
 from experiments.model_ab import group_rows, select_tasks
+from helpers import tiny_params
 
 
 def row(split, family, a, b, best=2.0, other=4.0):
@@ -65,9 +76,58 @@ def test_a_rows_file_of_an_earlier_pass_gives_the_same_summary_and_names_what_it
         summarise_rows(tmp_path / "empty.jsonl", ["R0"], seed=0)
 
 
-def test_summarising_rows_refuses_the_options_of_a_measuring_pass(capsys):
+def test_summarising_rows_or_reading_the_journal_refuses_the_options_of_a_measuring_pass(capsys):
     from experiments.model_ab import main
 
     with pytest.raises(SystemExit):
         main(["--rows", "ab.jsonl", "--only", "f1", "--tasks-per-family", "3"])
     assert "--only, --tasks-per-family only apply to a measuring pass" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--journal", "--a", "A0.pt", "--a-decoding", "{}", "--rivals", "size_greedy"])
+    assert "--journal reads the run's evaluation; --a, --a-decoding, --rivals only apply" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--a", "A0.pt", "--b", "B0.pt", "--sharder", "autoshard"])
+    assert "--sharder: only with --journal" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--a", "A0.pt", "--b", "A0.pt", "--b-decoding", '["rivals"]'])
+    assert "--b-decoding: expected a JSON object of decoding options" in capsys.readouterr().err
+
+
+def plan_key(shards_json: str) -> tuple:
+    """Plan.key() of a journal row's `shards` (JSON)."""
+    shards = json.loads(shards_json)
+    return Plan.from_dict({"num_devices": 1 + max(s["device"] for s in shards), "shards": shards}).key()
+
+
+def test_the_journal_variant_takes_the_measured_row_of_the_plan_it_picks(tmp_path, monkeypatch, capsys):
+    from dreamshard.allocator import HUGE_PAGES_ENV
+
+    monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))  # the command sets it from params
+    monkeypatch.chdir(tmp_path)
+    params = tiny_params()
+    params["evaluate"].update(sharders=[*GREEDY_KEYS, "dreamshard"], estimated_bins={"tasks_per_family": 0, "rounds": 1},
+                              train_tasks_per_family=1)
+    params["orchestration"] = {"evaluate": {"planning_workers": 1, "planning_chunk": 4}}
+    for stage in ("download", "process", "tasks", "collect", "collect_devices", "train_cost", "train_policy", "evaluate"):
+        importlib.import_module(f"stages.{stage}").run(params)
+    frame, counts = model_ab.counterfactual(params, "dreamshard", {"rivals": list(GREEDY_KEYS)})
+    variant = frame[frame["algorithm"] == "dreamshard+rivals"]
+    assert counts["tasks"] == len(set(zip(frame["split"], frame["task"]))) == len(variant) + counts["missing"]
+    assert counts["missing"] == 0 and counts["kept"] + sum(counts[r] for r in GREEDY_KEYS) == counts["tasks"]
+    for _, row in variant.iterrows():  # the same plan, the same measurement as one evaluated row of its task
+        same = frame[(frame["task"] == row["task"]) & (frame["split"] == row["split"])
+                     & (frame["algorithm"] != row["algorithm"])]
+        matches = same[same["shards"].map(plan_key) == plan_key(row["shards"])]
+        assert not matches.empty and (matches["cost_ms"] == row["cost_ms"]).all()
+    result = model_ab.decoding_summary(frame, "dreamshard", "dreamshard+rivals", seed=0)
+    assert set(result) == {"test", "train"}
+    assert all("dreamshard+rivals" in v for fams in result.values() for v in fams.values())
+    with pytest.raises(DreamShardError, match="missing: autoshard"):
+        model_ab.counterfactual(params, "autoshard", {"rivals": ["size_greedy"]})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))  # the command reads the run's params
+    out = tmp_path / "decoding.json"
+    assert model_ab.main(["--journal", "--root", str(tmp_path), "--out", str(out)]) == 0  # rivals: every greedy one
+    written = json.loads(out.read_text())
+    assert written["counts"] == counts and written["rivals"] == list(GREEDY_KEYS)
+    assert "| split | family | dreamshard vs best heuristic | dreamshard+rivals vs best heuristic |" in \
+        capsys.readouterr().out

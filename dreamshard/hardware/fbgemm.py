@@ -370,7 +370,7 @@ class FbgemmBackend:
         with torch.no_grad():
             # seeded uniform values in the rows the lookups read, the others left as FBGEMM wrote them: the
             # kernels never read those, and their work does not depend on the values; filling every weight was
-            # a pass over all of them, most of a build (experiments/init_ab.py compares the ways)
+            # a pass over all of them, most of a build (results/make-run-time/README.md compares the ways)
             for t, w in enumerate(op.split_embedding_weights()):
                 read = np.unique(indices_np[offsets_np[t * batch]:offsets_np[(t + 1) * batch]])
                 fill_read_rows(w, torch.from_numpy(read).to(device), self._init_block)
