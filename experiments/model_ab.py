@@ -13,7 +13,7 @@ one 2-core AMD EPYC read 1.03-1.54 in one run, 0.74-1.17 in the next), so compar
 cannot say what a training change did. This plans each of the evaluate stage's tasks (its test tasks and
 training tasks, `stages.evaluate.evaluated_tasks`) with every model of both groups (each group: models of
 one setting, e.g. policy seeds) and with the `rivals` heuristics, measures all those plans of a task in
-`rounds` interleaved rounds on the project's backend (`measure_interleaved`: medians), and reports per
+`rounds` interleaved rounds on the project's backend (`measure_rounds`: medians), and reports per
 family the groups' mean cost over the best rival, each model's, and the paired ratio group A / group B
 (per task: the mean over A's models over the mean over B's) with a 95% bootstrap interval over tasks.
 Each task's row is written to `--out` as measured (JSON lines beside the summary), labelled with the
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     huge_pages_from_params(str(root / "params.yaml"))  # before torch is imported
     os.chdir(root)
     from dreamshard.errors import DreamShardError
-    from dreamshard.evaluation.evaluate import measure_interleaved
+    from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.sharders import make_sharder
     from stages.backend import make_stage_backend
     from stages.common import load_params, section
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = out.with_suffix(".jsonl").open("w") if out else None
     for split, task in splits:
         keys = list(sharders)
-        costs = measure_interleaved(backend, task, [sharders[k].shard(task) for k in keys], args.rounds)
+        costs = measure_rounds(backend, task, [sharders[k].shard(task) for k in keys], args.rounds, median_cost)
         cost = {k: c.cost_ms for k, c in zip(keys, costs)}
         row = {"split": split, "task": task.name, "family": task.family, "device": backend.device_name(),
                "cost_ms": cost, "best_rival_ms": min(cost[r] for r in rivals)}
