@@ -33,7 +33,6 @@ from dreamshard.data.dlrm import SyntheticConfig, generate_lookups, sample_table
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.io import write_text
 from dreamshard.memory import GB
-from dreamshard.plan import Plan
 from dreamshard.replan import replan
 from dreamshard.sharders import load_model, make_sharder
 from dreamshard.tables import BIN_COLUMNS, access_count_bins
@@ -87,16 +86,13 @@ def git(*args: str) -> str | None:
 
 
 def run(pairs: list[tuple[Task, Task]], sharder: Any, backend: AnalyticBackend) -> dict[str, Any]:
-    def cost(task: Task, plan: Plan) -> float:
-        return backend.plan_cost(task, plan).cost_ms
-
     per_x: dict[float, list[dict[str, Any]]] = {f: [] for f in FRACTIONS}
     for task, changed in pairs:
         previous = sharder.shard(task)
         total = sum(changed.table_bytes(i) for i in range(len(changed.tables)))
         for f in FRACTIONS:
             start = time.perf_counter()
-            r = replan(changed, previous, sharder, f * total, cost)
+            r = replan(changed, previous, sharder, f * total, backend)
             per_x[f].append({"task": task.name, "cost_ms": r.cost_ms, "full_cost_ms": r.full_cost_ms,
                              "kept_cost_ms": r.kept_cost_ms, "moved_gb": r.moved_bytes / GB,
                              "full_moved_gb": r.full_moved_bytes / GB, "total_gb": total / GB,

@@ -56,10 +56,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dreamshard.errors import DataFormatError, DreamShardError, InfeasibleTaskError, InvalidPlanError
+from dreamshard.hardware.base import CostEstimator
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, Shard, check_shard_block, validate_plan
 from dreamshard.sharders import SHARDERS, Sharder
@@ -67,7 +68,6 @@ from dreamshard.sharders.pieces import PieceOf, merge_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
-CostFn = Callable[[Task, Plan], float]  # (task, plan) -> ms; lower is better
 Shapes = Mapping[str, Sequence[int]]  # table name -> (rows, dim) of the previous task's tables
 
 
@@ -325,7 +325,7 @@ def check_honours_pins(sharder: Sharder) -> None:
 
 
 class _Search:
-    def __init__(self, task: Task, old: Mapping[str, list[Shard]], sharder: Sharder, cost: CostFn) -> None:
+    def __init__(self, task: Task, old: Mapping[str, list[Shard]], sharder: Sharder, cost: CostEstimator) -> None:
         self.task, self.old, self.sharder, self.cost = task, old, sharder, cost
         self.pieces = PiecesTask(task, old)
         self.cache: dict[frozenset[tuple[str, int]], _Eval | None] = {}
@@ -349,8 +349,8 @@ class _Search:
                                       f"pins that keep shards in place, so it cannot re-plan: {exc}") from None
             plan = self.pieces.merged(pieces_task, raw)
             validate_plan(self.task, plan)
-            self.cache[key] = _Eval(plan, float(self.cost(self.task, plan)), _moved(self.task, self.old, plan),
-                                    dict(pins))
+            self.cache[key] = _Eval(plan, self.cost.plan_cost(self.task, plan).cost_ms,
+                                    _moved(self.task, self.old, plan), dict(pins))
         return self.cache[key]
 
     def unit_moved(self, unit: Sequence[str], plan: Plan) -> int:
@@ -397,11 +397,11 @@ class _Search:
         return out
 
 
-def replan(task: Task, previous: Plan, sharder: Sharder, max_moved_bytes: int | float, cost: CostFn,
+def replan(task: Task, previous: Plan, sharder: Sharder, max_moved_bytes: int | float, cost: CostEstimator,
            min_gain: float = 0.01, previous_shapes: Shapes | None = None) -> ReplanResult:
     """A plan of `task` that moves at most `max_moved_bytes` bytes of `previous`'s shards (module docstring).
 
-    `cost(task, plan)` decides what is worth moving (e.g. a backend's plan_cost(...).cost_ms); `min_gain` is the
+    `cost` rates plans (a CostEstimator: a backend, the cost network, TorchRec's perf model); `min_gain` is the
     relative improvement a move must bring; `previous_shapes` the (rows, dim) of the previous task's tables, when
     known (plans written by `dreamshard plan` record them): without, changed tables are told by their shards."""
     if not max_moved_bytes >= 0:
@@ -415,7 +415,7 @@ def replan(task: Task, previous: Plan, sharder: Sharder, max_moved_bytes: int | 
     full = sharder.shard(task)
     validate_plan(task, full)
     full_moved = _moved(task, old, full)
-    full_cost = float(cost(task, full))
+    full_cost = cost.plan_cost(task, full).cost_ms
 
     search = _Search(task, old, sharder, cost)
     pieces = search.pieces

@@ -903,3 +903,40 @@ def _rated(u, task: Task, plan: Plan) -> float:
         cuts.append(ROW_WISE if shards[0].is_row_range else len(shards))
         where.append([s.device for s in shards])
     return u.cost(cuts, where)
+
+
+# ---------------------------------------------------------------- cost estimators
+
+
+def test_every_cost_estimator_rates_a_plan_as_its_own_search_does(world, model, neuro, backend):
+    """The CostEstimator of each model (the cost network's NetworkEstimate, a NeuroShardModel) rates a plan as the
+    model's own search scores it: the cut search's scorer, NeuroShard's evaluator. Neither is a measurement; the
+    backend is. Re-planning takes any of them."""
+    from dreamshard.hardware.base import CostEstimator
+    from dreamshard.learning.cost_model import NetworkEstimate
+    from dreamshard.replan import replan
+
+    network = NetworkEstimate(model.cost_net, model.scaler)
+    estimators: list[CostEstimator] = [network, neuro, backend]
+    from dataclasses import replace
+
+    for task in world["test4"][:2]:  # devices of different speeds: each estimate computes at a device's speed
+        task = replace(task, devices=tuple(replace(d, speed=v) for d, v in zip(task.devices, (1.0, 0.5, 2.0, 1.0))))
+        plan = make_sharder("size_lookup_greedy").shard(task)
+        where = [[next(s.device for s in plan.shards if s.table == t.name)] for t in task.tables]
+        u = _Universe.build(task, model, [[1] for _ in task.tables])
+        assert network.plan_cost(task, plan).cost_ms == pytest.approx(u.cost([1] * len(task.tables), where), rel=1e-4)
+        ev = _Evaluator(neuro, task)
+        enc = ev.encode([(i, 0, t.dim) for i, t in enumerate(task.tables)])
+        sums = np.zeros((task.num_devices, enc.shape[-1]))
+        dims = np.zeros(task.num_devices)
+        for i, t in enumerate(task.tables):
+            sums[where[i][0]] += enc[i]
+            dims[where[i][0]] += t.dim
+        assert neuro.plan_cost(task, plan).cost_ms == pytest.approx(float(ev.score(sums, dims)), rel=1e-4)
+        costs = [e.plan_cost(task, plan) for e in estimators]
+        assert [c.measured for c in costs] == [False, False, backend.measured]
+        assert all(len(c.devices) == task.num_devices and c.cost_ms > 0 for c in costs)
+        for estimator in estimators:  # re-planning takes any estimator; with no budget it keeps the plan
+            r = replan(task, plan, make_sharder("size_lookup_greedy"), 0, estimator)
+            assert r.plan.key() == plan.key() and r.cost_ms == pytest.approx(estimator.plan_cost(task, plan).cost_ms)

@@ -106,7 +106,7 @@ def test_coalesce_joins_adjacent_blocks_on_one_device():
 def test_fewer_devices_is_an_error_naming_both_counts():
     previous = plan(Shard("t", 3, 0, 16), Shard("u", 1, 0, 8), n=4)
     with pytest.raises(DreamShardError, match="previous plan is for 4 devices, but the task has 3"):
-        replan(TASK, previous, make_sharder("size_greedy"), INF, cost)
+        replan(TASK, previous, make_sharder("size_greedy"), INF, BACKEND)
 
 
 # ---------------------------------------------------------------- replan
@@ -122,7 +122,7 @@ def test_no_changes_move_nothing_and_keep_the_plan(algo):
     task = some_task(1)
     previous = sharder.shard(task)
     for limit in (0, 0.01 * total_bytes(task), INF):
-        r = replan(task, previous, sharder, limit, cost)
+        r = replan(task, previous, sharder, limit, BACKEND)
         assert r.moved_bytes == 0 and r.full_moved_bytes == 0
         assert r.plan == previous
         assert r.cost_ms == pytest.approx(cost(task, previous))
@@ -134,7 +134,7 @@ def test_limit_zero_on_a_changed_task_moves_nothing(algo):
     task = some_task(2)
     previous = sharder.shard(task)
     new = changed(task, np.random.default_rng(2), add_device=True)
-    r = replan(new, previous, sharder, 0, cost)
+    r = replan(new, previous, sharder, 0, BACKEND)
     validate_plan(new, r.plan)
     assert r.moved_bytes == 0 == moved_bytes(new, previous, r.plan)
     assert r.full_moved_bytes > 0  # the full re-plan would move shards
@@ -153,7 +153,7 @@ def test_move_limit_kept_and_cost_never_worse_than_keeping_over_random_tasks():
         new = changed(task, rng, add_device=bool(seed % 2))
         for fraction in (0.0, 0.02, 0.1, 0.3, INF):
             limit = fraction * total_bytes(new)
-            r = replan(new, previous, sharder, limit, cost)
+            r = replan(new, previous, sharder, limit, BACKEND)
             validate_plan(new, r.plan)
             validate_plan(new, r.full_plan)
             assert r.moved_bytes == moved_bytes(new, previous, r.plan) <= limit
@@ -174,7 +174,7 @@ def test_a_small_budget_buys_much_of_the_full_re_plan():
     previous = sharder.shard(task)
     new = changed(task, np.random.default_rng(7), add_device=False, remove=2)
     new = replace(new, devices=new.devices * 2)
-    r = replan(new, previous, sharder, 0.1 * total_bytes(new), cost)
+    r = replan(new, previous, sharder, 0.1 * total_bytes(new), BACKEND)
     assert r.moved_bytes <= 0.1 * total_bytes(new) < r.full_moved_bytes
     assert r.kept_cost_ms > 1.2 * r.full_cost_ms
     assert r.cost_ms < r.kept_cost_ms and r.accepted >= 1 and r.source == "search"
@@ -194,12 +194,12 @@ def test_pins_that_conflict_with_constraints_move_and_count():
     assert a not in pieces.pins
     assert (on[b] == on[c]) == ((b, c) in pieces.units or (c, b) in pieces.units)
     for limit in (0.5 * total_bytes(new), INF):
-        r = replan(new, previous, sharder, limit, cost)
+        r = replan(new, previous, sharder, limit, BACKEND)
         validate_plan(new, r.plan)
         assert r.kept_moved_bytes >= new.table_bytes(0)  # a had to move
         assert r.moved_bytes == moved_bytes(new, previous, r.plan) <= limit
     with pytest.raises(DreamShardError, match="keeping the previous plan's shards in place needs moving"):
-        replan(new, previous, sharder, 0, cost)
+        replan(new, previous, sharder, 0, BACKEND)
 
 
 def test_tables_cut_by_the_previous_plan_are_kept_as_pinned_pieces():
@@ -212,7 +212,7 @@ def test_tables_cut_by_the_previous_plan_are_kept_as_pinned_pieces():
     new = replace(task, tables=task.tables + tuple(random_tables(np.random.default_rng(5), 2, "new")))
     pieces = PiecesTask(new, surviving_shards(new, previous))
     assert sum(p[0] == "big" for p in pieces.pieces.values()) == sum(s.table == "big" for s in previous.shards)
-    r = replan(new, previous, sharder, 0, cost)
+    r = replan(new, previous, sharder, 0, BACKEND)
     validate_plan(new, r.plan)
     assert r.moved_bytes == 0
     assert {s for s in r.plan.shards if s.table == "big"} == {s for s in previous.shards if s.table == "big"}
@@ -230,7 +230,7 @@ def test_cuts_the_task_no_longer_allows_are_undone_in_place():
     new = replace(Task.uniform("cut", task.tables, 4, 0.5), sharding=("table",))
     pieces = PiecesTask(new, surviving_shards(new, previous))
     assert "big" in pieces.pins and not pieces.pieces
-    r = replan(new, previous, sharder, INF, cost)
+    r = replan(new, previous, sharder, INF, BACKEND)
     validate_plan(new, r.plan)
     (whole,) = [s for s in r.plan.shards if s.table == "big"]
     assert r.moved_bytes >= min(sum(new.memory.shard_bytes(big.rows, s.width) for s in slices if s.device != d)
@@ -248,9 +248,9 @@ def test_a_sharder_that_ignores_pins_fails_clearly():
     previous = make_sharder("size_greedy").shard(task)
     new = changed(task, np.random.default_rng(5), add_device=True)
     with pytest.raises(DreamShardError, match="does not honour the pins"):
-        replan(new, previous, Unpinned(), 0.1 * total_bytes(new), cost)
+        replan(new, previous, Unpinned(), 0.1 * total_bytes(new), BACKEND)
     with pytest.raises(DreamShardError, match="TorchRec's planner, which cannot keep a shard"):
-        replan(new, previous, make_sharder("torchrec"), INF, cost)
+        replan(new, previous, make_sharder("torchrec"), INF, BACKEND)
 
 
 # ---------------------------------------------------------------- command line

@@ -333,6 +333,13 @@ def test_torchrec_perf_estimate():
     assert split.cost_ms > 0 and all(r > 0 for r in split.rank_ms)
     rows = torchrec_perf_estimate(SMALL, ROW_PLAN)
     assert rows.cost_ms > 0 and all(r > 0 for r in rows.rank_ms)
+    # as a CostEstimator: the same rating, split per rank into compute and exchanges, never a measurement
+    from dreamshard.interop.torchrec import TorchRecEstimator
+
+    cost = TorchRecEstimator().plan_cost(task, own)
+    assert cost.cost_ms == pytest.approx(est.cost_ms) and not cost.measured
+    assert [d.total_ms for d in cost.devices] == pytest.approx(list(est.rank_ms))
+    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([b["fwd_comms"] for b in est.rank_breakdown_ms])
 
 
 def test_perf_estimate_equals_the_planners_own_rating():

@@ -201,7 +201,7 @@ def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan,
         from dreamshard.hardware.fbgemm import pin_threads
 
         pin_threads(backend)  # this command is the program: it sets the measurement thread count
-    result = replan(task, previous, sharder, args.max_moved_gb * GB, lambda t, p: backend.plan_cost(t, p).cost_ms,
+    result = replan(task, previous, sharder, args.max_moved_gb * GB, backend,
                     previous_shapes=previous_shapes(meta, str(args.previous)))
     kind = "measured" if backend.measured else "modelled"
     record = {"previous": str(args.previous), "max_moved_gb": args.max_moved_gb,

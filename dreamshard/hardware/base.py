@@ -57,6 +57,15 @@ class PlanCost:
         return max(d.total_ms for d in self.devices)
 
 
+class CostEstimator(Protocol):
+    """What a plan of a task costs, however it is known: measured (every CostBackend), predicted (the cost network's
+    `NetworkEstimate`, a `NeuroShardModel`) or TorchRec's perf model (`TorchRecEstimator`). Re-planning rates plans
+    through it; PlanCost.measured says which kind of number it is."""
+
+    def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
+        """Per-device compute and communication of a whole plan."""
+
+
 class CostBackend(Protocol):
     """What a plan costs. Besides the plan, a cost depends on the task's devices (`Task.devices`: memory, speeds,
     hosts) and on what the backend holds: the batch every operator runs at and the topology the all-to-all

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
+from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.io import atomic_path
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.tasks import Task
@@ -387,6 +388,20 @@ class TorchRecEstimate:
     batch_size: int
     rank_hbm_bytes: tuple[int, ...] = ()
     model: str = "torchrec EmbeddingPerfEstimator (analytic, CUDA defaults)"
+
+
+@dataclass(frozen=True)
+class TorchRecEstimator:
+    """TorchRec's perf model as a CostEstimator (torchrec_perf_estimate at `batch_size`; never a measurement): per
+    rank, forward compute (with prefetch), backward compute and the two exchanges, as TorchRec's Perf sums them."""
+
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+    def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
+        est = torchrec_perf_estimate(task, plan, self.batch_size)
+        devices = tuple(DeviceCost(b["fwd_compute"] + b["prefetch_compute"], b["bwd_compute"], b["fwd_comms"],
+                                   b["bwd_comms"]) for b in est.rank_breakdown_ms)
+        return PlanCost(devices, "torchrec", est.model, False, "model")
 
 
 def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE) -> TorchRecEstimate:

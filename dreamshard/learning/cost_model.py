@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dreamshard.hardware.base import PlanCost
-from dreamshard.hardware.comm import Topology, seconds_per_byte
+from dreamshard.hardware.base import DeviceCost, PlanCost
+from dreamshard.hardware.comm import Topology, seconds_per_byte, transfer_ms
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan
@@ -186,6 +186,42 @@ class CostNet(nn.Module):
 
     def plan_from_max(self, max_embedding: torch.Tensor) -> torch.Tensor:
         return nn.functional.softplus(self.plan_head(max_embedding).squeeze(-1)) * self.scale_ms
+
+
+@dataclass
+class NetworkEstimate:
+    """The cost network's estimate of a plan (a CostEstimator, never a measurement): each device's predicted fwd
+    and bwd at its speed, and its communication by `config.comm`. The all-to-all model ("model") splits into the
+    forward wait plus transfer and the backward transfer; the network's own head ("head") predicts their sum,
+    reported as forward communication."""
+
+    net: CostNet
+    scaler: FeatureScaler
+    name: str = "cost_network"
+
+    def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
+        n = plan.num_devices
+        tables = {t.name: t for t in task.tables}
+        raw, owner = [], []
+        for d in range(n):
+            for s in plan.device_shards(d):
+                r0, r1 = s.rows(tables[s.table].rows)
+                raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
+                owner.append(d)
+        dims = [sum(s.width for s in plan.device_shards(d)) for d in range(n)]
+        cluster = Cluster.of(self.net.config, task.speeds(), task.host_ids())
+        with torch.no_grad():
+            enc = self.net.encode(torch.from_numpy(self.scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
+            sums = torch.zeros(n, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
+            costs = self.net.device_costs(sums, torch.tensor(dims, dtype=torch.float32), cluster).double().numpy()
+        if self.net.config.comm == "model" and n > 1:
+            transfer = transfer_ms(dims, self.net.config.batch_size, self.net.config.topology(), task.host_ids())
+            comm = [(c - t, t) for c, t in zip(costs[:, 2], transfer)]
+        else:
+            comm = [(c, 0.0) for c in costs[:, 2]]
+        devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb))
+                        for (f, b, _), (cf, cb) in zip(costs, comm))
+        return PlanCost(devices, self.name, "model", False, self.net.config.comm)
 
 
 # ---------------------------------------------------------------- data
