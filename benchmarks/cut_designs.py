@@ -51,12 +51,12 @@ def main() -> None:
 
     from dreamshard.evaluation.summary import bootstrap_ci
     from dreamshard.hardware.base import measure_rounds, median_cost
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.params import build
     from dreamshard.sharders import load_model, make_sharder
     from dreamshard.sharders.cuts import CutConfig
     from dreamshard.sharders.search import SearchConfig
     from dreamshard.tasks import read_tasks
-    from stages.backend import make_stage_backend
-    from stages.common import build
 
     torch.set_num_threads(1)
     params = yaml.safe_load((args.root / "params.yaml").read_text())
@@ -78,7 +78,7 @@ def main() -> None:
                                           search=build(SearchConfig, params["neuroshard"], "neuroshard"))
     sharders["size_lookup_greedy"] = make_sharder("size_lookup_greedy")  # the best heuristic on every default family
     sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
 
     rows = []
     for family in args.families.split(","):

@@ -16,7 +16,7 @@ its forward plus backward time.
 
 `seeds`: one held-out accuracy (metrics/cost_model.json) rests on one fit seed, and its spread over seeds is
 as wide as most of the differences between settings. This fits the network as the train_cost stage fits it
-(`stages.train_cost.fit_network`) on the project's collected plans and single devices, with the stage's
+(`dreamshard.project.cost_network.fit_network`) on the project's collected plans and single devices, with the stage's
 held-out split, once per fit seed 0..seeds-1, and reports each seed's held-out device-max Kendall tau, device
 compute MAPE and device-max plan MAPE with their mean and range. The project's own params come first
 ("params"); each `--variant` is a JSON object of `{"params": {group: {key: value}}, "widths": {"hidden": 256,
@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.common import load_params, section
+from dreamshard.project.params import load_params, section
 
 PROG = "python -m experiments.cost_net"
 METRICS = ("plan_device_max_kendall_tau", "device_compute_mape", "plan_device_max_mape")
@@ -102,8 +102,8 @@ def in_project(root: Path) -> Iterator[None]:
 def held_out_split(params: dict[str, Any]) -> tuple[Any, Any, list[Any], np.ndarray, np.ndarray]:
     """(scaler, collected cost data, training tasks, held-out plan indices, fitted plan indices), as train_cost
     splits the collected plans."""
-    from stages.cost_data import load_scaler_and_data
-    from stages.fit_data import plan_split
+    from dreamshard.project.costs import load_scaler_and_data
+    from dreamshard.project.fit_data import plan_split
 
     scaler, data, tasks = load_scaler_and_data(params)
     held_idx, fit_idx = plan_split(params, data)
@@ -200,8 +200,8 @@ def check_seeds(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def seeds(args: argparse.Namespace) -> dict[str, Any]:
     """Every variant's held-out figures per fit seed, with their mean and range."""
     from dreamshard.learning.cost_model import evaluate_cost_net
-    from stages.fit_data import load_single_devices
-    from stages.train_cost import fit_network
+    from dreamshard.project.cost_network import fit_network
+    from dreamshard.project.fit_data import load_single_devices
 
     base = load_params(args.params)
     scaler, data, tasks, held_idx, fit_idx = held_out_split(base)
@@ -287,8 +287,8 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
     from dreamshard.io import write_parquet
     from dreamshard.learning.cost_model import load_cost_net
     from dreamshard.learning.devices import DeviceSample, cost_data_from_rows, device_samples, measure_samples
+    from dreamshard.project.backend import backend_of
     from dreamshard.tasks import read_tasks, table_pool
-    from stages.backend import make_stage_backend
 
     params = load_params("params.yaml")
     folder, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
@@ -301,7 +301,7 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
                                     dims, tasks[name][0], args.seed + k):
                 samples.append(DeviceSample(k * ID_STRIDE + s.index, s.tables))
                 pool_of[samples[-1].index] = name
-        backend = make_stage_backend(params)
+        backend = backend_of(params)
         rows = measure_samples(backend, samples, tasks["test"][0], {"seed": args.seed}, args.rounds)
         for r in rows:
             r["pool"] = pool_of[r["sample"]]
@@ -371,7 +371,7 @@ def remeasure(args: argparse.Namespace) -> dict[str, Any]:
     from dreamshard.io import write_parquet
     from dreamshard.learning.cost_model import load_cost_net, plan_predictions
     from dreamshard.plan import Plan
-    from stages.backend import make_stage_backend
+    from dreamshard.project.backend import backend_of
 
     params = load_params("params.yaml")
     _, data, tasks, held_idx, _ = held_out_split(params)
@@ -386,7 +386,7 @@ def remeasure(args: argparse.Namespace) -> dict[str, Any]:
                               f"{costs / 'plans.parquet'}: plan {row.plan_id}")
         items.append(PlanToMeasure(row.plan_id, by_name[row.task_id], row.source, plan))
     collected_at = datetime.datetime.fromtimestamp((costs / "plans.parquet").stat().st_mtime, datetime.UTC)
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     rounds, chunk = int(section(params, "collect.rounds")), int(section(params, "collect.chunk_size"))
     print(f"cost_net remeasure: {len(items)} held-out plans, {args.passes} pass(es) of {rounds} round(s) with "
           f"{backend.name} on {backend.device_name()}", flush=True)

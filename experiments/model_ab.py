@@ -131,10 +131,10 @@ def select_tasks(stage_splits: list[tuple[str, Any]], splits: set[str], only: se
 
 def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
     """The test tasks of `families`, drawn from the project's test pool as the tasks stage draws a family."""
-    from stages.tasks import family_tasks, sampling_inputs
+    from dreamshard.project.tasks import sample_family, sampling_inputs
 
     stats, pools, dims, memory, seed = sampling_inputs(params)
-    return [t for fam in families for t in family_tasks(stats, pools["test"], fam, "test", dims, memory, seed)]
+    return [t for fam in families for t in sample_family(stats, pools["test"], fam, "test", dims, memory, seed)]
 
 
 def report(summary: dict[str, Any], out: Path | None) -> None:
@@ -182,8 +182,8 @@ def parse_decoding(text: str, flag: str) -> dict[str, Any]:
 def sharder_of(params: dict[str, Any], name: str, decoding: dict[str, Any], checkpoint: Path | None = None) -> Any:
     """Sharder `name` as the evaluate stage makes it from `params` (its settings, its trained model or, for
     DreamShard, `checkpoint`), decoding with `decoding` as evaluate.decoding would give it."""
-    from stages.common import section
-    from stages.evaluate import make_sharders
+    from dreamshard.project.evaluation import make_sharders
+    from dreamshard.project.params import section
 
     paths = params["paths"] if checkpoint is None else {**params["paths"], "dreamshard_model": str(checkpoint)}
     one = {**params, "paths": paths,
@@ -272,7 +272,7 @@ def decoding_markdown(result: dict[str, Any], sharder: str, variant: str) -> str
 def journal_ab(params: dict[str, Any], sharder: str, decoding: dict[str, Any], out: Path | None) -> int:
     """The journal A/B of `sharder` as evaluated against it decoding with `decoding`: printed, and written to
     `out` (JSON) if given."""
-    from stages.common import section
+    from dreamshard.project.params import section
 
     frame, counts = counterfactual(params, sharder, decoding)
     variant = variant_name(sharder, decoding)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     if args.rows is not None:
-        from stages.common import load_params, section
+        from dreamshard.project.params import load_params, section
 
         measuring += ["--b-decoding"] if args.b_decoding is not None else []
         if measuring:
@@ -366,10 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(root)
     from dreamshard.errors import DreamShardError
     from dreamshard.hardware.base import measure_rounds, median_cost
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.evaluation import evaluated_tasks
+    from dreamshard.project.params import load_params, section
     from dreamshard.sharders import make_sharder
-    from stages.backend import make_stage_backend
-    from stages.common import load_params, section
-    from stages.evaluate import evaluated_tasks
 
     if args.journal:
         try:
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         params = load_params("params.yaml")
-        backend = make_stage_backend(params)
+        backend = backend_of(params)
         _, stage_splits = evaluated_tasks(params)
         splits = select_tasks(stage_splits, splits_wanted, only, args.tasks_per_family)
         splits += [("test", t) for t in extra_tasks(params, families)]

@@ -35,7 +35,7 @@ from prefect.utilities.annotations import unmapped
 from dreamshard.errors import DreamShardError
 from dreamshard.evaluation.collect import PlanToMeasure, measure_chunk
 from dreamshard.hardware.base import CostBackend
-from stages.common import build, load_params
+from dreamshard.project.params import build, load_params
 
 RUNNERS = ("local", "dask")
 

@@ -9,8 +9,8 @@ import importlib
 
 from prefect import flow
 
+from dreamshard.project.params import load_params
 from pipeline.collect import collect_flow  # chunks mapped over a task runner chosen by params.yaml
-from stages.common import load_params
 
 
 def run_stage(name: str, params_file: str) -> None:

@@ -141,7 +141,7 @@ def retrain_flow(set_params: dict[str, Any] | None = None, experiment: bool = Tr
     elif git_remote and exp_name:
         dvc(["exp", "push", "--no-cache", git_remote, exp_name], env)
 
-    from stages.common import load_params, section
+    from dreamshard.project.params import load_params, section
 
     metrics_path = Path(section(load_params(params_file), "paths.eval_metrics"))
     summary: dict[str, Any] = {"experiment": exp_name, "stages_run": ran, "remote": remote,

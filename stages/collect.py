@@ -28,9 +28,9 @@ from dreamshard.errors import DreamShardError
 from dreamshard.evaluation.collect import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
 from dreamshard.hardware.base import CostBackend
 from dreamshard.io import write_parquet
+from dreamshard.project.backend import backend_of
+from dreamshard.project.params import ParamsError, section
 from dreamshard.tasks import read_tasks
-from stages.backend import make_stage_backend
-from stages.common import ParamsError, section
 
 
 @dataclass
@@ -69,7 +69,7 @@ def prepare(params: dict[str, Any]) -> CollectJob:
     for key in ("num_plans", "chunk_size", "seed", "rounds"):
         if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] < (0 if key == "seed" else 1):
             raise ParamsError(f"params.yaml: collect.{key}: expected a positive integer, got {cfg.get(key)!r}")
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
     extra = {"batch_size": int(section(params, "backend.batch_size")), "seed": cfg["seed"]}
     # plans measured with other backend settings must not be reused

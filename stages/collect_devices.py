@@ -25,9 +25,9 @@ from tqdm import tqdm
 from dreamshard.errors import DreamShardError
 from dreamshard.io import write_parquet
 from dreamshard.learning.devices import DeviceJournal, device_samples, measure_samples, pending
+from dreamshard.project.backend import backend_of
+from dreamshard.project.params import ParamsError, section
 from dreamshard.tasks import read_tasks, table_pool
-from stages.backend import make_stage_backend
-from stages.common import ParamsError, section
 
 KEYS = {"seed": 0, "samples": 1, "max_tables": 1, "chunk_size": 1, "rounds": 1}  # integer params and their least values
 
@@ -45,7 +45,7 @@ def run(params: dict[str, Any]) -> None:
     pool = table_pool(tasks)
     dims = [int(d) for d in section(params, "tasks.dims")]
     samples = device_samples(pool, cfg["samples"], cfg["max_tables"], float(cap), dims, tasks[0], cfg["seed"])
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     extra = {"batch_size": int(section(params, "backend.batch_size")), "seed": cfg["seed"]}
     fingerprint = json.dumps({"backend": section(params, "backend"), "versions": backend.versions(),
                               "device": backend.device_name(), "collect_devices": cfg, "dims": dims,

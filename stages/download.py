@@ -12,7 +12,7 @@ from typing import Any
 
 from dreamshard.data.dlrm import MANIFEST, SyntheticConfig, generate_synthetic, is_dataset_file, load_dlrm_file, save_dlrm_file
 from dreamshard.io import atomic_path, write_text
-from stages.common import ParamsError, build, section
+from dreamshard.project.params import ParamsError, build, section
 
 
 def run(params: dict[str, Any]) -> None:

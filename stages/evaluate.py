@@ -27,7 +27,7 @@ from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, 
 from dreamshard.evaluation.evaluate import PlannedTask, ProbeCache, estimated_bins_check, evaluate_task, plan_with
 from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
 from dreamshard.evaluation.improve import ImproveConfig
-from dreamshard.evaluation.journal import EvalJournal, file_digest
+from dreamshard.evaluation.journal import EvalJournal
 from dreamshard.evaluation.summary import (
     best_known_check,
     best_known_summary,
@@ -37,57 +37,15 @@ from dreamshard.evaluation.summary import (
     family_summary,
     first_per_family,
     generalisation,
-    interleave_families,
     result_row,
     with_ratios,
 )
 from dreamshard.io import write_parquet, write_text
-from dreamshard.sharders import Sharder, load_model, make_sharder, spec
-from dreamshard.sharders.cuts import CutConfig
-from dreamshard.sharders.search import SearchConfig
-from dreamshard.tasks import Task, read_tasks
-from stages.backend import make_stage_backend
-from stages.common import ParamsError, build, section
-
-
-def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
-    """The checkpoint of each sharder that needs a trained model."""
-    return {"dreamshard": section(params, "paths.dreamshard_model"),
-            "dreamshard_cut": section(params, "paths.dreamshard_model"),  # DreamShard's model, searching cuts
-            "autoshard": section(params, "paths.autoshard_model"),
-            "rnn": section(params, "paths.rnn_model"),
-            "neuroshard": section(params, "paths.neuroshard_model"),
-            "neuroshard_tw": section(params, "paths.neuroshard_model")}  # the same model, table-wise
-
-
-def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
-    """`evaluate.sharders`, each given the options it takes; trained models from their `paths`."""
-    cfg = section(params, "evaluate")
-    names = cfg.get("sharders")
-    if not names or not isinstance(names, list):
-        raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
-    model_paths = model_paths_of(params)
-    settings = {"seed": int(cfg["seed"]), "batch_size": batch_size,
-                "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard"),
-                "cuts": build(CutConfig, section(params, "cut_search"), "cut_search")}
-    decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
-    if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
-        raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "
-                          f"got {decoding!r}")
-    unused = sorted(set(decoding) - set(names))
-    if unused:
-        raise ParamsError(f"params.yaml: evaluate.decoding: {', '.join(unused)} not in evaluate.sharders")
-    sharders = []
-    for name in names:
-        try:
-            s = spec(name)
-            options = {**s.taken_from(settings), **decoding.get(name, {})}
-            if s.needs_model:
-                options["model"] = load_model(name, model_paths[name])
-            sharders.append(make_sharder(name, **options))
-        except ValueError as exc:
-            raise ParamsError(f"params.yaml: evaluate.sharders: {exc}") from None
-    return sharders
+from dreamshard.project.backend import backend_of
+from dreamshard.project.evaluation import evaluated_tasks, journal_fingerprint, make_sharders
+from dreamshard.project.params import ParamsError, build, section
+from dreamshard.sharders import Sharder, spec
+from dreamshard.tasks import Task
 
 
 def planning_settings(params: dict[str, Any]) -> tuple[int, int]:
@@ -153,42 +111,13 @@ class Planner:
         return list(self.pool.map(_plan_in_worker, tasks))
 
 
-def evaluated_tasks(params: dict[str, Any]) -> tuple[list[Task], list[tuple[str, Task]]]:
-    """The test tasks in file order, and every (split, task) the stage evaluates in its order: the test tasks and
-    `evaluate.train_tasks_per_family` training tasks of each family, each split with the families in turns (a
-    long run stopped partway, journaled, has measured a like share of every family)."""
-    tasks_dir, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
-    tasks = read_tasks(tasks_dir / "test.parquet", tables)
-    train_tasks = first_per_family(read_tasks(tasks_dir / "train.parquet", tables),
-                                   int(section(params, "evaluate.train_tasks_per_family")))
-    return tasks, ([("test", t) for t in interleave_families(tasks)]
-                   + [("train", t) for t in interleave_families(train_tasks)])
-
-
-def fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
-    """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
-    settings), the evaluation settings, both searches' settings (NeuroShard's, dreamshard_cut's) and the bytes of
-    every model the sharders load."""
-    cfg = section(params, "evaluate")
-    models = model_paths_of(params)
-    evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
-    evaluate["decoding"] = cfg.get("decoding") or {}  # absent: no options
-    return json.dumps({
-        "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
-        "evaluate": evaluate,
-        "neuroshard": section(params, "neuroshard"),
-        "cut_search": section(params, "cut_search"),
-        "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
-    }, sort_keys=True, default=str)
-
-
 def run(params: dict[str, Any]) -> None:
     cfg = section(params, "evaluate")
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     batch_size = int(section(params, "backend.batch_size"))
     tasks, splits = evaluated_tasks(params)
     sharders = make_sharders(params, batch_size)
-    journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
+    journal = EvalJournal(section(params, "paths.eval_journal"), journal_fingerprint(params, backend, sharders))
 
     probe_tasks = tasks[: int(cfg["additivity_probes"])]
     # the regime is measured and reported; the bounds assume neither direction (EITHER), so that they hold on

@@ -16,8 +16,8 @@ from dreamshard.data.dlrm import MANIFEST, load_dlrm_file, table_statistics
 from dreamshard.data.requests import TableRequests, requests_to_arrow
 from dreamshard.errors import DataFormatError
 from dreamshard.io import write_parquet
+from dreamshard.project.params import ParamsError, section
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
-from stages.common import ParamsError, section
 
 
 def run(params: dict[str, Any]) -> None:

@@ -1,42 +1,14 @@
 """tasks: split tables into disjoint train/test pools and sample feasible tasks of each family."""
 from __future__ import annotations
 
-import zlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
-from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
+from dreamshard.data.sampling import TaskFamily
 from dreamshard.io import write_parquet
-from dreamshard.memory import MemoryModel
-from dreamshard.tasks import Task, tasks_to_arrow
-from stages.common import ParamsError, build, section
-
-
-def family_tasks(stats: pd.DataFrame, pool: Sequence[int], family: TaskFamily, split: str, dims: Sequence[int],
-                 memory: MemoryModel, seed: int) -> list[Task]:
-    """`family`'s tasks of `split` (its num_train or num_test) drawn from the table ids in `pool`: one random
-    stream per (family, split), so adding a family leaves the others' tasks unchanged."""
-    rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
-    count = family.num_train if split == "train" else family.num_test
-    return sample_tasks(stats, pool, family, count, split, dims, memory, rng)
-
-
-def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[int]], list[int], MemoryModel, int]:
-    """What every family's draw reads: the table stats, the disjoint {"train", "test"} pools of table ids, the
-    dims, the memory model and the seed (a bad value is a ParamsError naming its key)."""
-    memory = build(MemoryModel, section(params, "memory"), "memory")
-    dims = section(params, "tasks").get("dims")
-    if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
-        raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
-    seed = int(section(params, "tasks.seed"))
-    stats = pd.read_parquet(section(params, "paths.tables"))
-    test_fraction = section(params, "tasks.test_fraction")
-    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), test_fraction, seed)))
-    return stats, pools, dims, memory, seed
+from dreamshard.project.params import ParamsError, build, section
+from dreamshard.project.tasks import sample_family, sampling_inputs
+from dreamshard.tasks import tasks_to_arrow
 
 
 def run(params: dict[str, Any]) -> None:
@@ -50,6 +22,6 @@ def run(params: dict[str, Any]) -> None:
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
     out = Path(section(params, "paths.tasks"))
     for split, pool in pools.items():
-        tasks = [t for fam in families for t in family_tasks(stats, pool, fam, split, dims, memory, seed)]
+        tasks = [t for fam in families for t in sample_family(stats, pool, fam, split, dims, memory, seed)]
         write_parquet(tasks_to_arrow(tasks, split, name_to_id), out / f"{split}.parquet")
         print(f"tasks: {len(tasks)} {split} tasks from a pool of {len(pool)} tables -> {out / f'{split}.parquet'}")

@@ -1,11 +1,11 @@
-"""train_autoshard: the policy trained on real measurements (see stages/policy_training.py)."""
+"""train_autoshard: the policy trained on real measurements (dreamshard/project/policy_training.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from stages.common import section
-from stages.policy_training import train
+from dreamshard.project.params import section
+from dreamshard.project.policy_training import train
 
 
 def run(params: dict[str, Any]) -> None:

@@ -27,9 +27,9 @@ from dreamshard.learning.neuroshard import (
     fit_comm_net,
     fit_compute_net,
 )
+from dreamshard.project.backend import backend_of
+from dreamshard.project.params import ParamsError, build, section
 from dreamshard.tasks import read_tasks, table_pool
-from stages.backend import make_stage_backend
-from stages.common import ParamsError, build, section
 
 
 def run(params: dict[str, Any]) -> None:
@@ -43,7 +43,7 @@ def run(params: dict[str, Any]) -> None:
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
     pool = table_pool(tasks)
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     measured = Path(section(params, "paths.single_devices")) / "devices.parquet"
     data = devices.cost_data_from_rows(pd.read_parquet(measured), pool, tasks[0], str(measured))
     cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), augment.dims, augment)

@@ -1,11 +1,11 @@
-"""train_policy: DreamShard's policy, trained on the estimated MDP (see stages/policy_training.py)."""
+"""train_policy: DreamShard's policy, trained on the estimated MDP (dreamshard/project/policy_training.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from stages.common import section
-from stages.policy_training import train
+from dreamshard.project.params import section
+from dreamshard.project.policy_training import train
 
 
 def run(params: dict[str, Any]) -> None:

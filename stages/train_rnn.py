@@ -15,10 +15,10 @@ import pandas as pd
 
 from dreamshard.io import write_text
 from dreamshard.learning.rnn import RnnPolicyConfig, RnnTrainConfig, RnnUpdateLog, train_rnn
-from stages.backend import make_stage_backend
-from stages.common import build, section
-from stages.cost_data import load_tasks_and_scaler
-from stages.learners import family_tasks, learner_meta
+from dreamshard.project.backend import backend_of
+from dreamshard.project.costs import load_tasks_and_scaler
+from dreamshard.project.learners import learner_meta, policy_tasks
+from dreamshard.project.params import build, section
 
 
 def run(params: dict[str, Any]) -> None:
@@ -28,8 +28,8 @@ def run(params: dict[str, Any]) -> None:
               "episodes": section(params, "train_policy.common.episodes")}
     config = build(RnnTrainConfig, {**budget, **own}, "train_rnn")
     tasks, scaler = load_tasks_and_scaler(params)
-    tasks, bins = family_tasks(params, tasks)
-    backend = make_stage_backend(params)
+    tasks, bins = policy_tasks(params, tasks)
+    backend = backend_of(params)
     meta = learner_meta(tasks, bins, backend)
 
     def report(log: RnnUpdateLog) -> None:

@@ -297,7 +297,7 @@ def test_collect_stage_end_to_end(data):
 
 
 def test_collect_stage_rejects_bad_params(data):
-    from stages.common import ParamsError
+    from dreamshard.project.params import ParamsError
 
     _, params, _ = data
     bad = copy.deepcopy(params)

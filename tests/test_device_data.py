@@ -23,12 +23,12 @@ from dreamshard.learning.devices import (
     pending,
 )
 from dreamshard.plan import Plan
+from dreamshard.project.fit_data import load_single_devices
+from dreamshard.project.params import ParamsError
 from dreamshard.tasks import Task, read_tasks
 from helpers import tiny_params
 from stages import collect_devices, download, process
 from stages import tasks as tasks_stage
-from stages.common import ParamsError
-from stages.fit_data import load_single_devices
 
 EXTRA = {"batch_size": 512, "seed": 0}
 

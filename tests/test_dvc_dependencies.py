@@ -14,7 +14,7 @@ stages (pipeline/__main__.py, pipeline/flows.py) is not a dependency: it chooses
 runs, not what it computes, like the `orchestration` params group.
 
 A stage's params are the groups or keys passed to `section(params, "...")` and
-`params.get("...")` in the stage-side modules it reaches; `paths` are files (deps and outs)
+`params.get("...")` in the stage-side modules it reaches (stages, pipeline, dreamshard.project); `paths` are files (deps and outs)
 and `orchestration` is how stages run, so neither is a param dependency.
 """
 from __future__ import annotations
@@ -151,7 +151,8 @@ def test_stage_lists_no_code_it_never_runs(name):
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_stage_depends_on_the_params_it_reads(name):
     stage = STAGES[name]
-    files = [p for m, p in reached_modules(stage_roots(name)).items() if m.split(".")[0] in ("stages", "pipeline")]
+    files = [p for m, p in reached_modules(stage_roots(name)).items()
+             if m.split(".")[0] in ("stages", "pipeline") or m.startswith("dreamshard.project")]
     listed = [str(p) for p in stage.get("params", [])]
     read = params_read(files)
     missing = sorted(k for k in read if not any(k == p or k.startswith(p + ".") for p in listed))

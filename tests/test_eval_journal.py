@@ -112,7 +112,7 @@ def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
 
 def test_planning_settings_must_be_positive_integers():
     evaluate = importlib.import_module("stages.evaluate")
-    from stages.common import ParamsError
+    from dreamshard.project.params import ParamsError
 
     assert evaluate.planning_settings({}) == (1, 1)
     assert evaluate.planning_settings({"orchestration": {"evaluate": {"planning_workers": 2,
@@ -126,32 +126,32 @@ def test_planning_settings_must_be_positive_integers():
 def test_decoding_options_reach_their_sharder_and_the_fingerprint():
     """evaluate.decoding: per sharder options (a policy's samples and rivals); they decide the plans, so they are
     in the journal's fingerprint (absent and empty alike: no options)."""
-    evaluate = importlib.import_module("stages.evaluate")
     from dreamshard.data.lookups import RecordedLookups
-    from stages.backend import make_stage_backend
-    from stages.common import ParamsError
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.evaluation import journal_fingerprint, make_sharders
+    from dreamshard.project.params import ParamsError
 
     params = tiny_params()
     params["evaluate"]["sharders"] = ["random", "size_greedy"]
     params["evaluate"].pop("decoding", None)
-    backend = make_stage_backend(params, lookups=RecordedLookups({}))
-    before = evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512))
+    backend = backend_of(params, lookups=RecordedLookups({}))
+    before = journal_fingerprint(params, backend, make_sharders(params, 512))
     params["evaluate"]["decoding"] = {}
-    assert evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512)) == before
+    assert journal_fingerprint(params, backend, make_sharders(params, 512)) == before
     # dreamshard_cut's search settings decide its plans too
     params["cut_search"] = {**params["cut_search"], "depth": params["cut_search"]["depth"] + 1}
-    assert evaluate.fingerprint(params, backend, evaluate.make_sharders(params, 512)) != before
+    assert journal_fingerprint(params, backend, make_sharders(params, 512)) != before
     params["cut_search"] = {**params["cut_search"], "depth": params["cut_search"]["depth"] - 1}
     params["evaluate"]["decoding"] = {"random": {"seed": 5}}
-    sharders = evaluate.make_sharders(params, 512)
+    sharders = make_sharders(params, 512)
     assert sharders[0].seed == 5
-    assert evaluate.fingerprint(params, backend, sharders) != before
+    assert journal_fingerprint(params, backend, sharders) != before
     params["evaluate"]["decoding"] = {"dreamshard": {"samples": 4}}
     with pytest.raises(ParamsError, match=r"evaluate.decoding: dreamshard not in evaluate.sharders"):
-        evaluate.make_sharders(params, 512)
+        make_sharders(params, 512)
     params["evaluate"]["decoding"] = {"size_greedy": {"samples": 4}}
     with pytest.raises(ParamsError, match=r"evaluate.sharders: sharder 'size_greedy': unknown option\(s\) samples"):
-        evaluate.make_sharders(params, 512)
+        make_sharders(params, 512)
 
 
 def _worker_threads() -> tuple[int, list[tuple[str, int]]]:
@@ -167,7 +167,9 @@ def test_a_planning_worker_runs_one_thread_in_every_pool(tmp_path):
     evaluate = importlib.import_module("stages.evaluate")
     params = tiny_params(tmp_path)
     params["evaluate"]["sharders"] = ["random"]
-    with evaluate.Planner(params, evaluate.make_sharders(params, 64), workers=2) as planner:
+    from dreamshard.project.evaluation import make_sharders
+
+    with evaluate.Planner(params, make_sharders(params, 64), workers=2) as planner:
         torch_threads, pools = planner.pool.submit(_worker_threads).result()
     assert torch_threads == 1
     assert pools and all(n == 1 for _, n in pools), pools  # numpy's BLAS at least (and torch's OpenMP)

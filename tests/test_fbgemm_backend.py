@@ -66,13 +66,13 @@ def test_config_rejects_bad_values_naming_the_field(field, value):
 
 def test_the_pipeline_params_reach_the_backend(project_root):
     """Every key of params.yaml's backend group configures the backend the stages measure with."""
-    from stages.backend import make_stage_backend
-    from stages.common import load_params
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.params import load_params
 
     params = load_params(project_root / "params.yaml")
     params["backend"]["name"] = "fbgemm"
     cfg = params["backend"]
-    backend = make_stage_backend(params, GeneratedLookups())
+    backend = backend_of(params, GeneratedLookups())
     assert isinstance(backend, FbgemmBackend)
     assert backend.config.batch_size == cfg["batch_size"]
     assert backend.config.topology == Topology(**cfg["topology"])
@@ -81,10 +81,10 @@ def test_the_pipeline_params_reach_the_backend(project_root):
     # a changed value arrives too, and a key the backend does not know is an error naming it
     more = cfg["fbgemm"]["iterations"] + 1
     params["backend"]["fbgemm"] = {**cfg["fbgemm"], "iterations": more}
-    assert make_stage_backend(params, GeneratedLookups()).config.iterations == more
+    assert backend_of(params, GeneratedLookups()).config.iterations == more
     params["backend"]["fbgemm"]["iterationz"] = 3
     with pytest.raises(DreamShardError, match="iterationz"):
-        make_stage_backend(params, GeneratedLookups())
+        backend_of(params, GeneratedLookups())
 
 
 # ---------------------------------------------------------------- compute cost

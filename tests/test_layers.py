@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sharders", ("dreamshard.sharders",)),
     ("evaluation", ("dreamshard.evaluation",)),
     ("application", ("dreamshard.cli", "dreamshard.interop.planner", "dreamshard.replan", "dreamshard.replan_changes",
-                     "dreamshard.provenance")),
+                     "dreamshard.provenance", "dreamshard.project")),
 )
 OUTSIDE = ("stages", "pipeline", "benchmarks", "experiments", "tools", "tests")  # never imported by the library
 

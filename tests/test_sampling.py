@@ -13,10 +13,10 @@ from dreamshard.io import write_parquet
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.placement import find_feasible_assignment
 from dreamshard.plan import Plan, validate_plan
+from dreamshard.project.params import ParamsError
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from dreamshard.tasks import TASKS_SCHEMA, read_tasks, tasks_to_arrow
 from stages import tasks as tasks_stage
-from stages.common import ParamsError
 
 NUM_TABLES = 40
 # hash sizes from tiny to 1M rows: a 1M-row table at dim 128 (fp32) takes 0.48 GB,

@@ -12,9 +12,9 @@ import torch
 from dreamshard.data.dlrm import load_dlrm_file, table_statistics
 from dreamshard.data.requests import REQUESTS_SCHEMA, read_requests
 from dreamshard.errors import DataFormatError
+from dreamshard.project.params import ParamsError
 from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 from stages import download, process
-from stages.common import ParamsError
 
 NUM_TABLES, BATCH, SAMPLE = 6, 64, 16
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamshard.errors import DreamShardError
-from stages.common import load_params, section
+from dreamshard.project.params import load_params, section
 
 PROFILE_KEYS = ("tasks.profile", "data.synthetic.num_tables", "data.source")
 CODE = ("dreamshard", "stages", "pipeline")  # what decides the rows besides params and models
@@ -75,12 +75,12 @@ def evaluation_of(params: dict[str, Any]):
     them (nothing measured: the backend gets no lookups)."""
     from dreamshard.data.lookups import RecordedLookups
     from dreamshard.evaluation.journal import EvalJournal
-    from stages.backend import make_stage_backend
-    from stages.evaluate import evaluated_tasks, fingerprint, make_sharders
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.evaluation import evaluated_tasks, journal_fingerprint, make_sharders
 
-    backend = make_stage_backend(params, lookups=RecordedLookups({}))
+    backend = backend_of(params, lookups=RecordedLookups({}))
     sharders = make_sharders(params, int(section(params, "backend.batch_size")))
-    journal = EvalJournal(section(params, "paths.eval_journal"), fingerprint(params, backend, sharders))
+    journal = EvalJournal(section(params, "paths.eval_journal"), journal_fingerprint(params, backend, sharders))
     return backend, sharders, journal, evaluated_tasks(params)[1]
 
 
@@ -212,7 +212,7 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
     from dreamshard.evaluation.figures import cost_ratio_figure
     from dreamshard.evaluation.report import replace_block, summary_markdown
     from dreamshard.io import write_text
-    from stages.evaluate import model_paths_of
+    from dreamshard.project.evaluation import model_paths_of
 
     params = load_params(params_file)
     backend, sharders, journal, splits = evaluation_of(params)
@@ -342,11 +342,11 @@ def timing_check(params: dict[str, Any], journal, splits, tasks: int, tolerance:
 
     from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.plan import Plan
-    from stages.backend import make_stage_backend
+    from dreamshard.project.backend import backend_of
 
     if tasks < 1 or not tolerance > 1:
         raise ValueError(f"timing check: expected tasks >= 1 and tolerance > 1, got {tasks} and {tolerance}")
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     rounds = int(section(params, "evaluate.rounds"))
     measured = journaled_test_tasks(journal, splits, 1)[:tasks]
     ratios: list[float] = []
@@ -387,7 +387,7 @@ def restore(src: Path, params_file: Path, root: Path,
     and the timing check (`timing_tasks`, `timing_tolerance`: timing_check's). `rebuild(params)`: makes the
     deterministic data (default: `dvc repro tasks` in `root`)."""
     from dreamshard.hardware.fbgemm import cpu_model_name
-    from stages.evaluate import model_paths_of
+    from dreamshard.project.evaluation import model_paths_of
 
     prov_path = src / "provenance.json"
     if not prov_path.exists():

@@ -1,5 +1,5 @@
-"""What the cost network's fits learn from (train_cost, and the refits of train_policy and train_autoshard):
-the collected plans outside the held-out share (unless `train_cost.learn_from_held_out`), and the single-device
+"""What the cost network's fits learn from (train_cost, and the refits of train_policy and train_autoshard): the
+collected plans outside the held-out share (unless `train_cost.learn_from_held_out`), and the single-device
 measurements of stage collect_devices when `train_cost.device_data` asks for them."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 
 from dreamshard.learning import devices
 from dreamshard.learning.cost_model import CostData
+from dreamshard.project.params import ParamsError, section
 from dreamshard.tasks import Task, table_pool
-from stages.common import ParamsError, section
 
 
 def load_single_devices(params: dict[str, Any], tasks: list[Task]) -> CostData | None:

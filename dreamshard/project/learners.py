@@ -6,11 +6,11 @@ from typing import Any
 
 from dreamshard.data.bins import META_KEY, BinEstimator, fit_tables_file
 from dreamshard.hardware.base import CostBackend
+from dreamshard.project.params import ParamsError, section
 from dreamshard.tasks import Task
-from stages.common import ParamsError, section
 
 
-def family_tasks(params: dict[str, Any], tasks: list[Task]) -> tuple[list[Task], BinEstimator]:
+def policy_tasks(params: dict[str, Any], tasks: list[Task]) -> tuple[list[Task], BinEstimator]:
     """The training tasks of `train_policy.families` (all of them when it is empty), and the bin estimator fitted on
     every training table: for users' tables without histograms, the Zipf exponent that best fits the tables' bins."""
     bins = fit_tables_file(section(params, "paths.tables"), sorted({t.name for task in tasks for t in task.tables}))

@@ -1,4 +1,4 @@
-"""The policy-training loop shared by train_policy (DreamShard) and train_autoshard (AutoShard).
+"""The policy training of stages train_policy (DreamShard) and train_autoshard (AutoShard).
 
 dreamshard: the alternating loop on the estimated MDP, starting from the train_cost
 network; autoshard: the same policy rewarded by real measurements under a budget.
@@ -22,11 +22,11 @@ from dreamshard.evaluation.figures import training_curves_figure
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import load_cost_net
 from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_autoshard, train_dreamshard
-from stages.backend import make_stage_backend
-from stages.common import build, section
-from stages.cost_data import load_scaler_and_data
-from stages.fit_data import load_single_devices, training_plans
-from stages.learners import family_tasks, learner_meta
+from dreamshard.project.backend import backend_of
+from dreamshard.project.costs import load_scaler_and_data
+from dreamshard.project.fit_data import load_single_devices, training_plans
+from dreamshard.project.learners import learner_meta, policy_tasks
+from dreamshard.project.params import build, section
 
 LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
 
@@ -39,9 +39,9 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
     _, collected, all_tasks = load_scaler_and_data(params)
     data = training_plans(params, collected)  # the plans train_cost learned from
     single = load_single_devices(params, all_tasks)  # every refit learns from them too, as train_cost's fit did
-    tasks, bins = family_tasks(params, all_tasks)
+    tasks, bins = policy_tasks(params, all_tasks)
     cost_net, scaler = load_cost_net(section(params, "paths.cost_model"))
-    backend = make_stage_backend(params)
+    backend = backend_of(params)
     trainer = Trainer(tasks, backend, scaler, config, data, cost_net, single)
     meta = {**learner_meta(tasks, bins, backend), "collected_plans": data.num_plans}
 

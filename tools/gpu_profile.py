@@ -3,15 +3,21 @@ the first table alone, at batch 2048 and 65536, timed three ways per iteration: 
 protocol), wall clock over 50 back-to-back iterations, and the torch profiler's kernel time over 10 (read its
 "Self CUDA time total" / 10; the script's own "device self time/iter" sums nested entries and double counts).
 
-    PYTHONPATH=/tmp/site:$PWD python3 results/gpu/b2048_protocol/profile.py   (from the project root, on the GPU)
+    PYTHONPATH=/tmp/site:$PWD python3 -m tools.gpu_profile   (from the project root, on the GPU; it wrote
+    results/gpu/b2048_protocol/profile_log.txt)
 """
-import sys, torch
-from torch.profiler import profile, ProfilerActivity
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
 from benchmarks.cpu_kernels import reference_tables
 from dreamshard.data.lookups import GeneratedLookups
 from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig
 from dreamshard.plan import Shard
 from dreamshard.tasks import Task
+
 for batch in (2048, 65536):
     refs = reference_tables(8, 1)
     task = Task.uniform("p", refs, 1, 64.0)
@@ -21,7 +27,6 @@ for batch in (2048, 65536):
         op.warm_up(20)
         s = op.time_cuda(50).median()
         torch.cuda.synchronize()
-        import time
         t0 = time.perf_counter()
         for _ in range(50):
             op.step()
@@ -31,9 +36,9 @@ for batch in (2048, 65536):
             for _ in range(10):
                 op.step()
             torch.cuda.synchronize()
-        ev = [e for e in prof.key_averages() if e.device_type.name == "CUDA"] if hasattr(prof.key_averages()[0], "device_type") else []
         kern = sum(e.self_device_time_total for e in prof.key_averages()) / 10 / 1e3
-        print(f"batch {batch} tables {len(shards)}: events fwd {s.fwd_ms:.3f} bwd {s.bwd_ms:.3f} ms; wall/iter {wall:.3f} ms; device self time/iter {kern:.3f} ms")
+        print(f"batch {batch} tables {len(shards)}: events fwd {s.fwd_ms:.3f} bwd {s.bwd_ms:.3f} ms; "
+              f"wall/iter {wall:.3f} ms; device self time/iter {kern:.3f} ms")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
         sys.stdout.flush()
         del op

@@ -1,9 +1,9 @@
-"""The cost backend of the stages that measure: params `backend`, fed with the process stage's lookups."""
+"""The project's cost backend: params `backend`, fed with the process stage's recorded lookups."""
 from __future__ import annotations
 
 from typing import Any
 
-from stages.common import ParamsError, build, section
+from dreamshard.project.params import ParamsError, build, section
 
 
 def recorded_lookups(params: dict[str, Any]):
@@ -18,7 +18,7 @@ def recorded_lookups(params: dict[str, Any]):
     return RecordedLookups({name: by_id[int(i)] for i, name in zip(stats["table_id"], stats["name"])})
 
 
-def make_stage_backend(params: dict[str, Any], lookups=None):
+def backend_of(params: dict[str, Any], lookups=None):
     """The cost backend named in params `backend`, fed with the recorded lookups (or `lookups`)."""
     from dreamshard.hardware import BACKENDS, Topology, make_backend
 
@@ -35,5 +35,5 @@ def make_stage_backend(params: dict[str, Any], lookups=None):
         raise ParamsError(f"params.yaml: backend.{name}: {exc}") from None
     from dreamshard.hardware.fbgemm import pin_threads
 
-    pin_threads(backend)  # a stage is a program: it sets the measurement thread count once, here
+    pin_threads(backend)  # a stage (or benchmark) is a program: it sets the measurement thread count once, here
     return backend

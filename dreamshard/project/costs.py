@@ -1,4 +1,4 @@
-"""What the cost network's stages read: the training tasks, their feature scaler and the collected costs."""
+"""The collected cost data: the training tasks, the feature scaler of their tables, and the measured plans."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +10,8 @@ import pandas as pd
 from dreamshard.errors import DataFormatError
 from dreamshard.learning.cost_model import CostData, cost_data_from_rows
 from dreamshard.learning.features import FeatureScaler, table_features
+from dreamshard.project.params import section
 from dreamshard.tasks import Task, read_tasks
-from stages.common import section
 
 
 def load_tasks_and_scaler(params: dict[str, Any]) -> tuple[list[Task], FeatureScaler]:
@@ -35,5 +35,3 @@ def load_scaler_and_data(params: dict[str, Any]) -> tuple[FeatureScaler, CostDat
                                   f"{Path(section(params, 'paths.tasks')) / 'train.parquet'}: the costs were "
                                   "collected for other tasks; rerun collect")
     return scaler, cost_data_from_rows(plans, devices, tasks), tasks
-
-

@@ -1,4 +1,4 @@
-"""What every stage needs: its parameters, read from params.yaml with clear errors."""
+"""params.yaml: read with clear errors naming the missing key or the bad value."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +43,7 @@ def build(cls: type[T], values: Any, where: str) -> T:
     """Instantiate dataclass `cls` from a params mapping, rejecting unknown keys."""
     if not isinstance(values, dict):
         raise ParamsError(f"params.yaml: {where}: expected a mapping, got {type(values).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]  # cls: a dataclass
     unknown = sorted(set(values) - known)
     if unknown:
         raise ParamsError(f"params.yaml: {where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(sorted(known))}")
