@@ -8,7 +8,7 @@ counted from a seeded batch of their lookups). Test tasks: `--tasks` tasks of 40
 on 8 devices, dims drawn from {4, 8, 16, 32, 64, 128}, device memory loose (twice an even share of the bytes, and
 room for the largest table). Each task is planned by size_lookup_greedy (and by neuroshard if
 models/neuroshard.pt exists); then 10% new tables (from the tables no task of that size uses) join it, and it is
-re-planned (dreamshard.replan) with X = 0, 5, 10, 25, 50, 100% of the new task's bytes allowed to move. Scenario
+re-planned (dreamshard.sharders.replan) with X = 0, 5, 10, 25, 50, 100% of the new task's bytes allowed to move. Scenario
 `devices` also adds 4 devices (8 -> 12), which keeping everything cannot use for the old tables.
 
 Per X: the median over tasks of cost / the full re-plan's cost (the full re-plan moves what it likes), of the GB
@@ -33,8 +33,8 @@ from dreamshard.data.dlrm import SyntheticConfig, generate_lookups, sample_table
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.io import write_text
 from dreamshard.memory import GB
-from dreamshard.replan import replan
 from dreamshard.sharders import load_model, make_sharder
+from dreamshard.sharders.replan import replan
 from dreamshard.tables import BIN_COLUMNS, access_count_bins
 from dreamshard.tasks import Task, stats_table
 

@@ -200,3 +200,62 @@ def find_feasible_assignment(task: Task, max_steps: int = DEFAULT_MAX_STEPS) -> 
     sizes = [task.table_bytes(i) for i in range(len(task.tables))]
     order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
     return place_tables(task, order, by_least_load, weights=sizes, max_steps=max_steps)
+
+
+# ---------------------------------------------------------------- satisfiability
+
+
+def check_satisfiable(task: Task) -> None:
+    """Raise InfeasibleTaskError naming the constraints that no plan can satisfy together (each device's
+    memory included); a task that passes may still be infeasible by memory, which placement reports."""
+    caps = task.capacities()
+    size = {t.name: task.shard_bytes(t) for t in task.tables}
+    pins, avoided = task.pinned_device(), task.avoided()
+
+    def describe(t: str) -> str:
+        parts = []
+        if t in pins:
+            parts.append(f"pin {pins[t]}")
+        if t in avoided:
+            parts.append(f"avoid {list(avoided[t])}")
+        return f"{t!r} ({', '.join(parts)})" if parts else repr(t)
+
+    for t, d in pins.items():
+        if d in avoided.get(t, ()):
+            raise InfeasibleTaskError(f"task {task.name!r}: table {t!r}: pin to device {d} conflicts with its avoid "
+                                      f"{list(avoided[t])}")
+    for t, ds in avoided.items():
+        if len(set(ds)) >= task.num_devices:
+            raise InfeasibleTaskError(f"task {task.name!r}: table {t!r} avoids every device ({list(ds)})")
+    # units that must stay on one device: each group, and each other never-cut table
+    units: list[tuple[str, tuple[str, ...]]] = [(f"group {list(g)}", g) for g in task.groups]
+    grouped = {t for g in task.groups for t in g}
+    units += [(f"table {t!r} ({'pinned' if t in pins else 'whole'})", (t,))
+              for t in sorted(task.never_cut() - grouped)]
+    where: dict[int, list[tuple[str, int]]] = {}
+    for label, members in units:
+        member_pins = {t: pins[t] for t in members if t in pins}
+        if len(set(member_pins.values())) > 1:
+            raise InfeasibleTaskError(f"task {task.name!r}: {label}: members are pinned to different devices: "
+                                      + ", ".join(f"{t!r} to {d}" for t, d in member_pins.items()))
+        allowed = set(range(task.num_devices))
+        for t in members:
+            allowed &= set(task.allowed_devices(t))
+        if not allowed:
+            raise InfeasibleTaskError(f"task {task.name!r}: {label}: no device is allowed for all of its tables: "
+                                      + ", ".join(describe(t) for t in members))
+        need = sum(size[t] for t in members)
+        best = max(allowed, key=lambda d: caps[d])
+        if need > caps[best]:
+            raise InfeasibleTaskError(
+                f"task {task.name!r}: {label} needs {need / GB:.3f} GB on one device, but the largest device it may "
+                f"use (device {best}) holds {caps[best] / GB:.3f} GB"
+                + (f"; constraints: {', '.join(describe(t) for t in members)}" if len(allowed) < len(caps) else ""))
+        if member_pins:
+            where.setdefault(next(iter(member_pins.values())), []).append((label, need))
+    for d, units_on in sorted(where.items()):
+        need = sum(n for _, n in units_on)
+        if need > caps[d]:
+            raise InfeasibleTaskError(f"task {task.name!r}: device {d}: {', '.join(label for label, _ in units_on)} "
+                                      f"are pinned to it and need {need / GB:.3f} GB together; it holds "
+                                      f"{caps[d] / GB:.3f} GB")

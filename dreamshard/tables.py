@@ -24,7 +24,7 @@ NUM_BINS = 17
 BIN_COLUMNS = [f"bin_{i}" for i in range(NUM_BINS)]
 # a user's tables file: its columns, required and optional
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
-CONSTRAINT_COLUMNS = ("group", "pin", "avoid", "whole")  # placement constraints, read by dreamshard.cluster
+CONSTRAINT_COLUMNS = ("group", "pin", "avoid", "whole")  # placement constraints, read by dreamshard.data.cluster
 PROFILE_COLUMNS = ("batch_size", "num_lookups", "num_unique")  # what `dreamshard profile` measured the bins on
 TABLES_FILE_COLUMNS = (*REQUIRED_COLUMNS, *BIN_COLUMNS, *CONSTRAINT_COLUMNS, *PROFILE_COLUMNS)
 _EXPECTED_COLUMNS = (f"{', '.join(REQUIRED_COLUMNS)}[, bin_0..bin_16][, {', '.join(CONSTRAINT_COLUMNS)}]"

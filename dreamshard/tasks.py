@@ -4,7 +4,7 @@ dreamshard.data.sampling.
 Devices may differ: each has its memory, and optionally a kind (e.g. "h100"), a relative speed (its
 throughput over a reference device's: compute costs on it are the reference costs / speed) and a host
 (devices on one host talk over the intra-host links, see dreamshard.hardware.comm). Devices files and
-constraints files: dreamshard.cluster.
+constraints files: dreamshard.data.cluster.
 
 Placement constraints (checked by plan.validate_plan, honoured by every sharder of ours through
 placement.place_tables and sharders.pieces.with_pieces):

@@ -20,7 +20,7 @@ def huge_pages_from_params(params_file: str) -> None:
     its first allocation): params backend.fbgemm.huge_pages decides it, whatever the shell had."""
     import yaml
 
-    from dreamshard.allocator import set_huge_pages
+    from dreamshard.hardware.allocator import set_huge_pages
 
     try:
         with open(params_file) as fh:

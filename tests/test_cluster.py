@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 from test_sharders_property import MODEL, NEUROSHARD_MODEL, model_for
 
 from dreamshard.cli import main
-from dreamshard.cluster import (
+from dreamshard.data.cluster import (
     Constraints,
-    check_satisfiable,
     constraints_from_json,
     read_constraints_file,
     read_devices_file,
@@ -23,6 +22,7 @@ from dreamshard.errors import DataFormatError, DreamShardError, InfeasibleTaskEr
 from dreamshard.evaluation.bounds import lower_bound
 from dreamshard.hardware.comm import Topology, transfer_ms
 from dreamshard.memory import GB, MemoryModel
+from dreamshard.placement import check_satisfiable
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
 from dreamshard.tables import Table

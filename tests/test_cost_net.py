@@ -17,7 +17,7 @@ from experiments import cost_net
 def allocator_setting_restored(monkeypatch):
     """Each study, a program, sets the allocator variable from params before torch starts: undone after each
     test, so the rest of the suite's process keeps its own setting."""
-    from dreamshard.allocator import HUGE_PAGES_ENV
+    from dreamshard.hardware.allocator import HUGE_PAGES_ENV
 
     monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))
 

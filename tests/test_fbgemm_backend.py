@@ -144,7 +144,7 @@ def test_another_thread_count_is_refused_and_never_changed(backend):
 
 def test_an_allocator_setting_other_than_the_configs_is_refused(backend, monkeypatch):
     """torch reads the huge-pages setting once per process: the backend measures only where it matches."""
-    from dreamshard.allocator import HUGE_PAGES_ENV
+    from dreamshard.hardware.allocator import HUGE_PAGES_ENV
 
     huge = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=256, warmup=1, iterations=3,
                                                                 huge_pages=True))
@@ -159,8 +159,19 @@ def test_an_allocator_setting_other_than_the_configs_is_refused(backend, monkeyp
         FbgemmConfig(huge_pages="yes")  # type: ignore[arg-type]
 
 
+def test_the_allocator_setting_is_importable_before_torch():
+    """`python -m pipeline` sets the allocator's environment before anything imports torch: importing
+    dreamshard.hardware.allocator (and its package) must not import torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, dreamshard.hardware.allocator; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_the_pipeline_sets_the_allocator_from_params_before_torch(tmp_path, monkeypatch):
-    from dreamshard.allocator import HUGE_PAGES_ENV, huge_pages_enabled
+    from dreamshard.hardware.allocator import HUGE_PAGES_ENV, huge_pages_enabled
     from pipeline.__main__ import huge_pages_from_params
 
     params = tmp_path / "params.yaml"

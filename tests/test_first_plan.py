@@ -12,7 +12,7 @@ import pytest
 
 from dreamshard.cli import main
 from dreamshard.cli.plan import human_bytes
-from dreamshard.cluster import task_from_plan
+from dreamshard.data.cluster import task_from_plan
 from dreamshard.data.examples import production_model_frame, production_model_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.tables import read_tables_file

@@ -16,15 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("dreamshard", "dreamshard.errors", "dreamshard.io", "dreamshard.limits", "dreamshard.memory",
-              "dreamshard.tables", "dreamshard.tasks", "dreamshard.plan", "dreamshard.placement",
-              "dreamshard.cluster", "dreamshard.allocator")),
+              "dreamshard.tables", "dreamshard.tasks", "dreamshard.plan", "dreamshard.placement")),
     ("data", ("dreamshard.data",)),
     ("hardware", ("dreamshard.hardware", "dreamshard.interop", "dreamshard.interop.torchrec")),
     ("learning", ("dreamshard.learning",)),
     ("sharders", ("dreamshard.sharders",)),
     ("evaluation", ("dreamshard.evaluation",)),
-    ("application", ("dreamshard.cli", "dreamshard.interop.planner", "dreamshard.replan", "dreamshard.replan_changes",
-                     "dreamshard.provenance", "dreamshard.project")),
+    ("application", ("dreamshard.cli", "dreamshard.interop.planner", "dreamshard.provenance", "dreamshard.project")),
 )
 OUTSIDE = ("stages", "pipeline", "benchmarks", "experiments", "tools", "tests")  # never imported by the library
 

@@ -914,7 +914,7 @@ def test_every_cost_estimator_rates_a_plan_as_its_own_search_does(world, model, 
     backend is. Re-planning takes any of them."""
     from dreamshard.hardware.base import CostEstimator
     from dreamshard.learning.cost_model import NetworkEstimate
-    from dreamshard.replan import replan
+    from dreamshard.sharders.replan import replan
 
     network = NetworkEstimate(model.cost_net, model.scaler)
     estimators: list[CostEstimator] = [network, neuro, backend]

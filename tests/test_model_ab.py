@@ -100,7 +100,7 @@ def plan_key(shards_json: str) -> tuple:
 
 
 def test_the_journal_variant_takes_the_measured_row_of_the_plan_it_picks(tmp_path, monkeypatch, capsys):
-    from dreamshard.allocator import HUGE_PAGES_ENV
+    from dreamshard.hardware.allocator import HUGE_PAGES_ENV
 
     monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))  # the command sets it from params
     monkeypatch.chdir(tmp_path)

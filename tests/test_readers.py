@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dreamshard.cli import main
-from dreamshard.cluster import Constraints, read_constraints_file, read_devices_file, read_table_constraints
+from dreamshard.data.cluster import Constraints, read_constraints_file, read_devices_file, read_table_constraints
 from dreamshard.errors import DataFormatError
 from dreamshard.tables import BIN_COLUMNS, read_tables_file
 

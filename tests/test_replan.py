@@ -1,4 +1,4 @@
-"""Re-planning that moves little (dreamshard.replan, `dreamshard plan --previous`): moved bytes exact, the move
+"""Re-planning that moves little (dreamshard.sharders.replan, `dreamshard plan --previous`): moved bytes exact, the move
 limit respected, never worse than keeping everything, the full re-plan's cost when the budget allows it."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from dreamshard.errors import DreamShardError
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, Shard, validate_plan
-from dreamshard.replan import PiecesTask, coalesce, moved_bytes, replan, surviving_shards
 from dreamshard.sharders import make_sharder
+from dreamshard.sharders.replan import PiecesTask, coalesce, moved_bytes, replan, surviving_shards
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
 

@@ -1,7 +1,7 @@
 """What `dreamshard measure` and `dreamshard report` share: the plan file's task rebuilt, and the backend that costs it.
 
 Both read a tables file and a plan file, rebuild the task the plan was made for (the devices, memory model,
-sharding kinds and constraints the plan records: dreamshard.cluster.task_from_plan, or the devices given
+sharding kinds and constraints the plan records: dreamshard.data.cluster.task_from_plan, or the devices given
 instead), check the plan against it, and cost it with a backend built from the same options.
 `dreamshard plan --previous` reads its plan file with the same `read_plan_file` and `previous_shapes`.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dreamshard.cluster import read_devices_file, task_from_plan
+from dreamshard.data.cluster import read_devices_file, task_from_plan
 from dreamshard.errors import DataFormatError, DreamShardError, InvalidPlanError
 from dreamshard.limits import MAX_DEVICES, check_limit, check_memory, cost_memory_bytes
 from dreamshard.plan import Plan, device_memory_bytes, read_plan_json, validate_plan

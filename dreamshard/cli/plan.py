@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamshard.cli.inputs import previous_shapes, read_plan_file
-from dreamshard.cluster import (
+from dreamshard.data.cluster import (
     plan_metadata,
     read_constraints_file,
     read_devices_file,
@@ -27,8 +27,8 @@ from dreamshard.memory import (
 )
 from dreamshard.plan import Plan, device_memory_breakdown, validate_plan
 from dreamshard.provenance import provenance
-from dreamshard.replan_changes import changed_tables, describe_changes
 from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, default_algo, load_model, make_sharder, spec
+from dreamshard.sharders.replan_changes import changed_tables, describe_changes
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
@@ -185,7 +185,7 @@ def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan,
     """Re-plan from --previous: the plan, the metadata the plan file records and the line to print."""
     from dreamshard.data.lookups import GeneratedLookups
     from dreamshard.hardware import make_backend  # imports torch: only when re-planning
-    from dreamshard.replan import replan
+    from dreamshard.sharders.replan import replan
 
     meta = read_plan_file(args.previous, "--previous")
     previous = Plan.from_dict(meta, str(args.previous))

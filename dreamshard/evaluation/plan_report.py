@@ -1,7 +1,7 @@
 """`dreamshard report`: one plan's costs, lower bound and memory as an HTML page and a PNG figure.
 
 The task is rebuilt from the tables file and what the plan file records (devices, memory model, sharding
-kinds, constraints: `dreamshard.cluster.task_from_plan`), exactly as `dreamshard measure` does, and the plan
+kinds, constraints: `dreamshard.data.cluster.task_from_plan`), exactly as `dreamshard measure` does, and the plan
 is costed on the chosen backend the same way. Beside it, the plan's lower bound
 (`dreamshard.evaluation.bounds.lower_bound`) under the cuts the plan makes.
 

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dreamshard.allocator import HUGE_PAGES_ENV, huge_pages_enabled
 from dreamshard.errors import DreamShardError, InvalidPlanError, OverBudgetError
+from dreamshard.hardware.allocator import HUGE_PAGES_ENV, huge_pages_enabled
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import GB
@@ -74,7 +74,7 @@ class FbgemmConfig:
     warmup: int = 3
     iterations: int = 15
     threads: int = 1  # CPU threads of a measurement: torch.get_num_threads() must equal it (see pin_threads)
-    huge_pages: bool = False  # CPU: torch allocates weights on transparent huge pages (dreamshard.allocator)
+    huge_pages: bool = False  # CPU: torch allocates weights on transparent huge pages (dreamshard.hardware.allocator)
     device: str = "cpu"  # "cpu" or "cuda"
     memory_budget_gb: float = 4.0  # refuse to build an operator whose weights + optimizer state exceed this
     learning_rate: float = 0.01

@@ -14,10 +14,10 @@ What it reads:
   (the sum over its features: each feature's ids look up the same table); a table without
   one gets `default_pooling_factor` (1.0, TorchRec's own default);
 - per-rank memory: the `Topology`: HBM on cuda (and mtia), DDR on cpu, rank by rank;
-- per-rank kind, speed and host: `devices` (a devices file, dreamshard.cluster, or Device
+- per-rank kind, speed and host: `devices` (a devices file, dreamshard.data.cluster, or Device
   records, one per rank; their memory is ignored: the topology's counts);
 - placement constraints by table name: `placement` (pin, avoid, group, whole: a constraints
-  file or a dreamshard.cluster.Constraints), honoured by every DreamShard sharder;
+  file or a dreamshard.data.cluster.Constraints), honoured by every DreamShard sharder;
 - memory as TorchRec allocates it (dreamshard.memory): the optimizer attached to the tables
   (apply_optimizer_in_backward; else the sharder's fused optimizer; else `optimizer`), input and
   output buffers at `batch_size` (TorchRec's 512 when None), and per rank what TorchRec's
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dreamshard.cluster import Constraints
+from dreamshard.data.cluster import Constraints
 from dreamshard.errors import DreamShardError
 from dreamshard.interop.torchrec import require_torchrec
 from dreamshard.memory import DEFAULT_BATCH_SIZE, DEFAULT_RESERVATION, GB, OPTIMIZER_STATE_BYTES, MemoryModel
@@ -85,7 +85,7 @@ class DreamShardPlanner(ShardingPlanner):
                  default_pooling_factor: float = DEFAULT_POOLING_FACTOR,
                  devices: Sequence[Device] | str | Path | None = None,
                  placement: Constraints | str | Path | None = None) -> None:
-        from dreamshard.cluster import read_constraints_file, read_devices_file
+        from dreamshard.data.cluster import read_constraints_file, read_devices_file
         from dreamshard.sharders import default_algo, load_model, spec
 
         if algo is None:

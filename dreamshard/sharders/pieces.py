@@ -45,9 +45,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from dreamshard.cluster import check_satisfiable
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
+from dreamshard.placement import check_satisfiable
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task

@@ -12,7 +12,7 @@ Constraints, in the tables file (optional columns) or a constraints file (JSON):
   avoid: devices, "1;3"        "avoid": {"a": [1, 3]}          no shard of the table there
   whole: true / false          "whole": ["a"]                  never cut the table
 Both sources together are merged; the same table constrained twice in different ways is an error.
-`check_satisfiable(task)` names the constraints that conflict, before any sharder runs.
+`placement.check_satisfiable(task)` names the constraints that conflict, before any sharder runs.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from dreamshard.errors import DataFormatError, InfeasibleTaskError
+from dreamshard.errors import DataFormatError
 from dreamshard.io import check_names, read_csv_cells
 from dreamshard.memory import GB
 from dreamshard.tables import CONSTRAINT_COLUMNS, missing_number, read_tables_frame
@@ -299,65 +299,6 @@ def read_table_constraints(path: str | Path) -> Constraints:
     if not set(CONSTRAINT_KEYS) & set(df.columns):
         return Constraints()
     return constraints_from_frame(df, str(path), places)
-
-
-# ---------------------------------------------------------------- satisfiability
-
-
-def check_satisfiable(task: Task) -> None:
-    """Raise InfeasibleTaskError naming the constraints that no plan can satisfy together (each device's
-    memory included); a task that passes may still be infeasible by memory, which placement reports."""
-    caps = task.capacities()
-    size = {t.name: task.shard_bytes(t) for t in task.tables}
-    pins, avoided = task.pinned_device(), task.avoided()
-
-    def describe(t: str) -> str:
-        parts = []
-        if t in pins:
-            parts.append(f"pin {pins[t]}")
-        if t in avoided:
-            parts.append(f"avoid {list(avoided[t])}")
-        return f"{t!r} ({', '.join(parts)})" if parts else repr(t)
-
-    for t, d in pins.items():
-        if d in avoided.get(t, ()):
-            raise InfeasibleTaskError(f"task {task.name!r}: table {t!r}: pin to device {d} conflicts with its avoid "
-                                      f"{list(avoided[t])}")
-    for t, ds in avoided.items():
-        if len(set(ds)) >= task.num_devices:
-            raise InfeasibleTaskError(f"task {task.name!r}: table {t!r} avoids every device ({list(ds)})")
-    # units that must stay on one device: each group, and each other never-cut table
-    units: list[tuple[str, tuple[str, ...]]] = [(f"group {list(g)}", g) for g in task.groups]
-    grouped = {t for g in task.groups for t in g}
-    units += [(f"table {t!r} ({'pinned' if t in pins else 'whole'})", (t,))
-              for t in sorted(task.never_cut() - grouped)]
-    where: dict[int, list[tuple[str, int]]] = {}
-    for label, members in units:
-        member_pins = {t: pins[t] for t in members if t in pins}
-        if len(set(member_pins.values())) > 1:
-            raise InfeasibleTaskError(f"task {task.name!r}: {label}: members are pinned to different devices: "
-                                      + ", ".join(f"{t!r} to {d}" for t, d in member_pins.items()))
-        allowed = set(range(task.num_devices))
-        for t in members:
-            allowed &= set(task.allowed_devices(t))
-        if not allowed:
-            raise InfeasibleTaskError(f"task {task.name!r}: {label}: no device is allowed for all of its tables: "
-                                      + ", ".join(describe(t) for t in members))
-        need = sum(size[t] for t in members)
-        best = max(allowed, key=lambda d: caps[d])
-        if need > caps[best]:
-            raise InfeasibleTaskError(
-                f"task {task.name!r}: {label} needs {need / GB:.3f} GB on one device, but the largest device it may "
-                f"use (device {best}) holds {caps[best] / GB:.3f} GB"
-                + (f"; constraints: {', '.join(describe(t) for t in members)}" if len(allowed) < len(caps) else ""))
-        if member_pins:
-            where.setdefault(next(iter(member_pins.values())), []).append((label, need))
-    for d, units_on in sorted(where.items()):
-        need = sum(n for _, n in units_on)
-        if need > caps[d]:
-            raise InfeasibleTaskError(f"task {task.name!r}: device {d}: {', '.join(label for label, _ in units_on)} "
-                                      f"are pinned to it and need {need / GB:.3f} GB together; it holds "
-                                      f"{caps[d] / GB:.3f} GB")
 
 
 # ---------------------------------------------------------------- plans record their cluster
