@@ -111,14 +111,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from dreamshard.errors import OverBudgetError
 from dreamshard.hardware.base import CostBackend
-from dreamshard.hardware.comm import Topology
+from dreamshard.hardware.comm import Topology, transfer_ms
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
@@ -358,14 +358,15 @@ def lower_bound(backend: CostBackend, task: Task, regime: str, column_splits: bo
     # into row ranges that may also be column slices (its busiest device then counts), 4 columns
     widths = [4 if c and column_splits else t.dim for t, c in zip(task.tables, cut)]
     if n > 1:
-        spb = _fastest_seconds_per_byte(topology, n, task.host_ids())
-        latency_ms = topology.latency_us * 1e-3
+        # the all-to-all model (comm.transfer_ms) with every link at the fastest speed any link has: the mean
+        # transfer when the tables' widths spread evenly, and the transfer of a device holding one width alone
+        gbps = 1.0 / (_fastest_seconds_per_byte(topology, n, task.host_ids()) * 1e9)
+        fast_links = replace(topology, intra_host_gbps=gbps, inter_host_gbps=gbps)
         total_dim = sum(t.dim for t in task.tables)
-        transfer_mean = latency_ms + (n - 1) * batch_size * total_dim * topology.output_bytes * spb / n**2 * 1e3
+        transfer_mean = float(transfer_ms([total_dim / n] * n, batch_size, fast_links)[0])
         # the speed-weighted mean (below) of transfers: sum_d s_d x_d >= s_min sum_d x_d
         transfer_mean *= float(speeds.min()) * n / total_speed
-        per_table_transfer = [latency_ms + (n - 1) / n * batch_size * w * topology.output_bytes * spb * 1e3
-                              for w in widths]
+        per_table_transfer = [float(transfer_ms([w] + [0] * (n - 1), batch_size, fast_links)[0]) for w in widths]
     else:
         transfer_mean, per_table_transfer = 0.0, [0.0] * len(task.tables)
     per_table = []

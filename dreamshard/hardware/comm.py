@@ -74,7 +74,7 @@ def seconds_per_byte(topology: Topology, n: int, hosts: Sequence[int] | None = N
     return spb
 
 
-def transfer_ms(dim_sums: Sequence[int], batch_size: int, topology: Topology,
+def transfer_ms(dim_sums: Sequence[float], batch_size: int, topology: Topology,
                 hosts: Sequence[int] | None = None) -> np.ndarray:
     """Forward all-to-all transfer time of each device, ms (the backward one is the same)."""
     n = len(dim_sums)
