@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,8 +70,10 @@ def save_checkpoint(path: str | Path, kind: str, networks: dict[str, nn.Module],
         stored[role] = {"config_type": type(config).__name__, "config": _plain(dataclasses.asdict(config)),
                         "state": net.state_dict()}
     state = {"format": FORMAT, "kind": kind, "networks": stored, "scaler": scaler.to_dict(), "meta": meta}
+    buffer = io.BytesIO()  # saved to memory first: a file's archive records its name, and the name of
+    torch.save(state, buffer)  # atomic_path's temporary differs each time; equal checkpoints are equal bytes
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        Path(tmp).write_bytes(buffer.getvalue())
 
 
 def load_checkpoint(path: str | Path, kind: str) -> Checkpoint:
