@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dreamshard.errors import DataFormatError
 from dreamshard.evaluation.collect import (
     CostJournal,
     collect,
@@ -413,6 +414,8 @@ def test_plans_with_cuts_are_valid_and_priced_piece_by_piece(data, analytic):
     devices_frame = pd.DataFrame([d for r in rows for d in r[1]])
     from_rows = cost_data_from_rows(plans_frame, devices_frame, tasks)
     np.testing.assert_allclose(from_rows.shard_raw, from_plans.shard_raw)
+    with pytest.raises(DataFormatError, match="no column row_starts, row_ends: collected by another version"):
+        cost_data_from_rows(plans_frame, devices_frame.drop(columns=["row_starts", "row_ends"]), tasks)
     blocks = [(it.task, s) for it in items[:12] for s in it.plan.shards if s.is_row_range]
     assert blocks
     task, s = blocks[0]

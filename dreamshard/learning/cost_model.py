@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.hardware.comm import Topology, seconds_per_byte, transfer_ms
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
@@ -297,19 +298,17 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
 
 def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
     """CostData from the collect stage's plans/devices frames (rows in the same plan order)."""
+    missing = [c for c in ("tables", "col_starts", "col_ends", "row_starts", "row_ends") if c not in devices.columns]
+    if missing:
+        raise DataFormatError(f"collected device rows: no column {', '.join(missing)}: collected by another version "
+                              "of the collect stage; collect again")
     plan_index = {pid: i for i, pid in enumerate(plans["plan_id"])}
     by_task = {t.name: ({tb.name: tb for tb in t.tables}, t.memory) for t in tasks}
     raw, shard_dev, dev_plan, dev_ms = [], [], [], []
     for k, row in enumerate(devices.itertuples(index=False)):
         tables, memory = by_task[row.task_id]
-        # row ranges: rows collected before plans held row-wise pieces have none (every shard all rows)
-        starts, ends = getattr(row, "row_starts", None), getattr(row, "row_ends", None)
-        if starts is None or ends is None or (isinstance(starts, float) and math.isnan(starts)):
-            starts = ends = [None] * len(row.tables)
-        for name, start, end, r0, r1 in zip(row.tables, row.col_starts, row.col_ends, starts, ends):
-            t = tables[name]
-            r0, r1 = (0, t.rows) if r0 is None else (int(r0), int(r1))
-            raw.append(piece_features(t, r0, r1, int(end - start), memory))
+        for name, start, end, r0, r1 in zip(row.tables, row.col_starts, row.col_ends, row.row_starts, row.row_ends):
+            raw.append(piece_features(tables[name], int(r0), int(r1), int(end - start), memory))
             shard_dev.append(k)
         dev_plan.append(plan_index[row.plan_id])
         dev_ms.append((row.fwd_ms, row.bwd_ms, row.fwd_comm_ms + row.bwd_comm_ms))
