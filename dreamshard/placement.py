@@ -1,16 +1,9 @@
 """Placing whole tables in a given order, each onto the device a ranking prefers.
 
-Every sharder that assigns whole tables goes through `place_tables`: tables are
-taken in the sharder's order and put on the first device of its ranking that has
-room. If a table fits nowhere, the search backs up and tries the next device in
-an earlier table's ranking (depth-first), so a valid plan is found whenever one
-exists within `max_steps` placements. When the first choice never gets stuck the
-result is exactly the plain greedy plan; backing up only happens near memory limits.
-Tables the task pins to a device (`Task.pins`) are placed first, each on its device,
-so every sharder's ranking sees their load when it places the others. The other
-constraints hold the same way, whatever the ranking says: a table never goes to a
-device it avoids (`Task.avoid`), and once one table of a group (`Task.groups`) is
-placed, the others of the group go only to its device.
+Every sharder that assigns whole tables goes through `place_tables`: the first device of its ranking with
+room, backing up depth-first from memory dead ends, so a plan is found whenever one exists within
+`max_steps` and the plain greedy plan comes out where no dead end is met. Pinned tables go first; avoid
+lists and groups hold whatever the ranking says. Details: docs/sharders.md, docs/clusters.md.
 """
 from __future__ import annotations
 

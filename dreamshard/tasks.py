@@ -1,17 +1,8 @@
 """Tasks (tables + devices + memory model + placement constraints) and their Parquet files; sampling them is
 dreamshard.data.sampling.
 
-Devices may differ: each has its memory, and optionally a kind (e.g. "h100"), a relative speed (its
-throughput over a reference device's: compute costs on it are the reference costs / speed) and a host
-(devices on one host talk over the intra-host links, see dreamshard.hardware.comm). Devices files and
-constraints files: dreamshard.data.cluster.
-
-Placement constraints (checked by plan.validate_plan, honoured by every sharder of ours through
-placement.place_tables and sharders.pieces.with_pieces):
-  pins   (table, device): the table is placed on that device (never cut);
-  avoid  (table, devices): no shard of the table on those devices;
-  groups (tables...): the tables share one device (each never cut);
-  whole  tables never cut into column slices or row ranges.
+Devices may differ in memory, kind, relative speed and host; constraints (pins, avoid, groups, whole) are
+checked by plan.validate_plan and honoured by every sharder of ours. Devices and constraints: docs/clusters.md.
 """
 from __future__ import annotations
 

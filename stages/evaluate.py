@@ -70,7 +70,7 @@ def _start_planner(params: dict[str, Any]) -> None:
 
     # A worker is a program: one thread per planning process, set once at its start. torch's count does not
     # reach NumPy's BLAS (OpenBLAS starts a thread per core), and the decoders' NumPy steps use it: two
-    # workers on 2 cores then ran 4 BLAS threads, and planning from about 100 tables took 2-3x as long
+    # workers then ran a BLAS thread per core each, oversubscribing the cores and slowing planning
     # (results/paper-today).
     torch.set_num_threads(1)
     threadpool_limits(1)

@@ -1,35 +1,9 @@
 """Access-count bins estimated from a table's rows and pooling factor, for tables without histograms.
 
-The learned sharders' features include each table's 17 access-count bins (see
-`dreamshard.tables`). A user's tables file may lack them; `dreamshard profile` measures
-them from a sample of lookups, and where none is at hand they are estimated here.
-
-The assumption (one parameter, fitted to data): row popularity follows a Zipf law with
-one exponent s for every table. Rank r = 1..rows is looked up with probability
-p_r = r^-s / H, H = sum_r r^-s, and a batch of B samples makes B x pooling_factor
-lookups in expectation. Taking the number of lookups as Poisson (as the synthetic
-generator's Poisson lengths make it), row r's access count is Poisson(l_r), l_r =
-B x pooling_factor x p_r, independently of the other rows. The estimate is then
-computed, deterministically, with no sampling:
-
-    bins[k] = E[number of rows whose count falls in bin k] / E[number of rows accessed]
-
-(a ratio of exact expectations; the expected fraction itself, a ratio of random
-variables, differs by O(1 / rows accessed)). Bin k is exactly `access_count_bins`'s:
-count 1, (2^(k-1), 2^k], more than 2^15. The Poisson tail probabilities are regularised
-incomplete gamma functions. Ranks are evaluated one by one while consecutive ranks are
-further apart than `rank_group_ratio`, beyond that in groups of ranks [a, b) with
-b / a <= rank_group_ratio, each group's rows taking the group's mean Zipf weight (the
-integral of x^-s over [a - 1/2, b - 1/2]): min(rows, 1 / (ratio - 1)) single ranks and
-about ln(rows (ratio - 1)) / ln(ratio) groups, 100 + 926 for a million rows at the default
-1.01, so memory and time grow with log(rows), never with rows.
-
-The exponent is the one whose estimates best match measured histograms: the mean over
-tables of the L1 distance between estimated and measured bins, minimised by a grid
-search followed by a golden-section search around the best grid point (`BinFitConfig`).
-A learned model should carry the estimator fitted on its own training tables
-(`BinEstimator.to_dict` into the checkpoint's metadata, under `META_KEY`): the bins of
-a table it plans are then estimated the way its training tables' bins are matched.
+The learned sharders' features include each table's 17 access-count bins; where none were measured they
+are estimated here, exactly and without sampling, under one fitted assumption: a Zipf law of row popularity
+with one exponent for every table. A model carries the estimator fitted on its own training tables. The
+model, the fit and its accuracy: docs/profile.md.
 """
 from __future__ import annotations
 

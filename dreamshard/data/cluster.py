@@ -1,18 +1,8 @@
 """Clusters as they are: devices files (memory, kind, speed, host per device) and placement constraints.
 
-Devices file: CSV or JSON, one device per row (CSV) or object (JSON: a list, or {"devices": [...]}):
-  memory_gb (required, > 0), kind (free text, e.g. "h100"), speed (relative throughput, > 0, default 1:
-  a device of speed 2 does the same work in half the time), host (name; all devices or none).
-
-Constraints, in the tables file (optional columns) or a constraints file (JSON):
-  tables file columns          constraints file keys
-  group: a label; the tables   "group": [["a", "b"], ...]      tables that share one device
-         of one label share
-  pin:   a device index        "pin": {"a": 0}                 the table on that device
-  avoid: devices, "1;3"        "avoid": {"a": [1, 3]}          no shard of the table there
-  whole: true / false          "whole": ["a"]                  never cut the table
-Both sources together are merged; the same table constrained twice in different ways is an error.
-`placement.check_satisfiable(task)` names the constraints that conflict, before any sharder runs.
+Readers for devices files and for constraints given as tables-file columns or a JSON file (merged; a table
+constrained twice in different ways is an error), and what a plan file records of its task so that it can
+be rebuilt. Formats and how each part honours them: docs/clusters.md.
 """
 from __future__ import annotations
 

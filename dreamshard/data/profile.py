@@ -1,35 +1,8 @@
 """`dreamshard profile`: a tables file whose statistics are measured from a sample of the user's own lookups.
 
-Inputs, by suffix (several may be given; see docs/profile.md):
-
-- `.pt`, `.pt.gz`: the DLRM embedding_bag format (dreamshard.data.dlrm). Each file's
-  tables are named `<file stem>/tNNNN`, as the process stage names them. A file is one
-  torch.save pickle and is loaded whole (its arrays are in memory while it is
-  profiled); its tables are then counted one at a time.
-- `.parquet`: lookups, one row per batch (or part of a batch) of one table:
-      table    string         the table's name
-      indices  list<int64>    the batch's row ids, sample after sample
-      offsets  list<int64>    B + 1 positions into this row's `indices`: offsets[0] = 0,
-                              non-decreasing, offsets[B] = len(indices); sample b reads
-                              indices[offsets[b] : offsets[b + 1]]
-  Any integer list type is accepted (cast to int64). A table may have any number of
-  rows, in any row groups and files: its batches are concatenated. The file is read one
-  row group at a time.
-
-Statistics per table are the process stage's (dreamshard.data.dlrm.table_statistics):
-pooling factor = lookups / samples, the 17 access-count bins of the counts of its
-distinct rows (`access_count_bins`), rows = max(100, max index + 1) unless given with
-`--rows` (then every index must be below it). The dimension is not in the lookups:
-`--dim` gives it.
-
-Memory: per table, the distinct rows seen so far and their counts (sorted int64 arrays,
-16 bytes a distinct row, at most min(rows, lookups) of them, merged batch by batch: a
-merge briefly holds the table's arrays twice), for every table not yet finished (a DLRM
-file's table is finished when counted; Parquet tables at the end of all inputs). Their
-total is kept under `max_memory_gb`: the run stops with an error rather than exceed it.
-On top of that: one row group's columns (Parquet), or one whole DLRM file.
-
-The command's options and messages: dreamshard/cli/profile.py.
+Reads DLRM `.pt`/`.pt.gz` files and Parquet lookups (table, indices, offsets), streamed, and computes the
+process stage's statistics per table (pooling factor, access-count bins, rows) within a memory bound. Input
+formats, statistics and memory: docs/profile.md; the command: dreamshard/cli/profile.py.
 """
 from __future__ import annotations
 

@@ -48,8 +48,8 @@ class ProbeCache:
     single-shard probe measured once per evaluation.
 
     A bound is only as low as its probes' readings, and a reading is never below what the operator costs but
-    can be well above it: a 2-core machine in a noisy spell read every single table of a task 30% high, and
-    the bound then lay above the exhaustive optimum (median of 3 rounds, measured minutes later). So each probe
+    can be well above it: a machine in a noisy spell can read every single table of a task high, and the bound
+    then lies above the exhaustive optimum (docs/cost-backends.md). So each probe
     is measured `rounds` times and its least reading kept (the least total; a bound's term wants the least).
     A bound probes every table of a task on its own (and its 4-column slice, and row pieces): one operator
     holding one shard, whose cost depends on the table's statistics and lookups, the shard's width and

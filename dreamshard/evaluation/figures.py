@@ -1,17 +1,9 @@
 """Figures of the evaluation as PNG: each sharder's cost against the best heuristic, the learners' training
 curves, the cost network's predictions on held-out plans.
 
-Each figure function takes plain data (what the pipeline writes: metrics/eval.json's "families", the frames of
-plots/train_*.csv, arrays of plan costs) and a path, writes the PNG atomically and returns the path:
-`cost_ratio_figure`, `training_curves_figure`, `cost_model_scatter`; `render_*` return the same figures
-unsaved. matplotlib's object API with the Agg canvas: no pyplot, no global backend or state.
-
-Bad input is a `DataFormatError` naming what is wrong (a missing column, a value that is no number); input
-with nothing to draw (a family without a best heuristic, a learner without iterations, no held-out plans)
-gives a figure or a panel that says so.
-
-`write_all(metrics_dir, plots_dir)` renders every figure whose inputs exist and says which it skipped;
-`python -m dreamshard.evaluation.figures [--metrics metrics] [--plots plots] [--out DIR]` does the same.
+Each figure function takes plain data and a path and writes the PNG atomically (`render_*` return it unsaved),
+with matplotlib's object API: no pyplot, no global state. `write_all` and `python -m
+dreamshard.evaluation.figures` render every figure whose inputs exist. Inputs and errors: docs/pipeline.md.
 """
 from __future__ import annotations
 

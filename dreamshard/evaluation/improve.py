@@ -1,61 +1,8 @@
 """Distance to the best plan found: a local search that measures real plans (hardware in the loop).
 
-Tasks too large to enumerate have no known optimum; `improve` bounds it from above with a plan that was
-measured. It starts from the plans the sharders made (the seeds), measures plans near the best one on the
-cost backend itself, and returns the best plan it measured: "best found / seed cost" says how far a
-sharder's plan is from the best plan a measured search found with that many measurements.
-
-1. Seeds. Every distinct seed plan (identical plans measured once) is measured `rounds` times in
-   interleaved turns (A, B, C, then B, C, A, ...: drift of the machine hits all alike); a plan's cost
-   is its median round.
-2. Descent, from the cheapest seed. A plan's cost is its slowest device, so the neighbours that can
-   lower it take something off a critical device: the one of the largest total and, because every
-   device waits for the slowest forward before the all-to-all (dreamshard.hardware.comm), the one of
-   the slowest forward (and devices tied with either). Neighbours, each a valid plan (built within
-   memory, pins, avoid lists, groups and whole tables, and checked with `validate_plan`; new cuts only
-   where `task.sharding` has "column"), in three tiers tried in turn, the next only when the previous one has no
-   improvement (whole-table moves are the main lever, and splitting early leaves the search among
-   ever finer slices):
-     1. move      a shard from a critical device to another one (a grouped table moves with its group);
-        exchange  two devices that differ (memory, kind, speed or host) trade all their shards;
-     2. swap      a shard of a critical device with a shard of another device;
-     3. split     halve the columns of a shard of a critical device (cut on the multiple of 4 nearest the
-                  middle; "column" in task.sharding, the table not in task.never_cut()), one half
-                  staying, the other going to another device;
-        merge     join two adjacent column slices of one table with the same rows, one of them on a
-                  critical device, onto either one's device.
-   Adjacent slices of one table that a step leaves on the same device are joined (the same cells on the
-   same device: one plan, not two). Within a tier, neighbours are ranked by the load of the device that
-   receives work, least loaded first (seeded random order among equals), and measured once each,
-   `max_neighbours` at a time: the best improving neighbour of a chunk is the step, else the next chunk
-   (max_neighbours = 1 is first improvement in ranked order, a large value best improvement; the
-   small exhaustive tasks of tests/test_improve.py reach the optimum in the fewest measurements with
-   1-4, and on 20-table tasks 1, 4 and 8 end within 1% of each other: 4 is the default).
-3. Confirmation. A neighbour whose single measurement beats the incumbent's median by `min_gain` is
-   measured again, to `rounds` measurements, in interleaved turns with the chunk's next most promising
-   one (up to `confirm` plans), and it is the step only if its median still beats the incumbent's by
-   `min_gain`: a lucky low measurement on a noisy machine is not taken as an improvement. Costs are
-   cached by plan key (the sorted shards): no plan is measured twice for its single measurement, and a
-   confirmed plan keeps its median.
-4. Restarts (`restarts`). At a local optimum (no neighbour of the tiers improves) the search descends
-   again from the next seed in order of cost, then from kicks of the best plan so far (2-3 random
-   neighbours of any kind, anywhere in the plan, the kicked plan confirmed like a candidate), until
-   the budget is spent. From a bad plan (all tables on one device) of small tasks (6-7 tables, 2-3
-   devices, some of different speed, analytic backend) a single descent stopped above the exhaustive
-   optimum on 16 of 150 tasks (super-additive) and 9 of 150 (sub-additive), at local optima that take
-   two moves at once to leave (e.g. a device that must trade its one heavy table for a set of small
-   ones); with the restarts all 300 reached the optimum, within 170 measurements at most.
-
-The budget counts every `backend.plan_cost` call: seeds, single measurements and confirmations.
-The returned plan's median is never above the best seed's (asserted).
-
-min_gain and rounds. On a deterministic backend (analytic) take min_gain = 0 and rounds = 1: re-measuring
-returns the same number. On a noisy one, if each measurement is within a factor (1 +- e) of the true cost,
-min_gain = 0 keeps the returned plan's true cost within (1 + e) / (1 - e) of the best seed's, and
-min_gain >= 2e / (1 + e) makes every accepted step a true improvement (tests/test_improve.py checks both
-with e = 0.1). In practice measure the spread on that machine first: take min_gain about twice the relative
-spread of the median of `rounds` measurements of one plan (measure a seed 10 times or so), with rounds = 3
-or 5; a machine shared with other work can spread far more than a quiet one (docs/cost-backends.md).
+Tasks too large to enumerate have no known optimum; `improve` bounds it from above with the best plan it
+measured, starting from the sharders' plans, so "best found / seed cost" says how far a sharder is from it.
+Moves, confirmation of noisy gains, restarts and how to choose min_gain and rounds: docs/cost-backends.md.
 """
 from __future__ import annotations
 

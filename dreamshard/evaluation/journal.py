@@ -1,17 +1,8 @@
 """A resumable evaluation: each task's result rows journaled as soon as they are measured.
 
-An evaluation of many tasks (the paper-scale profile: hours on CPU kernels) must survive an
-interruption and be continued later. `EvalJournal` keeps one Parquet file per evaluated task,
-written atomically (dreamshard.io), named by a content hash of everything that decides its rows:
-the evaluation's fingerprint (backend and its settings, the sharders and their models, rounds,
-the measured fusion regime: the caller's `fingerprint` text), the split, and the task itself
-(its name, tables, devices and memory model). A rerun reads the tasks already journaled and
-evaluates only the others; a changed setting changes the fingerprint, so stale rows are never
-reused. A crash mid-task loses that task's measurements only, and writes no partial file.
-
-`Journaled.run(...)` is the loop: every task in order, each either read or evaluated and
-journaled. Side measurements made once per evaluation (the fusion probes) are journaled too
-(`once`), so a continued run bounds its tasks with the regime the first part measured.
+One Parquet file per evaluated task, named by a hash of everything that decides its rows (the evaluation's
+fingerprint, the split, the task), so a rerun evaluates only the tasks not yet journaled and never reuses
+stale rows; a crash loses one task's measurements. Design: docs/pipeline.md.
 """
 from __future__ import annotations
 

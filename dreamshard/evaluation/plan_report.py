@@ -1,21 +1,8 @@
 """`dreamshard report`: one plan's costs, lower bound and memory as an HTML page and a PNG figure.
 
-The task is rebuilt from the tables file and what the plan file records (devices, memory model, sharding
-kinds, constraints: `dreamshard.data.cluster.task_from_plan`), exactly as `dreamshard measure` does, and the plan
-is costed on the chosen backend the same way. Beside it, the plan's lower bound
-(`dreamshard.evaluation.bounds.lower_bound`) under the cuts the plan makes.
-
-Library: `build_report` (the numbers), `render_figure` / `figure_png` (matplotlib, no pyplot: no global
-state), `render_html` (a self-contained page, the figure inlined as a base64 PNG), `write_report` (both
-files, atomically). The command: `dreamshard.cli.report`.
-
-Which bound: the analytic backend's regime is given (`--regime`, by default the one the evaluate stage measured:
-`dreamshard.cli.inputs.default_regime`), so its bound is that regime's. For the
-fbgemm backend the regime is a property of the machine: with `--regime` (measured, e.g. by
-`python -m benchmarks.cpu_kernels`) that regime's bound; without it the bound valid in either regime, the
-smaller of the two (bounds.py computes exactly that for `sub_additive`: min(fused / N, the super-additive
-bound); the `mixed` bound is the super-additive one, which assumes fusion saves at most the per-operator
-cost per table and is not proven where fusion saves more).
+The task is rebuilt from the tables file and what the plan file records, exactly as `dreamshard measure`
+does, and costed the same way; beside it, the plan's lower bound under the cuts the plan makes, in the
+backend's regime or, for fbgemm without `--regime`, the bound valid in either. docs/report.md.
 """
 from __future__ import annotations
 

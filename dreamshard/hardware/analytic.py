@@ -1,29 +1,8 @@
 """A deterministic cost model of the fused embedding operator: for tests and quick experiments.
 
-Its numbers are a model, never measurements (`measured = False`, backend "analytic").
-
-Per fused operator (one per device), in microseconds (a row shard counts its own rows, and
-the share of its table's lookups its rows get: rows / table rows, since the synthetic data
-scatters hot rows over the table):
-  fwd = launch_us + sum over shards of  B x (pooling x width x lookup_ns x miss_factor + width x output_ns) / 1000
-  bwd = bwd_factor x (fwd - launch_us) + launch_us + optimizer update over the shard's touched rows
-where miss_factor = 1 + miss_penalty x pressure, pressure = min(1, working set / cache_bytes),
-and a shard's working set is its touched rows x width x bytes: touched rows =
-min(rows, B x pooling x cold_fraction), cold_fraction being the share of lookups that hit a
-row for the first time, from the access-count bins (1 / mean accesses per distinct row;
-bins absent: 0.5). The working set is taken over
-  regime "sub_additive":   the shard alone. Work adds up and the launch is paid once per
-                           operator, so fusing tables costs less than running them apart.
-  regime "super_additive": the whole operator. Tables evict each other from the cache, so
-                           fusing tables with large working sets costs more than running
-                           them apart (small ones still share the launch).
-Which regime real kernels are in is a measured property of the processor, not of "CPU" or
-"GPU": FBGEMM's CPU kernels fuse super-additively on some processors and sub-additively on
-others (`python -m benchmarks.cpu_kernels` measures it; the evaluate stage records the regime
-it measured). There is no default: choose the regime to model.
-Communication comes from the all-to-all model in dreamshard.hardware.comm.
-Devices of different speed (Device.speed): `compute_cost` is a reference device's (speed 1),
-and `plan_cost` divides each device's compute by its speed.
+Its numbers are a model, never measurements (`measured = False`, backend "analytic"). Its `regime` (no
+default) chooses whether fusing tables costs more (`super_additive`) or less (`sub_additive`) than running
+them apart, since real kernels differ between processors. The model's formula: docs/cost-backends.md.
 """
 from __future__ import annotations
 

@@ -1,33 +1,8 @@
 """All-to-all communication model for model-parallel embeddings.
 
-Training is data-parallel outside the embeddings: a global batch of B samples is
-split evenly, B/N per device. Forward: device d has pooled outputs of its tables
-for all B samples and sends each other device e its batch share,
-B/N x dimsum_d x bytes. So d sends (N-1) such blocks and receives one block
-B/N x dimsum_e x bytes from every other device e. Backward: the gradients of those
-outputs travel the reverse way (what d sent it now receives, and vice versa).
-
-A device's transfer time is latency + the larger of its send and receive time,
-each link (d, e) running at the intra-host bandwidth when d and e share a host
-(the hosts the devices name, `Task.host_ids`, or else `devices_per_host` consecutive
-devices per host) and at the inter-host bandwidth otherwise; a device's transfers to
-different peers share its link serially. A device's speed (Device.speed) scales its
-compute, not its links.
-
-Shards of every kind move the same way. A device's dimsum is the sum of the widths of
-all its shards: a whole table or a column slice of width w gives pooled outputs of w
-columns; a row shard (rows [r0, r1) of columns [c0, c1), width w = c1 - c0) gives partial
-pooled sums of its rows, also B x w, which TorchRec's row-wise sharding reduce-scatters:
-each partial's batch share B/N x w x bytes goes to every other device, which sums the k
-partials of the k row shards of that table it receives. So a table split into k row shards
-costs k times the output bytes of the whole table, spread over the k devices holding it;
-the backward all-gathers the gradients the same bytes in reverse. Not modelled, for any
-kind of shard: the all-to-all of the lookup ids before the forward (input distribution).
-
-The forward exchange cannot complete before every device has produced its outputs,
-so a device that finished its forward compute early waits for the slowest one:
-fwd_comm_d = (max_e fwd_e - fwd_d) + transfer_fwd_d. The backward exchange starts
-after the dense backward, which all devices finish together, so no such wait.
+Every backend adds it to its compute: the forward all-to-all of pooled outputs (row shards send partial
+sums), the wait for the slowest device's forward, and the backward exchange, over intra- and inter-host
+links. The model and what it leaves out: docs/cost-backends.md.
 """
 from __future__ import annotations
 

@@ -1,28 +1,9 @@
 """Real-kernel cost backend: FBGEMM's fused embedding operator (TBE) on CPU or CUDA.
 
-Each logical device of a plan becomes ONE `SplitTableBatchedEmbeddingBagsCodegen`
-holding all its shards (a column slice is a table of the slice's width, with the
-table's rows and lookups), measured on the one physical device this process runs
-on, devices one after another. Per device:
-
-  warm-up:  `warmup` forward + backward passes
-  timed:    `iterations` times: a forward pass (timed), then a backward pass of that
-            forward's output with a fixed, pre-made output gradient (timed separately;
-            it runs FBGEMM's fused optimizer update)
-  result:   median forward ms, median backward ms
-
-CPU timings use time.perf_counter and are CPU figures: never to be read as GPU figures.
-They need torch's intra-op thread count to be `threads`; the backend checks it and refuses
-to measure otherwise, but never sets it: the thread count is process-wide state, so the
-application sets it once at its start (the stages, `dreamshard measure` and the benchmarks
-do, with `pin_threads`), and threads measuring side by side cannot race on it. CUDA timings use CUDA events.
-Communication is not measured here: it comes from the all-to-all model in
-dreamshard.hardware.comm (PlanCost.comm = "model").
-
-What FBGEMM (fbgemm-gpu-cpu 1.8.0) supports on CPU, checked by running it:
-fp32 and fp16 weights, each with exact_sgd, exact_row_wise_adagrad and exact_adagrad;
-adam is CUDA-only ("Optimizer adam is not supported in CPU mode"), so a task using it
-is refused on CPU rather than measured with another optimizer.
+Each logical device of a plan becomes one TBE operator holding all its shards, timed forward and backward
+(median of `iterations` after `warmup`) on the one physical device this process runs on; communication
+comes from dreamshard.hardware.comm. The protocol, the thread-count rule and what FBGEMM supports on CPU:
+docs/cost-backends.md.
 """
 from __future__ import annotations
 

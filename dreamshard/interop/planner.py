@@ -1,45 +1,9 @@
 """`DreamShardPlanner`: a TorchRec `ShardingPlanner` that plans with any DreamShard sharder.
 
-A training script swaps TorchRec's planner for it and changes nothing else:
-
-    planner = DreamShardPlanner(topology, batch_size=512, constraints=constraints, algo="neuroshard",
-                                model="models/neuroshard.pt")
-    plan = planner.collective_plan(model, sharders, pg)   # or planner.plan(model, sharders) on one process
-    model = DistributedModelParallel(model, plan=plan, sharders=sharders, ...)
-
-What it reads:
-- tables: every `EmbeddingBagCollection` in the module (`named_modules`), each table's
-  name, rows (`num_embeddings`), dim and data type (fp32 or fp16);
-- pooling factors: TorchRec's `ParameterConstraints(pooling_factors=[...])` of the table
-  (the sum over its features: each feature's ids look up the same table); a table without
-  one gets `default_pooling_factor` (1.0, TorchRec's own default);
-- per-rank memory: the `Topology`: HBM on cuda (and mtia), DDR on cpu, rank by rank;
-- per-rank kind, speed and host: `devices` (a devices file, dreamshard.data.cluster, or Device
-  records, one per rank; their memory is ignored: the topology's counts);
-- placement constraints by table name: `placement` (pin, avoid, group, whole: a constraints
-  file or a dreamshard.data.cluster.Constraints), honoured by every DreamShard sharder;
-- memory as TorchRec allocates it (dreamshard.memory): the optimizer attached to the tables
-  (apply_optimizer_in_backward; else the sharder's fused optimizer; else `optimizer`), input and
-  output buffers at `batch_size` (TorchRec's 512 when None), and per rank what TorchRec's
-  `storage_reservation` leaves (its default, HeuristicalStorageReservation(0.15)); every plan is
-  checked against TorchRec's own EmbeddingStorageEstimator before it is returned.
-
-The constructor takes TorchRec's arguments in TorchRec's order (topology, batch_size, enumerator,
-storage_reservation, proposer, partitioner, performance_model, stats, constraints, debug, callbacks,
-timeout_seconds, plan_loader) and ours by keyword after them. TorchRec's search parts (enumerator,
-proposer, partitioner, performance_model, stats, callbacks, plan_loader) are what DreamShard's
-sharder replaces: giving one is an error. `debug` prints each rank's memory; `timeout_seconds` bounds
-planning.
-
-It plans one task holding every table of every EBC with `algo` (a name from
-dreamshard.sharders; by default `dreamshard_cut` when a model is given, else
-`size_lookup_greedy`; a learned sharder needs `model`, a checkpoint path or a loaded model),
-within `sharding` kinds (table, column, row), and returns a `ShardingPlan` with one module plan per EBC fqn:
-table-wise, column-wise and row-wise shardings as
-planned (dreamshard.interop.torchrec), compute kernel `fused`, placed on
-`{compute_device}:{rank % local_world_size}`. A constraint TorchRec states and the
-plan cannot honour (a compute kernel other than `fused`, a table restricted to sharding
-types the plan does not use) is an error naming the table, never ignored.
+A training script swaps TorchRec's planner for it and changes nothing else: it reads the tables, pooling
+factors and per-rank memory TorchRec would, plans them as one task with `algo`, and returns a `ShardingPlan`
+checked against TorchRec's own storage estimate. A constraint it cannot honour is an error, never ignored.
+What it reads, its arguments and a complete script: docs/torchrec.md.
 """
 from __future__ import annotations
 

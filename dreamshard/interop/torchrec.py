@@ -1,48 +1,9 @@
 """TorchRec interop: export a plan as a TorchRec `ShardingPlan`, and TorchRec's own estimate of a plan.
 
-TorchRec (`torchrec==1.8.0`) is optional and imported only inside these functions, so
-`import dreamshard` never loads it, and the `dreamshard` command only for the `torchrec`
-sharders and `plan --format torchrec`.
-
-The model the exported plan is for
-----------------------------------
-One `EmbeddingBagCollection` (EBC) holding every table of the task, in task order,
-each built by `embedding_bag_configs(task)`: `EmbeddingBagConfig(name=table.name,
-embedding_dim=table.dim, num_embeddings=table.rows, feature_names=[table.name])`,
-weights in the task's precision (fp32 or fp16), sum pooling.
-
-A `ShardingPlan` is keyed by the fully qualified name (fqn) of the sharded module
-inside the module handed to `DistributedModelParallel`. The default, `DEFAULT_FQN =
-"ebc"`, is for a model whose EBC is its attribute `ebc` (`model.ebc`), as in
-docs/torchrec.md. Pass `fqn=""` when the EBC itself is the module given to
-`DistributedModelParallel`, or e.g. `"sparse_arch.embedding_bag_collection"` for
-TorchRec's DLRM. A wrong fqn is NOT an error in TorchRec: the EBC silently stays
-unsharded (replicated), so it must match the training script.
-
-Shards
-------
-A whole-table shard becomes `table_wise(rank=device, compute_kernel="fused")`. A
-table split into column slices becomes a column-wise sharding with one shard per
-slice, in column order, each with the slice's width, column offset and device.
-TorchRec's `column_wise(ranks=...)` only makes equal slices in rank-list order (and
-`column_wise(size_per_rank=...)` puts slice i on rank i whatever the ranks), so
-equal slices use `column_wise(ranks=...)` and unequal ones an equivalent generator
-that writes each slice's size, offset and rank itself; TorchRec's column-wise
-sharding keeps per-shard widths (`local_cols`), so uneven slices are supported.
-A table in row ranges becomes `row_wise()`: TorchRec trains row-wise tables only in
-its own layout (blocks of ceil(rows / ranks) rows, block i on rank i: ids are routed
-to rank id // block), which is the layout dreamshard's sharders make
-(dreamshard.sharders.pieces); row ranges laid out otherwise are refused, naming the
-table and the layout TorchRec needs. Every exported sharding is checked against the
-plan before it is returned.
-
-Back from TorchRec (`torchrec_table_shards`): any sharding type made of blocks of a
-table on one rank each converts to shards (table-wise, column-wise,
-table-column-wise, row-wise, table-row-wise, grid); data-parallel (replicas) does not.
-
-The `fused` kernel keeps the optimizer inside FBGEMM's TBE: the training script
-must give the EBC an in-backward optimizer (`apply_optimizer_in_backward`) or the
-sharder fused params, see docs/torchrec.md.
+TorchRec is optional and imported only inside these functions. The exported plan is for one
+EmbeddingBagCollection of every table, keyed by its fqn (a wrong fqn leaves it silently unsharded in
+TorchRec); row ranges must be in TorchRec's row-wise layout. The model, the shardings and the fqn rule:
+docs/torchrec.md.
 """
 from __future__ import annotations
 

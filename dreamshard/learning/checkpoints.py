@@ -1,20 +1,8 @@
 """One checkpoint mechanism for every learned model.
 
-A checkpoint holds, for each of its networks, the network's config dataclass (as a dict,
-with the dataclass's name), its weights, and the feature scaler and metadata the model
-was trained with. Kinds and the networks each holds:
-
-    cost_net     cost_net                    (train_cost: DreamShard's cost network)
-    policy       cost_net, policy            (DreamShard and AutoShard: LearnedModel)
-    neuroshard   compute, comm               (NeuroShard's pre-trained cost models)
-    rnn          rnn                         (the RNN placement baseline: RnnModel)
-
-Loading rebuilds every network from its stored config and loads the weights strictly: a
-config field the code no longer has, a field the code has but the checkpoint lacks (even
-one with a default: the checkpoint may have been trained with another value), or weights
-of another shape is an error naming the file, the network and the field, never a silently
-different model. Files are saved atomically and loaded with
-`weights_only=True`.
+Each network's config, weights, feature scaler and metadata, saved atomically and loaded strictly: a config
+or weights that differ from the code's are an error naming the file, network and field, never a silently
+different model. The kinds and what each holds: docs/learning.md.
 """
 from __future__ import annotations
 

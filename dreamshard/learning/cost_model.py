@@ -1,27 +1,9 @@
 """DreamShard's cost network: predicts a fused operator's costs from its tables' features.
 
-Each shard's 21 scaled features go through a table encoder (21 -> 128 -> 32); a device
-is the sum of its shards' encodings; three heads (32 -> 64 -> 1) predict the device's
-forward compute, backward compute and communication; the element-wise max over a plan's
-devices goes through a fourth head predicting the plan's cost. Heads end in softplus
-times `scale_ms` (the median measured device cost, fixed at the first fit), so a cost
-grows about linearly with the summed encodings, as fused costs do. The loss compares
-log(ms + TARGET_EPS_MS), so sub-ms and tens-of-ms costs weigh alike. Measurements of
-single devices (`DeviceData`: table sets measured as one fused operator, no
-communication) can join the fit: they train the encoder and the two compute heads.
-
-A device's communication (`CostNetConfig.comm`) comes from the comm head ("head", the
-paper's design) or from the all-to-all model of dreamshard/hardware/comm.py ("model"):
-the forward wait for the slowest device's predicted forward compute plus twice the
-transfer of the device's dim sum over the topology the config holds. The wait depends on
-the other devices, which a head reading one device cannot see: on small unseen tasks its
-plan estimates were off by 2-5x (analytic backend; the "model" estimate 0.19).
-
-The plan cost the rest of the system uses (`plan_cost`) is chosen by `plan_estimate`:
-"head" is the plan head; "device_max" is the max over devices of their predicted
-fwd + bwd + comm. Both are trained, and train_cost reports both on held-out plans
-(metrics/cost_model.json: plan_kendall_tau for the head, plan_device_max_kendall_tau
-for device_max). The choice is a param, `train_cost.plan_estimate`.
+A table encoder whose sums per device feed heads for forward, backward and communication cost, and a plan
+head on the max over devices; communication may come from the all-to-all model instead of its head, since
+a head reading one device cannot see the wait for the slowest. Architecture, loss and the choices measured:
+docs/learning.md.
 """
 from __future__ import annotations
 

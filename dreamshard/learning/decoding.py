@@ -1,17 +1,9 @@
 """The policy's per-step device logits in NumPy, for planning: the same function as `PolicyNet.logits` on
 `CostNet.device_costs`, computed without PyTorch's per-call overhead and without redoing what is linear.
 
-Placing one table takes a step of a dozen small layers; in PyTorch each call costs microseconds of
-dispatch whatever its size, which made decoding about 130 µs a table. Two facts make it cheaper:
-
-- the first layer of every cost head, and the device-sum part of the policy head's first layer, are
-  linear in a device's sum of table encodings, so each table's share is projected once per task and
-  `place_tables` sums the projections per device (a device's load is then its layer input, ready);
-- what is left per step (a ReLU, the heads' second layers, the communication model, the policy's cost
-  projection and head) is a few NumPy operations on [devices, 64] arrays.
-
-The results equal PyTorch's up to float rounding (float64 here, float32 there; a test checks both the
-logits and that the plans agree). Training keeps PyTorch (`mdp.rollout`), which needs gradients.
+The linear first layers are projected once per table and summed per device by `place_tables`, leaving a few
+NumPy operations a step; results equal PyTorch's up to float rounding (a test checks logits and plans).
+Training keeps PyTorch (`mdp.rollout`), which needs gradients. Why and how: docs/learning.md.
 """
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ DEAD_END_PENALTY = 2.0
 # Logits this close (relative to their size, 1 at least) are one choice: the greedy step takes the lowest device
 # index among them, here and in the NumPy decoders (decoding.rank_devices). Devices in the same state (all empty
 # at the first step) tie exactly in exact arithmetic, but PyTorch's float32 (training's greedy rollout) and
-# NumPy's float64 (planning) round such logits apart, and differently on different processors: seen on an AMD
-# EPYC, where the rollout took device 1 at a tie the planner broke to device 0.
+# NumPy's float64 (planning) round such logits apart, and processors round them differently, so the rollout and
+# the planner could break one tie to different devices.
 LOGIT_TIE = 1e-5
 
 

@@ -1,16 +1,8 @@
 """NeuroShard's pre-trained cost models: fused compute of one device, and all-to-all communication.
 
-Compute model: DreamShard's CostNet (table encoder, sum over a device's shards, heads),
-trained only on single devices: augmented data as NeuroShard makes it, training tables
-copied at several dims, random sets of 1..max_tables of them under a memory cap, each
-set measured as one fused operator with the real backend.
-
-Communication model (CommNet): per device, from its dim sum, the other devices' dim sum,
-the device count and its straggler offset (how much earlier than the slowest device it
-finished its forward compute), predicts forward and backward communication ms. Per-device
-inputs let one network serve every device count. Its data: random dim splits and offsets,
-costed by the backend's `communication_cost` (a model on CPU; measured where NCCL is).
-Both are fitted with cost_model.adam_fit, the same loop as DreamShard's cost network.
+The compute model is DreamShard's CostNet trained on single devices only (NeuroShard's augmented data); the
+communication model (CommNet) predicts a device's forward and backward all-to-all time from per-device
+inputs, so one network serves every device count. Data and inputs: docs/learning.md.
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """The RNN placement baseline of the DreamShard paper's comparison: a sequence policy trained on real measurements.
 
-An LSTM reads a task's tables in a fixed order (the task's own order) and emits, for each
-table, a hidden state that summarises it and the tables before it. The device for table t
-is chosen by a logit per device computed from that hidden state and the device's state so
-far: the sum of the encodings of the tables already on it and the share of its memory they
-take. Scoring each device with one shared head makes it a policy over any number of devices.
-Unlike DreamShard's policy it has no cost network: it sees no predicted costs, it places the
-tables in the order it was given instead of by predicted cost, and it learns only from real
-measurements. Rewards come as for AutoShard, under the same measurement budget:
-REINFORCE with the batch's normalised costs as baseline (`mdp.reinforce_loss`).
-
-The hidden states depend only on the tables, not on the placement, so they are computed
-once per task; placing is then a loop over the tables. Training decodes a batch of episodes
-at once (`rollout`); a plan at inference goes through `place_tables` (`sharders.rnn.RnnSharder`) with the
-same logits, so the greedy training rollout and the sharder give the same plan when the
-first choices never run out of memory (tests/test_rnn.py). Every weight is drawn from a
-generator the caller seeds: the same data, settings and seed give the same model.
+An LSTM reads the tables in the task's order; a shared head scores each device from its hidden state and the
+device's load, so it plans for any number of devices. No cost network: it learns from real measurements only,
+under AutoShard's budget. Design: docs/learning.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """Training DreamShard (policy on the estimated MDP) and AutoShard (policy on real measurements).
 
-DreamShard alternates, for `iterations` rounds:
-  1. sample `plans_per_iteration` plans from the current policy on training tasks and
-     measure them with the real backend; add them to the cost data;
-  2. refit the cost network (`cost_steps` Adam steps; `cost_steps` also for the first fit);
-  3. `policy_updates` REINFORCE updates on the estimated MDP, each one batch of
-     `episodes` episodes of one random training task, rewarded by the cost network.
-     `baseline` is what an episode's cost is compared with: "batch" (the batch's mean, in units of its
-     spread) or "greedy" (the estimated cost of the policy's own greedy plan of that task, in units of
-     the batch's spread: the self-critical baseline, which trains the plan that inference decodes).
-AutoShard makes the same policy updates with rewards from real measurements, until
-`measurement_budget` plans have been measured; its cost network (which gives the policy
-its device features) is refitted on what it measured (`refit_steps` after each update).
-Everything is seeded through generators the trainer owns (no global RNG): the same data,
-params and seed give the same model.
+DreamShard alternates measuring plans its policy samples, refitting the cost network, and REINFORCE updates
+rewarded by the network; AutoShard rewards every episode with a real measurement, within a budget. Seeded
+through the trainer's own generators. The loop, baselines and results: docs/learning.md.
 """
 from __future__ import annotations
 

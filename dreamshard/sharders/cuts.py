@@ -1,37 +1,9 @@
 """DreamShard with cuts (`dreamshard_cut`): the trained policy places, the cost network decides which tables
 to cut into column slices or row-wise blocks.
 
-TorchRec's planner splits the tables that dominate a device; a plan of whole tables cannot follow it
-there. This sharder searches over cuts with DreamShard's own trained parts, nothing trained anew:
-
-1. The policy places the whole tables (DreamShard's plan).
-2. Local search. The cost network (device-max of predicted fwd + bwd + communication at the devices'
-   speeds) finds the busiest device. For each of its `candidates` costliest tables, two kinds of move are
-   tried:
-   - each finer cut: 2, 4, ... column slices (`pieces.column_widths`), each placed in turn where the
-     policy's logits rank best among the devices the table may use with room and no slice of it yet;
-     and TorchRec's row-wise blocks (`pieces.row_blocks`: block i on device i). All finer cuts are tried,
-     not only the next: a coarse cut can rate worse than whole where a finer one rates better;
-   - moving its piece on the busiest device to another device (each one tried).
-   The move the cost network rates cheapest is taken if it gains more than `min_gain`. When none gains,
-   the best-rated cut is taken all the same, at most `escapes` times: a cut that spreads a table can
-   raise the busiest device until the next moves rebalance around it. The search stops after `depth`
-   moves or when it is stalled with no escape left, and keeps the cheapest plan it has seen.
-3. The policy places the cut task's pieces again from scratch (one decoding), and the cheaper of that
-   and the local search's plan, by the cost network, is kept.
-4. With `row_start` (off by default), steps 2-3 run a second time from another start, near the plans of
-   TorchRec's planner (which cuts most tables row-wise): every table that may be cut row-wise is, then each of
-   them, the cheapest first, is made whole again on the device the policy ranks best where the cost network
-   rates that no worse. The cheaper of the two ends is the plan. Off: the cost network underprices devices
-   of many row blocks, and such plans measured dearer than the search's from the policy's plan.
-
-A piece is priced as the table it would be on its own (pieces.py's rule): a column slice is its table at
-the slice's width with all its lookups; a row block has its rows and their share of the lookups, and adds
-its full width to its device's output (partial sums). TorchRec runs both layouts. Slices of one table go
-to distinct devices: two on one device would only add a lookup. Pinned and grouped tables are neither cut
-nor moved, `whole` tables are not cut; the task's sharding kinds bound the cuts. Each move is scored on
-summed per-device loads (decoding.StepScorer), so a move costs microseconds and planning stays within a
-few decodings of the policy.
+TorchRec's planner splits the tables that dominate a device, which a plan of whole tables cannot follow; this
+searches over cuts and moves on the busiest device with DreamShard's own trained parts, nothing trained
+anew, each move scored in microseconds. The search and its options: docs/learning.md.
 """
 from __future__ import annotations
 

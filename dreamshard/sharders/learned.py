@@ -1,22 +1,8 @@
 """Sharders driven by a trained policy (DreamShard, AutoShard): decoding a LearnedModel into a plan.
 
-Decoding walks the tables in the policy's order and ranks the devices by the policy's
-logits; the first with room is taken, which is the arg-max over the legal devices. The
-ranking goes through `place_tables`, so a plan is found whenever one exists (it backs
-up from memory dead ends instead of failing). With `samples = k > 0`, k plans are also
-sampled (Gumbel noise on the logits = sampling from the softmax over legal devices), and with
-`rivals` (names of greedy heuristics) their plans join the candidates; the one the cost
-network rates best, the policy's greedy plan included, is returned (ties: the policy's).
-The logits come from `StepScorer` (learning/decoding.py): the networks' step in NumPy, the same
-function as the training rollout's up to float rounding, at a fraction of the time.
-
-Devices of different speed (Device.speed): the cost network's device costs are a reference
-device's; the policy sees each device's compute divided by its speed (CostNet.device_costs with
-the task's cluster), and sampled plans are rated by the device-max estimate at those speeds.
-
-Tables without access-count bins get them from `bins`, a `BinEstimator` (by default the
-one the model's metadata carries, if any: see dreamshard.data.bins); with none, such a
-table is an error naming it.
+The policy's logits (`StepScorer`) rank the devices for each table through `place_tables`, so a plan is
+found whenever one exists; optional sampled plans and greedy rivals join, and the cost network keeps the one
+it rates cheapest. Devices of different speed, decoding options and estimated bins: docs/learning.md.
 """
 from __future__ import annotations
 

@@ -1,44 +1,9 @@
 """Tables larger than any device: cut into pieces that the sharders place as tables.
 
-The rule (`Cut`, `first_cut`), for a table whose bytes exceed the largest device's
-capacity, tried in this order and each only where the task's sharding kinds
-(`Task.sharding`) allow it:
-
-1. Column slices: the fewest k (2 <= k <= dim/4) slices, widths multiples of 4 as
-   even as possible (the first ones 4 columns wider), whose widest fits the largest
-   device. Each slice is a piece the sharder places where it likes: TorchRec's
-   column-wise sharding puts each slice on any rank. Columns come first because a
-   slice's output is concatenated while a row piece's is a full-width partial sum
-   that must be added up across devices (more communication, see
-   dreamshard.hardware.comm), and because row-wise pieces cannot go anywhere (2.).
-   A slice does all of its table's lookups over fewer columns; with row-wise
-   optimizer state each slice keeps its own (dreamshard.memory).
-2. Row-wise, as TorchRec trains it: the rows are split into one block per device of
-   ceil(rows/N) rows (the last blocks smaller, or empty and left out), block i on
-   device i. TorchRec's row-wise sharding routes each id to the rank of its block
-   (rank = id // block), so that placement is the only one it can run: block i is
-   a piece pinned to device i (`Task.pins`), placed first, and the sharder places
-   every other table around the blocks. A block gets its rows' share of the
-   table's lookups (pooling x block rows / rows: hot rows are scattered over a
-   table) and the table's access-count bins.
-
-Tables that must stay whole (pinned, grouped or `whole`: Task.never_cut) are never cut, and a
-table's pieces avoid the devices it avoids (Task.derived); row-wise blocks need every device,
-so a table that avoids one is cut by columns only. The largest device means the largest one
-the table may use.
-
-If neither fits (a single row wider than every device, row-wise blocks larger than
-their devices, or the kinds allow no cut), no plan exists and the error says why.
-
-Finer cuts (`with_pieces`): when a plain packing of the pieces (largest first) finds no
-placement within FEASIBILITY_STEPS, or the sharder then finds none, the table with
-the largest piece is cut finer (twice the column slices, up to dim/4, then row-wise)
-and the sharder tries again, until a plan is found or nothing can be cut further: an
-error then comes only when the pieces cannot be placed at all, and says why.
-
-`with_pieces(task, shard_whole)` is the one place this happens: every sharder of ours
-plans through it, so each places pieces by its own rule, as it places tables, and the
-plan maps them back to column slices and row ranges of the user's tables.
+A table that fits no device it may use is cut into column slices first (outputs concatenated, slices go
+anywhere), else into TorchRec's row-wise blocks (block i pinned to device i), and cut finer while the pieces
+cannot be placed. `with_pieces` is the one place this happens: every sharder of ours plans through it, and
+the plan maps pieces back to slices and row ranges of the user's tables. The rule: docs/sharders.md.
 """
 from __future__ import annotations
 

@@ -1,56 +1,10 @@
 """Re-planning that moves little: a new plan for a changed task that keeps the previous plan's shards in place
 unless moving them is worth it, moving at most a given number of bytes of existing shards.
 
-Since the previous plan was made, tables may have been added or removed and devices added (fewer devices is an
-error). A table *survives* when it is still in the task with the same rows and dim; its shards in the previous
-plan are the existing shards. New and changed tables have no existing shards: placing them moves nothing.
-
-`moved_bytes(task, previous, plan)` is exact: for each existing shard on device d, its bytes minus the bytes of its
-overlaps with the new plan's shards of its table on d (each overlap a block of rows x columns, counted with
-`MemoryModel.shard_bytes`).
-
-`replan(task, previous, sharder, max_moved_bytes, cost)`:
-
-1. full = sharder.shard(task): the plan with no limit; its moved bytes and cost.
-2. The *pieces task*: each existing shard of a surviving table becomes a table of its own (its block of rows and
-   columns, its rows' share of the pooling factor, as pieces.cut_task makes row blocks), pinned (Task.pins) to its
-   old device; a surviving table the previous plan kept whole is the table itself, pinned. New and changed tables
-   are free. Task.derived carries the task's constraints over, and pins that conflict with them are not made:
-   a shard on a device its table now avoids, a table that must now stay whole but was cut, or was cut in a way
-   the task's sharding kinds no longer allow (pinned whole where most of its bytes were), a group (its members
-   pinned together where most of their bytes were, or not at all when a member is pinned by the user). Such
-   shards move, and count.
-3. kept = the sharder's plan of the pieces task with every pin: it moves nothing unless forced (above, or when
-   the pinned pieces leave no room: then pins are dropped one unit at a time, those the full plan moves first).
-4. Candidates: the pinned units (a piece, a kept table, or a group's kept members) whose cells the full plan puts
-   elsewhere, from `kept`:
-   a. release: the candidates by bytes, fewest first, unpinned together in nested sets (the first one, the first
-      two, ...) while their bytes fit the limit; the sharder places the released units with the new tables. The
-      best set (or one within `min_gain` of it that moves fewer bytes) is taken if it improves the cost by at
-      least `min_gain` (relative). Released together, units leave every busy device at once: one move alone
-      cannot lower a maximum that several devices share, where the one-move-at-a-time search stalls. On 10
-      changed tasks (40 or 80 tables, 2 removed, 10% new, 4 of them going from 4 to 8 devices; analytic backend)
-      with 5% / 10% / 25% of the bytes allowed to move, one move at a time cost on average 1.33x the full
-      re-plan (keeping everything: 1.49x), this search 1.12x / 1.01x / 0.97x. On the benchmark's tasks
-      (benchmarks/replan.py, where one large table often sets the cost) the difference is small.
-   b. single moves on top: each candidate still pinned is a move in one of two forms, unpinned (the sharder
-      places it) or re-pinned to the device that holds most of its cells in the full plan (where the task's
-      constraints let it go); each is scored once (cost gain per byte moved, the better form) and then tried
-      once, best score first, on top of the moves accepted so far: accepted when the moved bytes stay within the
-      limit and the cost improves by at least `min_gain`. The sharder reruns each time, so new tables settle
-      around the moves.
-5. Of kept, the search's plan and the full plan (when it moves within the limit), the one that moves the
-   fewest bytes among those within `min_gain` of the lowest cost, and no dearer than the full plan when that is
-   allowed: a move must be worth it, and an unlimited budget costs no more than the full re-plan. Every plan is
-   validated against the task, and its moved bytes are checked against the limit.
-
-The work is bounded: at most 5 sharder runs and cost evaluations per candidate (one release set, 2 forms x score
-and try), plus one per forced unpin; plans are cached by their pins. A measured cost (fbgemm) makes each
-evaluation a measurement: a few hundred of them for 80 tables.
-
-Sharders: every sharder that plans through sharders.pieces.with_pieces and honours Task.pins (the heuristics,
-DreamShard, AutoShard, NeuroShard). TorchRec's planner cannot pin a table to a device: re-planning with it is an
-error, and so is any sharder whose plan of the pieces task breaks a pin.
+`moved_bytes` counts exactly the bytes of existing shards that leave their device; `replan` pins the previous
+shards as pieces, then releases those the full re-plan moves, in nested sets and single moves, while they fit
+the limit and lower the cost by `min_gain`. Sharders must honour pins (TorchRec's planner cannot). The
+algorithm and its benchmark: docs/replan.md.
 """
 from __future__ import annotations
 

@@ -1,52 +1,9 @@
 """NeuroShard's search: beam search over column and row splits around a greedy grid search.
 
-Shards are blocks of tables: all of a table, column slices, row ranges (row pieces), or row
-ranges of column slices. To the cost models a block is the table it would be on its own:
-its width, its rows and its rows' share of the table's lookups (pooling x block rows /
-table rows, hot rows being scattered over a table, the rule of dreamshard.sharders.pieces),
-the table's access-count bins; its bytes are its rows x width under the task's memory model.
-
-The inner greedy grid search places the shards in descending predicted cost, each onto the
-device whose predicted fused cost after taking it is lowest, among the devices with memory
-for it and whose dim sum stays within scale x (total width / N); it runs for every scale of
-a grid at once and keeps the plan scored best. A row piece adds its full width to its
-device's dim sum: it sends partial pooled sums of that width (dreamshard.hardware.comm).
-Score: max over devices of predicted compute + predicted forward and backward
-communication (the straggler offsets come from the predicted forward times). If no device
-satisfies the dim bound the bound is dropped for that shard; if a scale's greedy meets a
-shard no device has room for, that scale has no plan, and if none has, the placement backs
-up (dreamshard.placement) with the same preference. A shard of a table the task
-pins to a device (TorchRec's row-wise blocks, see pieces.py) goes only there, never to a device its
-table avoids, and a table of a group only where the group's first table went (Task: constraints);
-pinned, grouped and `whole` tables are never cut. Devices of different speed: a device's predicted
-compute is the model's (fitted on the reference device) / its speed.
-
-The beam search keeps `beams` shard sets; each step makes every move on its candidates,
-the `candidates` largest shards by size and by predicted cost that the move can cut, and
-keeps the best `beams` results. Moves: halve a shard's columns (widths stay multiples of 4;
-where the task allows column slices), and, with `row_splits` (where the task allows row
-ranges), halve its rows, each half keeping at least `min_rows` rows and the table cut into
-at most `max_row_ranges` distinct row ranges (by default the device count: row pieces
-spread a table's lookups over devices, and more of them than devices only add partial sums
-to send; unbounded, the search cut a hot table into 6 to 11 pieces, which its compute
-model, fitted on whole tables fused a few at a time, priced well below the two halves
-(0.46 against 0.66 ms), while the analytic backend put them at 0.86-1.06 ms against 0.85 ms
-for the two halves the search takes when bounded). Shards of pinned tables are
-never cut. A search stops at `depth` moves or when no move improves the best plan. With
-row_splits, a first search makes column moves only (the search without row_splits), and a
-second one, column and row moves, starts from its best plan: row moves never leave the
-predicted cost above what the column moves alone reach (one search with both kinds from the
-start ended up to 1.3 times above it, row moves crowding out the column moves that paid
-later). Memory is never exceeded.
-
-Row moves are off by default. On the analytic backend, with a model fitted as in
-tests/test_search_rows.py and its 40 random tasks of 6-15 tables on 2 or 4 devices, they
-were taken in 18 (super_additive) and 17 (sub_additive) tasks and changed the plans' cost
-by -37% to +16% (mean -0.9%) and -38% to +7% (mean -1.3%), where the compute model
-predicted -7% and -6%: it misprices row pieces fused several to a device (its training
-data holds whole tables, a few per operator). They pay most where one table too narrow to
-cut by columns dominates the step: its two row halves on two devices, 1.54 -> 0.85 ms
-(-45%). Planning takes about 2.2 times as long.
+Shards are blocks of tables priced as the table they would be on their own; the inner greedy places them by
+predicted cost under a grid of dim-balance scales, and the beam search halves columns (and, with
+`row_splits`, rows) while that lowers the predicted plan cost. Constraints and memory always hold. The
+search, its bounds on row cuts and why row moves are off by default: docs/learning.md.
 """
 from __future__ import annotations
 

@@ -1,34 +1,9 @@
 """TorchRec's planner as a baseline sharder (`torchrec`, `torchrec_full`).
 
-TorchRec's `EmbeddingShardingPlanner` plans the task's EmbeddingBagCollection (built on
-the meta device, see dreamshard.interop.torchrec) for one rank per device:
-
-- topology: world size = number of devices, compute device "cuda", HBM = each device's memory
-  (per rank when devices differ; TorchRec's planner has no per-rank speed, so it plans devices of
-  different speed as if alike);
-- constraints: a `whole` table (Task.whole) gets table_wise only; pin, avoid and group constraints
-  have no TorchRec equivalent (its planner cannot put a table on or off a given rank), so a task
-  with any of them is refused with an error naming them, never planned against them;
-- per table: `ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"],
-  pooling_factors=[pooling factor])`; with `full_search=True` every sharding type the
-  EBC sharder offers on CUDA with the fused kernel that the task's sharding kinds
-  (`Task.sharding`, `--sharding`) allow: table -> table_wise, column -> column_wise and
-  table_column_wise, row -> row_wise and table_row_wise, both -> grid_shard too
-  (data_parallel needs the dense kernel and is never proposed); narrowed further to
-  `sharding_types` when given;
-- perf: TorchRec's own per-shard estimator and objective (slowest rank, summed shards);
-- storage: DreamShard's memory model (dreamshard.memory) with no extra reservation, so
-  TorchRec plans under exactly the rule every other sharder and `validate_plan` use.
-  (TorchRec's defaults would add input/output buffers and reserve 15% of HBM.)
-
-Its result becomes a Plan: every shard TorchRec makes (a whole table, a column slice,
-a row block, a grid block) is a shard of the plan on its rank, with its row range
-when it holds part of the rows. When TorchRec finds no plan (memory), the error is
-InfeasibleTaskError with TorchRec's message. TorchRec's partitioner is greedy: unlike
-the sharders built on `place_tables`, it may give up on a task that a search would
-fit near the memory limit.
-
-TorchRec is imported only when a plan is made.
+TorchRec's `EmbeddingShardingPlanner` plans the task's EmbeddingBagCollection (built on the meta device) for
+one rank per device, under DreamShard's memory model so that it plans by the same rule as every sharder;
+constraints it cannot express are refused. TorchRec is imported only when a plan is made. Setup and
+sharding types: docs/torchrec.md.
 """
 from __future__ import annotations
 
