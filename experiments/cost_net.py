@@ -286,7 +286,7 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
     from dreamshard.errors import DreamShardError
     from dreamshard.io import write_parquet
     from dreamshard.learning.cost_model import load_cost_net
-    from dreamshard.learning.devices import DeviceSample, cost_data_from_rows, device_samples, measure_samples
+    from dreamshard.learning.devices import DeviceSample, cost_data_from_device_rows, device_samples, measure_samples
     from dreamshard.project.backend import backend_of
     from dreamshard.tasks import read_tasks, table_pool
 
@@ -318,7 +318,7 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
     by_pool = {}  # pool -> (its devices' CostData, their table counts): read once, scored by every model
     for name, sub in frame.groupby("pool", sort=False):
         sub = sub.reset_index(drop=True)
-        by_pool[name] = (cost_data_from_rows(sub, table_pool(tasks[name]), tasks[name][0],
+        by_pool[name] = (cost_data_from_device_rows(sub, table_pool(tasks[name]), tasks[name][0],
                                              f"{args.devices} ({name})"), sub["tables"].map(len).to_numpy())
     for given, path in zip(args.models_given, args.models, strict=True):
         net, scaler = load_cost_net(path)

@@ -140,7 +140,7 @@ def test_greedy_gives_a_faster_device_more_work():
 def test_the_learned_sharders_price_compute_at_each_devices_speed():
     import torch
 
-    from dreamshard.learning.cost_model import Cluster, CostNetConfig
+    from dreamshard.learning.cost_model import CostNetConfig, DeviceLinks
     from dreamshard.sharders.search import _Evaluator
 
     tables = [table(f"t{i}", rows=2000, pooling=20.0 + i) for i in range(4)]
@@ -152,7 +152,7 @@ def test_the_learned_sharders_price_compute_at_each_devices_speed():
     assert np.allclose(fwd, ref_fwd / [4.0, 1.0, 0.5]) and np.allclose(total, ref_total / [4.0, 1.0, 0.5])
     embed = torch.randn(3, CostNetConfig().embed, generator=torch.Generator().manual_seed(0))
     ref = MODEL.cost_net.device_costs(embed)
-    scaled = MODEL.cost_net.device_costs(embed, None, Cluster.of(MODEL.cost_net.config, [4.0, 1.0, 0.5]))
+    scaled = MODEL.cost_net.device_costs(embed, None, DeviceLinks.of(MODEL.cost_net.config, [4.0, 1.0, 0.5]))
     assert torch.allclose(scaled[:, :2], ref[:, :2] / torch.tensor([[4.0], [1.0], [0.5]]))
     assert torch.allclose(scaled[:, 2], ref[:, 2])  # communication does not scale with compute speed
 

@@ -116,10 +116,10 @@ def test_row_shards_move_their_partial_sums_hand_computed():
 
 def test_the_cost_networks_all_to_all_is_the_models_formula():
     """The cost network's torch twin of transfer_ms (CostNet.transfer_ms, with the seconds per byte of
-    Cluster.of) gives the same times, devices on one host and on two, batched as the fit batches them."""
+    DeviceLinks.of) gives the same times, devices on one host and on two, batched as the fit batches them."""
     import torch
 
-    from dreamshard.learning.cost_model import Cluster, CostNet, CostNetConfig
+    from dreamshard.learning.cost_model import CostNet, CostNetConfig, DeviceLinks
 
     config = CostNetConfig(comm="model", batch_size=4096, devices_per_host=4, intra_host_gbps=150.0,
                            inter_host_gbps=12.5, latency_us=10.0, output_bytes=4)
@@ -128,7 +128,7 @@ def test_the_cost_networks_all_to_all_is_the_models_formula():
     rng = np.random.default_rng(0)
     for n, hosts in ((2, None), (4, None), (8, None), (8, [0, 1, 0, 1, 0, 1, 0, 1])):
         dims = rng.integers(4, 1024, size=(3, n))
-        cluster = Cluster.of(config, [1.0] * n, hosts)
+        cluster = DeviceLinks.of(config, [1.0] * n, hosts)
         twin = net.transfer_ms(torch.from_numpy(dims).float(), cluster).numpy()
         for row, got in zip(dims, twin):
             np.testing.assert_allclose(got, transfer_ms(row.tolist(), 4096, topo, hosts), rtol=1e-5)

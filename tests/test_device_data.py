@@ -14,10 +14,10 @@ from dreamshard.errors import DataFormatError
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
 from dreamshard.hardware.base import ComputeCost
 from dreamshard.hardware.comm import Topology, communication_ms
-from dreamshard.learning.cost_model import Cluster, CostNetConfig, cost_data_from_plans, device_predictions
+from dreamshard.learning.cost_model import CostNetConfig, DeviceLinks, cost_data_from_plans, device_predictions
 from dreamshard.learning.devices import (
     DeviceJournal,
-    cost_data_from_rows,
+    cost_data_from_device_rows,
     device_samples,
     measure_samples,
     pending,
@@ -102,7 +102,7 @@ def test_rows_give_the_measured_costs_back_and_bad_rows_are_named(data, analytic
     _, tasks, pool = data
     samples = device_samples(pool, 6, 3, 1.0, [4, 16], tasks[0], seed=0)
     rows = pd.DataFrame(measure_samples(analytic, samples, tasks[0], EXTRA))
-    d = cost_data_from_rows(rows, pool, tasks[0], "devices.parquet")
+    d = cost_data_from_device_rows(rows, pool, tasks[0], "devices.parquet")
     assert d.num_plans == len(samples) and (d.device_plan == np.arange(len(samples))).all()
     np.testing.assert_allclose(d.device_ms[:, :2], rows[["fwd_ms", "bwd_ms"]].to_numpy())
     assert (d.device_ms[:, 2] == 0).all()
@@ -110,9 +110,9 @@ def test_rows_give_the_measured_costs_back_and_bad_rows_are_named(data, analytic
     np.add.at(widths, d.shard_device, d.shard_raw[:, 0])
     assert widths.tolist() == [float(sum(s)) for s in rows["dims"]]
     with pytest.raises(DataFormatError, match="devices.parquet: missing column"):
-        cost_data_from_rows(rows.drop(columns="dims"), pool, tasks[0], "devices.parquet")
+        cost_data_from_device_rows(rows.drop(columns="dims"), pool, tasks[0], "devices.parquet")
     with pytest.raises(DataFormatError, match=r"devices.parquet: sample \d+: table\(s\) t-other"):
-        cost_data_from_rows(rows.assign(tables=[["t-other"]] * len(rows)), pool, tasks[0], "devices.parquet")
+        cost_data_from_device_rows(rows.assign(tables=[["t-other"]] * len(rows)), pool, tasks[0], "devices.parquet")
 
 
 def test_collect_devices_stage_end_to_end_and_its_reader(data):
@@ -145,7 +145,7 @@ def test_model_communication_is_the_all_to_all_of_the_predicted_forwards():
     net = config.build(torch.Generator().manual_seed(0))
     sums = torch.rand(2, 3, config.embed, generator=torch.Generator().manual_seed(1))  # 2 plans of 3 devices
     dims = torch.tensor([[64.0, 8.0, 200.0], [0.0, 32.0, 32.0]])
-    cluster = Cluster.of(config, [1.0, 2.0, 1.0])
+    cluster = DeviceLinks.of(config, [1.0, 2.0, 1.0])
     with torch.no_grad():
         got = net.device_costs(sums, dims, cluster).double().numpy()
         heads = net.head_costs(sums).double().numpy()
@@ -158,7 +158,7 @@ def test_model_communication_is_the_all_to_all_of_the_predicted_forwards():
         np.testing.assert_allclose(plan[p], (got[p].sum(axis=1)).max(), rtol=1e-6)
     with pytest.raises(ValueError, match="dim sums"):
         net.device_costs(sums)
-    one = net.device_costs(sums[:, :1], dims[:, :1], Cluster.of(config, [1.0]))
+    one = net.device_costs(sums[:, :1], dims[:, :1], DeviceLinks.of(config, [1.0]))
     assert (one[..., 2] == 0).all()  # a single device exchanges nothing
 
 

@@ -272,7 +272,7 @@ def critical_devices(cost: PlanCost, rel_tol: float = 1e-9) -> list[int]:
     return sorted(crit, key=lambda d: (-totals[d], d))
 
 
-class _Search:
+class _MeasuredSearch:
     def __init__(self, backend: CostBackend, task: Task, config: ImproveConfig) -> None:
         self.backend, self.task, self.config = backend, task, config
         self.rng = random.Random(config.seed)
@@ -423,7 +423,7 @@ def improve(backend: CostBackend, task: Task, seeds: Sequence[Plan], config: Imp
     config = config or ImproveConfig()
     if not seeds:
         raise ValueError("improve: no seed plans")
-    search = _Search(backend, task, config)
+    search = _MeasuredSearch(backend, task, config)
     keys = search.seeds(seeds)
     seed_costs = tuple(search.confirmed[k] for k in keys)
     order = sorted(dict.fromkeys(keys), key=lambda k: search.confirmed[k].cost_ms)

@@ -98,14 +98,14 @@ class CostNetConfig:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class DeviceLinks:
     """What a plan estimate needs of a task's devices besides their tables."""
 
     speed: torch.Tensor  # [D] relative compute speed (Device.speed): a device computes in reference cost / speed
     seconds_per_byte: torch.Tensor  # [D, D] of each link (0 on the diagonal), hardware/comm.py
 
     @classmethod
-    def of(cls, config: CostNetConfig, speeds, hosts=None) -> Cluster:
+    def of(cls, config: CostNetConfig, speeds, hosts=None) -> DeviceLinks:
         """The cluster of devices of `speeds` on `hosts` (Task.host_ids; None: consecutive devices per host)."""
         n = len(speeds)
         spb = seconds_per_byte(config.topology(), n, hosts)
@@ -132,7 +132,7 @@ class CostNet(nn.Module):
         raw = torch.cat([h(device_sum) for h in self.device_heads], dim=-1)
         return nn.functional.softplus(raw) * self.scale_ms
 
-    def transfer_ms(self, dims: torch.Tensor, cluster: Cluster) -> torch.Tensor:
+    def transfer_ms(self, dims: torch.Tensor, cluster: DeviceLinks) -> torch.Tensor:
         """[..., D] dim sums -> [..., D] forward all-to-all transfer ms (hardware/comm.py transfer_ms)."""
         n = dims.shape[-1]
         if n == 1:
@@ -143,7 +143,7 @@ class CostNet(nn.Module):
         return (self.config.latency_us * 1e-6 + torch.maximum(send, recv)) * 1e3
 
     def device_costs(self, device_sum: torch.Tensor, dims: torch.Tensor | None = None,
-                     cluster: Cluster | None = None) -> torch.Tensor:
+                     cluster: DeviceLinks | None = None) -> torch.Tensor:
         """[..., D, embed] -> [..., D, 3] predicted (fwd, bwd, comm) ms of each device of a plan: compute at the
         devices' speeds (`cluster`; None: all at the reference speed), communication by `config.comm` (the
         "model" needs the devices' dim sums `dims` [..., D] and `cluster`)."""
@@ -161,7 +161,7 @@ class CostNet(nn.Module):
         return torch.cat([compute, comm[..., None]], dim=-1)
 
     def plan_cost(self, device_sums: torch.Tensor, dims: torch.Tensor | None = None,
-                  cluster: Cluster | None = None) -> torch.Tensor:
+                  cluster: DeviceLinks | None = None) -> torch.Tensor:
         """[..., D, embed] -> [...] predicted plan cost ms, by `plan_estimate` (dims, cluster: device_costs')."""
         if self.plan_estimate == "device_max":
             return self.device_costs(device_sums, dims, cluster).sum(dim=-1).max(dim=-1).values
@@ -192,7 +192,7 @@ class NetworkEstimate:
                 raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
                 owner.append(d)
         dims = [sum(s.width for s in plan.device_shards(d)) for d in range(n)]
-        cluster = Cluster.of(self.net.config, task.speeds(), task.host_ids())
+        cluster = DeviceLinks.of(self.net.config, task.speeds(), task.host_ids())
         with torch.no_grad():
             enc = self.net.encode(torch.from_numpy(self.scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
             sums = torch.zeros(n, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
@@ -329,7 +329,7 @@ def device_predictions(net: CostNet, scaler: FeatureScaler, data: CostData) -> n
         np.add.at(dims, data.shard_device, data.shard_raw[:, 0])  # feature 0: the shard's width
         for p in range(data.num_plans):
             rows = np.flatnonzero(data.device_plan == p)
-            cluster = Cluster.of(net.config, [1.0] * len(rows))
+            cluster = DeviceLinks.of(net.config, [1.0] * len(rows))
             out[rows] = net.device_costs(dev[rows], torch.from_numpy(dims[rows]).float(), cluster).numpy()
         return out
 

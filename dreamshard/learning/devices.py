@@ -104,7 +104,7 @@ def cost_data_of(samples: Sequence[DeviceSample], fwd_bwd_ms: Sequence[tuple[flo
                     np.arange(len(dev), dtype=np.int64), dev, dev[:, :2].sum(axis=1))
 
 
-def cost_data_from_rows(rows: pd.DataFrame, pool: Sequence[Table], template: Task, origin: str) -> CostData:
+def cost_data_from_device_rows(rows: pd.DataFrame, pool: Sequence[Table], template: Task, origin: str) -> CostData:
     """CostData of the rows `merge` wrote, the tables looked up in `pool` by name (at the rows' dims)."""
     missing = [c for c in COLUMNS if c not in rows.columns]
     if missing:

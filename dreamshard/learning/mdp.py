@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dreamshard.learning.cost_model import Cluster, CostNet
+from dreamshard.learning.cost_model import CostNet, DeviceLinks
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.policy import PolicyNet
 from dreamshard.tasks import Task
@@ -38,7 +38,7 @@ class TaskContext:
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
     widths: torch.Tensor  # [T] columns: what a table adds to its device's dim sum
-    cluster: Cluster  # the devices' speeds and links, for the cost network's estimates
+    cluster: DeviceLinks  # the devices' speeds and links, for the cost network's estimates
 
     @classmethod
     def build(cls, task: Task, cost_net: CostNet, scaler: FeatureScaler) -> TaskContext:
@@ -51,7 +51,7 @@ class TaskContext:
         capacity = torch.tensor(task.capacities(), dtype=torch.float64)
         widths = torch.tensor([float(t.dim) for t in task.tables])
         return cls(task, x, enc, order, sizes, capacity, widths,
-                   Cluster.of(cost_net.config, task.speeds(), task.host_ids()))
+                   DeviceLinks.of(cost_net.config, task.speeds(), task.host_ids()))
 
 
 @dataclass

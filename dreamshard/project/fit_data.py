@@ -24,7 +24,7 @@ def load_single_devices(params: dict[str, Any], tasks: list[Task]) -> CostData |
         return None
     path = Path(section(params, "paths.single_devices")) / "devices.parquet"
     pool = table_pool(tasks)
-    return devices.cost_data_from_rows(pd.read_parquet(path), pool, tasks[0], str(path))
+    return devices.cost_data_from_device_rows(pd.read_parquet(path), pool, tasks[0], str(path))
 
 
 def plan_split(params: dict[str, Any], data: CostData) -> tuple[np.ndarray, np.ndarray]:

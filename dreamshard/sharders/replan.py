@@ -278,7 +278,7 @@ def check_honours_pins(sharder: Sharder) -> None:
                               f"a given device (pins), so it cannot re-plan keeping shards in place; use one of {able}")
 
 
-class _Search:
+class _ReplanSearch:
     def __init__(self, task: Task, old: Mapping[str, list[Shard]], sharder: Sharder, cost: CostEstimator) -> None:
         self.task, self.old, self.sharder, self.cost = task, old, sharder, cost
         self.pieces = PiecesTask(task, old)
@@ -371,7 +371,7 @@ def replan(task: Task, previous: Plan, sharder: Sharder, max_moved_bytes: int | 
     full_moved = _moved(task, old, full)
     full_cost = cost.plan_cost(task, full).cost_ms
 
-    search = _Search(task, old, sharder, cost)
+    search = _ReplanSearch(task, old, sharder, cost)
     pieces = search.pieces
     pins = dict(pieces.pins)
     kept = search.evaluate(pins)
