@@ -518,7 +518,7 @@ def test_cli_reports_infeasible_in_one_line(tmp_path, tables_csv, capsys):
 
 def test_the_estimate_block_of_the_docs_runs_as_written(tmp_path):
     """docs/torchrec.md's first Python block (TorchRec's estimate of a plan), run as a user would paste it."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "torchrec.md").read_text()
     block = text.split("```python\n", 1)[1].split("```", 1)[0]
     assert "torchrec_perf_estimate" in block
     script = tmp_path / "estimate.py"
@@ -548,7 +548,7 @@ def test_cli_placement_cpu_writes_a_plan_for_cpu_ranks(tmp_path, tables_csv, cap
 
 def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_path):
     """docs/torchrec.md's DreamShardPlanner block: planned inside the job, DMP, one step, on 2 gloo ranks."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "torchrec.md").read_text()
     block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "DreamShardPlanner(" in b.split("```")[0])
     (tmp_path / "plan_in_script.py").write_text(block)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -561,6 +561,6 @@ def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_pat
 
 
 def test_the_training_script_run_here_is_the_one_in_the_docs():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "torchrec.md").read_text()
     block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "train_sharded.py" in b.split("```")[0])
     assert block == TRAIN_SCRIPT

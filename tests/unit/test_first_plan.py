@@ -18,7 +18,7 @@ from dreamshard.plan import Plan, validate_plan
 from dreamshard.tables import read_tables_file
 from helpers import one_line_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 README = ROOT / "README.md"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("dreamshard", "stages", "pipeline")
 RUNNER = {"pipeline.flows", "pipeline.__main__"}
 NOT_PARAMS = ("paths", "orchestration")

@@ -45,7 +45,7 @@ from dreamshard.tables import Table
 from dreamshard.tasks import Task
 from helpers import analytic
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVAL_JSON = ROOT / "metrics" / "eval.json"
 TRAIN_CSVS = {name: ROOT / "plots" / f"train_{name}.csv" for name in ("dreamshard", "autoshard")}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -35,7 +35,7 @@ import yaml
 import helpers
 from helpers import FAMILIES, out, ran, sh, skipped
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 

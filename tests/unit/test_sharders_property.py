@@ -102,7 +102,7 @@ def test_sharders_agree_with_brute_force(task, seed):
     feasible = feasible_in_pieces(task)
     outcomes = {}
     without_bins = [t.name for t in task.tables if t.bins is None]
-    for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/test_torchrec.py
+    for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/integration/test_torchrec.py
         options = {"model": model_for(name)} if name in LEARNED else {}
         sharder = make_sharder(name, **options, **seeded(name, seed))
         if name in LEARNED and without_bins:
