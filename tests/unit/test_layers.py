@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import PROJECT_ROOT as ROOT
 
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
