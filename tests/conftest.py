@@ -1,8 +1,10 @@
 """Shared fixtures of the foundation test suite.
 
-The suite uses small real data written to tmp_path (no mocks). The one slow test,
-the `dvc repro` integration test, is marked `integration` and runs by default;
-deselect it with `-m "not integration"`.
+The suite uses small real data written to tmp_path (no mocks). tests/unit/ holds the tests of the library's
+parts; tests/integration/ those that run stages, subprocesses, the DVC pipeline, Prefect, TorchRec's
+distributed model or FBGEMM's kernels (`pytest tests/unit` for the quick half). Both import tests/helpers.py
+as `helpers` (this folder is on sys.path: pytest puts the folder of a conftest.py there). The tests that start
+from the tiny project share one, built once per session (the `tiny_project` fixture, tests/project.py).
 """
 from __future__ import annotations
 
@@ -93,11 +95,17 @@ def small_task():
     return Task.uniform("small", SMALL, 2, 1.0)
 
 
-@pytest.fixture(scope="module")
-def costed_project(tmp_path_factory):
-    """(root, params) of a tiny project run through the stages up to train_cost (helpers.costed_project), once
-    per test module."""
-    from helpers import costed_project as build
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory):
+    """tiny_project(LEVEL): the tiny project up to LEVEL (processed, tasks, costed, trained), built once per
+    session from the level below; read-only (tests/project.py)."""
+    from project import TinyProject
 
-    root = tmp_path_factory.mktemp("costed")
-    return root, build(root)
+    return TinyProject(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def costed_project(tiny_project):
+    """(root, params) of the tiny project run through the stages up to train_cost (level `costed`)."""
+    level = tiny_project("costed")
+    return level.root, level.params

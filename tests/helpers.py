@@ -1,6 +1,8 @@
-"""Helpers shared by several test modules (imported as `helpers`: pytest puts tests/ on sys.path)."""
+"""Helpers shared by several test modules of tests/unit and tests/integration (imported as `helpers`: pytest puts
+tests/, the folder of conftest.py, on sys.path)."""
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +23,7 @@ def seeded(name: str, seed: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- tiny pipeline configurations
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/helpers.py)
 TINY_TABLES = 24
 FAMILIES = [
     {"name": "tiny-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.01, "num_train": 3, "num_test": 2},
@@ -59,19 +61,10 @@ def tiny_params(paths_root: Path | None = None) -> dict:
     return p
 
 
+TINY_EXTRA = {"batch_size": 512, "seed": 0}  # what tiny_params gives the collect stages (backend batch, seed)
+
+
 # ---------------------------------------------------------------- commands (dvc, git, prefect)
-
-
-def costed_project(root: Path) -> dict:
-    """A tiny project in `root` (tiny_params, its paths under root, params.yaml written) run through the stages up
-    to train_cost: collected plans, single devices and a fitted cost network. Returns its params."""
-    import importlib
-
-    params = tiny_params(root)
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("download", "process", "tasks", "collect", "collect_devices", "train_cost"):
-        importlib.import_module(f"stages.{stage}").run(params)
-    return params
 
 
 def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600, ok: bool = True) -> subprocess.CompletedProcess:
@@ -116,6 +109,21 @@ SMALL = [
 def analytic(regime: str = "super_additive", batch_size: int = 2048, topology: Topology | None = None) -> AnalyticBackend:
     """The deterministic analytic backend (a model, never a measurement)."""
     return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch_size, topology=topology or Topology()))
+
+
+def brute_force_feasible(task) -> bool:
+    """Whether some assignment of whole tables to devices fits every device's memory (tried exhaustively)."""
+    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
+    for devices in itertools.product(range(task.num_devices), repeat=len(sizes)):
+        used = [0] * task.num_devices
+        for size, d in zip(sizes, devices):
+            used[d] += size
+        if all(u <= dev.memory_bytes for u, dev in zip(used, task.devices)):
+            return True
+    return False
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def one_line_error(argv: list[str], capsys) -> str:

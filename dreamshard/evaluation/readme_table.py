@@ -3,7 +3,7 @@
 Per test family, the key sharders' mean cost over the family's best heuristic, and over TorchRec's full
 planner (`torchrec_full`, what users plan with today), paired per task, with the 95% bootstrap intervals that
 metrics/eval.json records (dreamshard.evaluation.summary). README embeds the output between
-`<!-- headline:start -->` and `<!-- headline:end -->`; tests/test_readme.py checks that they agree. Print it
+`<!-- headline:start -->` and `<!-- headline:end -->`; tests/unit/test_readme.py checks that they agree. Print it
 with
 
     python -m dreamshard.evaluation.readme_table [metrics/eval.json]

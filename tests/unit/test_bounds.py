@@ -54,7 +54,7 @@ TOPOLOGY = Topology(devices_per_host=2)  # 8-device tasks span 4 hosts
 
 
 def backend(regime: str, topology: Topology = TOPOLOGY) -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime=regime, batch_size=BATCH, topology=topology))
+    return analytic(regime, BATCH, topology)
 
 
 def random_task(rng: np.random.Generator, name: str, num_tables: int, num_devices: int,

@@ -43,12 +43,11 @@ from dreamshard.learning.cost_model import (
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
-from helpers import analytic
+from helpers import PNG_MAGIC, analytic
+from helpers import PROJECT_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 EVAL_JSON = ROOT / "metrics" / "eval.json"
 TRAIN_CSVS = {name: ROOT / "plots" / f"train_{name}.csv" for name in ("dreamshard", "autoshard")}
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def assert_png(path: Path, min_side: int = 300) -> np.ndarray:

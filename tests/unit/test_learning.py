@@ -22,7 +22,7 @@ from dreamshard.data.dlrm import TableProfile, generate_lookups
 from dreamshard.errors import DataFormatError, InfeasibleTaskError
 from dreamshard.evaluation.collect import CostJournal, collect, plans_to_measure
 from dreamshard.evaluation.evaluate import canonical_assignments, exhaustive_optimum
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.learning.cost_model import (
     CostData,
     CostNetConfig,
@@ -73,6 +73,7 @@ from dreamshard.sharders.search import (
 )
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table, access_count_bins
 from dreamshard.tasks import Task
+from helpers import analytic
 
 BATCH = 1024
 # the policy-training configuration of these tests. The briefed one (cost_steps=100 at the default
@@ -125,7 +126,7 @@ def make_tasks(pool: list[Table], seed: int, count: int, sizes: tuple[int, int],
 
 @pytest.fixture(scope="module")
 def backend() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=BATCH))
+    return analytic(batch_size=BATCH)
 
 
 @pytest.fixture(scope="module")

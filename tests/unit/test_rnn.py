@@ -8,12 +8,13 @@ import torch
 from test_learning import BATCH, make_tables, make_tasks
 
 from dreamshard.errors import DataFormatError
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.rnn import RnnContext, RnnModel, RnnPolicyConfig, RnnTrainConfig, rollout, train_rnn
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders import load_model, make_sharder
 from dreamshard.sharders.rnn import RnnSharder
+from helpers import analytic
 
 # 400 measurements at lr 5e-3: 0.82-0.88 of a random plan's cost on the unseen 2-device test tasks over training
 # seeds 0-2, 0.79-0.83 on unseen 4-device ones (100 at lr 1e-3: 0.92-1.04, no better than random)
@@ -30,7 +31,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def backend() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=BATCH))
+    return analytic(batch_size=BATCH)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ deployment tests.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -33,9 +32,8 @@ import pytest
 import yaml
 
 import helpers
-from helpers import FAMILIES, out, ran, sh, skipped
+from helpers import FAMILIES, PROJECT_ROOT, out, ran, sh, skipped
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 
@@ -324,15 +322,14 @@ def test_retrain_deployment_runs_on_a_process_worker(retrain_deployment, pipelin
 # ------------------------------------------------------------------ distributed cost collection
 
 
-def collect_workspace(base: Path, backend: dict | None = None, **collect) -> tuple[Path, dict]:
-    """data/ for the collect stage (download, process, tasks run in this process), and its params."""
+def collect_workspace(tiny_project, base: Path, backend: dict | None = None, **collect) -> tuple[Path, dict]:
+    """data/ for the collect stage (the tiny project's data and tasks, copied), and its params."""
     params = tiny_params()
     params["paths"] = {k: str(base / v) for k, v in params["paths"].items()}
     if backend:
         params["backend"].update(backend)
     params["collect"].update(collect)
-    for stage in ("download", "process", "tasks"):
-        importlib.import_module(f"stages.{stage}").run(params)
+    tiny_project("tasks").copy_to(base)
     return base, params
 
 
@@ -343,12 +340,12 @@ def run_collect(params: dict, workdir: Path, name: str, env: dict, runner: dict,
 
 
 @pytest.mark.integration
-def test_collect_on_dask_cluster_matches_single_process(prefect_server, tmp_path):
+def test_collect_on_dask_cluster_matches_single_process(prefect_server, tiny_project, tmp_path):
     from distributed import LocalCluster
     from distributed.diagnostics.plugin import SchedulerPlugin
 
     env = prefect_server
-    base, params = collect_workspace(tmp_path, num_plans=12, chunk_size=2, row_fraction=0.0)  # 12 distinct plans
+    base, params = collect_workspace(tiny_project, tmp_path, num_plans=12, chunk_size=2, row_fraction=0.0)  # 12 distinct plans
     costs = Path(params["paths"]["costs"])
 
     proc = run_collect(params, base, "single", env, {"runner": "local", "workers": 1})
@@ -386,7 +383,7 @@ def test_collect_on_dask_cluster_matches_single_process(prefect_server, tmp_path
 
 
 @pytest.mark.integration
-def test_collect_failed_chunk_is_retried_reported_and_resumed(prefect_server, tmp_path):
+def test_collect_failed_chunk_is_retried_reported_and_resumed(prefect_server, tiny_project, tmp_path):
     """Real FBGEMM kernels with a memory budget that some plans exceed: those chunks fail every attempt."""
     from dreamshard.memory import GB
     from dreamshard.plan import device_memory_bytes
@@ -394,7 +391,7 @@ def test_collect_failed_chunk_is_retried_reported_and_resumed(prefect_server, tm
 
     env = prefect_server
     fbgemm = {"device": "cpu", "threads": 1, "warmup": 0, "iterations": 1, "memory_budget_gb": 1.0}
-    base, params = collect_workspace(tmp_path, backend={"name": "fbgemm", "batch_size": 64, "fbgemm": fbgemm},
+    base, params = collect_workspace(tiny_project, tmp_path, backend={"name": "fbgemm", "batch_size": 64, "fbgemm": fbgemm},
                                      num_plans=8, chunk_size=1)
     job = stage.prepare(params)
     largest = sorted({max(device_memory_bytes(c[0].task, c[0].plan)) for c in job.chunks})

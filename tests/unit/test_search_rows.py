@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dreamshard.data.dlrm import TableProfile, generate_lookups
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.learning.features import FeatureScaler, shard_features, table_features
 from dreamshard.learning.neuroshard import (
     AugmentConfig,
@@ -44,6 +44,7 @@ from dreamshard.sharders.search import (
 )
 from dreamshard.tables import Table, access_count_bins
 from dreamshard.tasks import Task
+from helpers import analytic
 
 BATCH = 1024
 SEARCH = dict(beams=3, depth=10, candidates=5, scale_steps=11)
@@ -66,7 +67,7 @@ def random_tables(seed: int, count: int, prefix: str) -> list[Table]:
 
 @pytest.fixture(scope="module")
 def backend() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=BATCH))
+    return analytic(batch_size=BATCH)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT as ROOT
 
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -36,7 +36,7 @@ def layer_of(module: str) -> int:
             if (module == p or (not exact and module.startswith(p + "."))) and len(p) > len(best):
                 best, rank = p, i
     if rank < 0:
-        raise KeyError(f"{module}: in no layer of tests/test_layers.py LAYERS; add it where it belongs")
+        raise KeyError(f"{module}: in no layer of tests/unit/test_layers.py LAYERS; add it where it belongs")
     return rank
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from dreamshard.evaluation.evaluate import evaluate_task
 from dreamshard.evaluation.summary import interleave_families
-from tests.helpers import tiny_params
+from helpers import tiny_params
 from tools import paper_cpu
 
 SHARDERS = ["random", "size_greedy", "neuroshard"]  # one trained model: its checkpoint travels too
@@ -37,6 +37,13 @@ def data_stages(params):
         importlib.import_module(f"stages.{stage}").run(params)
 
 
+@pytest.fixture
+def tiny_data(tiny_project):
+    """rebuild(params) for paper_cpu.restore: the tiny project's data and tasks (what data_stages makes of
+    tiny_params) copied into the working folder, where the run's relative paths point."""
+    return lambda params: tiny_project("tasks").copy_to(Path.cwd())
+
+
 def counting_evaluate(monkeypatch, crash_on: set[str]) -> list[str]:
     evaluate = importlib.import_module("stages.evaluate")
     seen: list[str] = []
@@ -52,7 +59,7 @@ def counting_evaluate(monkeypatch, crash_on: set[str]) -> list[str]:
 
 
 @pytest.fixture
-def stopped_run(tmp_path, monkeypatch):
+def stopped_run(tmp_path, monkeypatch, tiny_data):
     """A run of the tiny pipeline whose evaluate was killed at its third task, saved to kept/."""
     root = git_repo(tmp_path / "project")
     run = tmp_path / "run"
@@ -62,7 +69,7 @@ def stopped_run(tmp_path, monkeypatch):
     params["evaluate"].update(sharders=SHARDERS, estimated_bins={"tasks_per_family": 0, "rounds": 1})
     params["orchestration"] = {"evaluate": {"planning_workers": 1, "planning_chunk": 1}}
     Path("params.yaml").write_text(yaml.safe_dump(params))
-    data_stages(params)
+    tiny_data(params)
     for stage in ("collect_devices", "train_neuroshard"):
         importlib.import_module(f"stages.{stage}").run(params)
     from dreamshard.tasks import read_tasks
@@ -96,7 +103,7 @@ def test_a_stopped_run_is_saved_with_its_progress_and_a_partial_summary(stopped_
     assert (kept / "eval_cost_ratio.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_path, monkeypatch):
+def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_path, monkeypatch, tiny_data):
     clone = tmp_path / "clone"
     clone.mkdir()
     monkeypatch.chdir(clone)
@@ -104,7 +111,7 @@ def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_p
     trained = (stopped_run["kept"] / "metrics" / "neuroshard.json").read_text()
     Path("metrics").mkdir()
     Path("metrics/neuroshard.json").write_text('{"from": "the checkout, make run"}\n')
-    restored = paper_cpu.restore(stopped_run["kept"], Path("params.yaml"), stopped_run["root"], rebuild=data_stages)
+    restored = paper_cpu.restore(stopped_run["kept"], Path("params.yaml"), stopped_run["root"], rebuild=tiny_data)
     assert restored["replayed_tasks"] == 2  # one journaled task of each family planned again, the same plans
     # their plans measured again: the analytic backend gives the journal's costs exactly
     assert restored["timing_check"]["median_ratio"] == 1.0 and len(restored["timing_check"]["tasks"]) == 2
@@ -123,7 +130,7 @@ def test_a_restored_run_continues_without_losing_or_repeating(stopped_run, tmp_p
     assert (stopped_run["kept"] / "metrics" / "neuroshard.json").read_text() == trained  # the run's training, kept
 
 
-def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp_path, monkeypatch):
+def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp_path, monkeypatch, tiny_data):
     kept, root = stopped_run["kept"], stopped_run["root"]
     clone = tmp_path / "clone"
     clone.mkdir()
@@ -137,7 +144,7 @@ def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp
     changed.loc[0, "shards"] = json.dumps(shards)
     changed.to_parquet(first)
     with pytest.raises(paper_cpu.RunError, match=f"this clone's {changed.loc[0, 'algorithm']} plans it otherwise"):
-        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data)
     assert not Path("data/eval_journal").exists()  # refused before anything was put in place
     original.to_parquet(first)
 
@@ -148,11 +155,11 @@ def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp
     for f, rows in zip(files, originals, strict=True):
         rows.assign(cost_ms=rows["cost_ms"] / 3).to_parquet(f)
     with pytest.raises(paper_cpu.RunError, match=r"measures the run's journaled plans of .* at 3\.00x"):
-        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data)
     assert not Path("data/eval_journal").exists()
     (tmp_path / "tolerant").mkdir()
     monkeypatch.chdir(tmp_path / "tolerant")
-    paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages, timing_tolerance=3.5)  # allowed
+    paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data, timing_tolerance=3.5)  # allowed
     assert Path("data/eval_journal").exists()
     monkeypatch.chdir(clone)
     for f, rows in zip(files, originals, strict=True):
@@ -161,7 +168,7 @@ def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp
     prov = json.loads((kept / "provenance.json").read_text())
     (kept / "provenance.json").write_text(json.dumps({**prov, "measured": True, "processor": "cpu: Other CPU (1 thread)"}))
     with pytest.raises(paper_cpu.RunError, match="processor: the run measured on 'cpu: Other CPU"):
-        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=data_stages)
+        paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data)
     (kept / "provenance.json").write_text(json.dumps(prov))
 
     def other_data(params):

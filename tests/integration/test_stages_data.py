@@ -1,4 +1,4 @@
-"""The download and process stages on a tiny synthetic dataset written in tmp_path."""
+"""The download and process stages: the tiny project's synthetic dataset, and special input written in tmp_path."""
 from __future__ import annotations
 
 import json
@@ -40,42 +40,48 @@ def make_params(tmp_path, **overrides):
 
 
 @pytest.fixture(scope="module")
-def processed(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("stages")
-    params = make_params(tmp_path)
-    download.run(params)
-    process.run(params)
-    return tmp_path, params
+def processed(tiny_project):
+    """(root, params) of the tiny project after download and process (read-only)."""
+    level = tiny_project("processed")
+    return level.root, level.params
+
+
+def sizes(params) -> tuple[int, int, int]:
+    """(tables, batch, sample batch) of synthetic params."""
+    synthetic = params["data"]["synthetic"]
+    return synthetic["num_tables"], synthetic["batch_size"], params["process"]["sample_batch"]
 
 
 def test_download_writes_the_synthetic_file_and_a_manifest(processed):
     tmp_path, params = processed
+    num_tables, batch_size, _ = sizes(params)
     raw = tmp_path / "data/raw"
-    name = f"synthetic_t{NUM_TABLES}_bs{BATCH}.pt.gz"
+    name = f"synthetic_t{num_tables}_bs{batch_size}.pt.gz"
     assert sorted(p.name for p in raw.iterdir()) == sorted([name, "manifest.json"])
     manifest = json.loads((raw / "manifest.json").read_text())
     assert manifest["source"] == "synthetic"
     assert manifest["files"] == [name]
     assert manifest["config"] == params["data"]["synthetic"]
     batch = load_dlrm_file(raw / name)
-    assert batch.lengths.shape == (NUM_TABLES, BATCH)
+    assert batch.lengths.shape == (num_tables, batch_size)
 
 
 def test_tables_parquet_schema_and_provenance(processed):
-    tmp_path, _ = processed
+    tmp_path, params = processed
+    num_tables, batch_size, _ = sizes(params)
     path = tmp_path / "data/tables.parquet"
     schema = pq.read_schema(path)
     assert schema.remove_metadata().equals(TABLE_STATS_SCHEMA), schema
     df = pd.read_parquet(path)
     assert list(df.columns) == TABLE_STATS_SCHEMA.names
-    assert len(df) == NUM_TABLES
-    assert df["table_id"].tolist() == list(range(NUM_TABLES))
-    assert df["file_table_index"].tolist() == list(range(NUM_TABLES))
+    assert len(df) == num_tables
+    assert df["table_id"].tolist() == list(range(num_tables))
+    assert df["file_table_index"].tolist() == list(range(num_tables))
     assert set(df["source"]) == {"synthetic"}
-    assert set(df["source_file"]) == {f"synthetic_t{NUM_TABLES}_bs{BATCH}.pt.gz"}
+    assert set(df["source_file"]) == {f"synthetic_t{num_tables}_bs{batch_size}.pt.gz"}
     assert df["name"].is_unique
-    assert (df["batch_size"] == BATCH).all()
-    assert (df["rows"] >= 100).all() and (df["rows"] <= 5000).all()
+    assert (df["batch_size"] == batch_size).all()
+    assert (df["rows"] >= 100).all() and (df["rows"] <= params["data"]["synthetic"]["max_rows"]).all()
     bins = df[BIN_COLUMNS].to_numpy()
     assert ((bins >= 0) & (bins <= 1)).all()
     looked_up = df["num_unique"] > 0
@@ -83,12 +89,13 @@ def test_tables_parquet_schema_and_provenance(processed):
 
 
 def test_tables_parquet_statistics_match_the_raw_file(processed):
-    tmp_path, _ = processed
+    tmp_path, params = processed
+    num_tables, batch_size, _ = sizes(params)
     df = pd.read_parquet(tmp_path / "data/tables.parquet")
-    batch = load_dlrm_file(tmp_path / f"data/raw/synthetic_t{NUM_TABLES}_bs{BATCH}.pt.gz")
+    batch = load_dlrm_file(tmp_path / f"data/raw/synthetic_t{num_tables}_bs{batch_size}.pt.gz")
     for t, row in df.iterrows():
         # independent of EmbeddingBagBatch.table: slice by the table-major offsets directly
-        start, end = batch.offsets[t * BATCH], batch.offsets[(t + 1) * BATCH]
+        start, end = batch.offsets[t * batch_size], batch.offsets[(t + 1) * batch_size]
         indices, lengths = batch.indices[start:end], batch.lengths[t]
         assert row["num_lookups"] == end - start == lengths.sum()
         assert row["pooling_factor"] == pytest.approx(lengths.mean())
@@ -99,18 +106,19 @@ def test_tables_parquet_statistics_match_the_raw_file(processed):
 
 
 def test_requests_hold_each_tables_first_samples_exactly(processed):
-    tmp_path, _ = processed
+    tmp_path, params = processed
+    num_tables, batch_size, sample = sizes(params)
     path = tmp_path / "data/requests.parquet"
     assert pq.read_schema(path).remove_metadata().equals(REQUESTS_SCHEMA)
     requests = read_requests(path)
-    batch = load_dlrm_file(tmp_path / f"data/raw/synthetic_t{NUM_TABLES}_bs{BATCH}.pt.gz")
-    assert sorted(requests) == list(range(NUM_TABLES))
-    for t in range(NUM_TABLES):
+    batch = load_dlrm_file(tmp_path / f"data/raw/synthetic_t{num_tables}_bs{batch_size}.pt.gz")
+    assert sorted(requests) == list(range(num_tables))
+    for t in range(num_tables):
         r = requests[t]
-        start = batch.offsets[t * BATCH]
-        end = batch.offsets[t * BATCH + SAMPLE]
-        assert r.batch_size == SAMPLE
-        np.testing.assert_array_equal(r.lengths, batch.lengths[t, :SAMPLE])
+        start = batch.offsets[t * batch_size]
+        end = batch.offsets[t * batch_size + sample]
+        assert r.batch_size == sample
+        np.testing.assert_array_equal(r.lengths, batch.lengths[t, :sample])
         np.testing.assert_array_equal(r.indices, batch.indices[start:end])
 
 

@@ -14,7 +14,6 @@ from dreamshard.plan import Plan
 from dreamshard.sharders.heuristics import GREEDY_KEYS
 from experiments import model_ab
 from experiments.model_ab import group_rows, select_tasks
-from helpers import tiny_params
 
 
 def row(split, family, a, b, best=2.0, other=4.0):
@@ -99,17 +98,16 @@ def plan_key(shards_json: str) -> tuple:
     return Plan.from_dict({"num_devices": 1 + max(s["device"] for s in shards), "shards": shards}).key()
 
 
-def test_the_journal_variant_takes_the_measured_row_of_the_plan_it_picks(tmp_path, monkeypatch, capsys):
+def test_the_journal_variant_takes_the_measured_row_of_the_plan_it_picks(tiny_project, tmp_path, monkeypatch, capsys):
     from dreamshard.hardware.allocator import HUGE_PAGES_ENV
 
     monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))  # the command sets it from params
     monkeypatch.chdir(tmp_path)
-    params = tiny_params()
+    params = tiny_project("trained").copy_to(tmp_path)  # the tiny project with a trained DreamShard policy
     params["evaluate"].update(sharders=[*GREEDY_KEYS, "dreamshard"], estimated_bins={"tasks_per_family": 0, "rounds": 1},
                               train_tasks_per_family=1)
     params["orchestration"] = {"evaluate": {"planning_workers": 1, "planning_chunk": 4}}
-    for stage in ("download", "process", "tasks", "collect", "collect_devices", "train_cost", "train_policy", "evaluate"):
-        importlib.import_module(f"stages.{stage}").run(params)
+    importlib.import_module("stages.evaluate").run(params)
     frame, counts = model_ab.counterfactual(params, "dreamshard", {"rivals": list(GREEDY_KEYS)})
     variant = frame[frame["algorithm"] == "dreamshard+rivals"]
     assert counts["tasks"] == len(set(zip(frame["split"], frame["task"]))) == len(variant) + counts["missing"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dreamshard.errors import DataFormatError
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.hardware.base import ComputeCost
 from dreamshard.hardware.comm import Topology, communication_ms
 from dreamshard.learning.cost_model import CostNetConfig, DeviceLinks, cost_data_from_plans, device_predictions
@@ -25,29 +25,23 @@ from dreamshard.learning.devices import (
 from dreamshard.plan import Plan
 from dreamshard.project.fit_data import load_single_devices
 from dreamshard.project.params import ParamsError
-from dreamshard.tasks import Task, read_tasks
-from helpers import tiny_params
-from stages import collect_devices, download, process
-from stages import tasks as tasks_stage
-
-EXTRA = {"batch_size": 512, "seed": 0}
+from dreamshard.tasks import Task
+from helpers import TINY_EXTRA as EXTRA
+from helpers import analytic as analytic_backend
+from stages import collect_devices
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("devices")
-    params = tiny_params(root)
-    download.run(params)
-    process.run(params)
-    tasks_stage.run(params)
-    tasks = read_tasks(Path(params["paths"]["tasks"]) / "train.parquet", params["paths"]["tables"])
+def data(tiny_project):
+    level = tiny_project("tasks")
+    tasks = level.tasks("train")
     pool = list({t.name: t for task in tasks for t in task.tables}.values())
-    return params, tasks, pool
+    return level.params, tasks, pool
 
 
 @pytest.fixture
 def analytic() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=512))
+    return analytic_backend(batch_size=512)
 
 
 class Crashing:
@@ -115,9 +109,10 @@ def test_rows_give_the_measured_costs_back_and_bad_rows_are_named(data, analytic
         cost_data_from_device_rows(rows.assign(tables=[["t-other"]] * len(rows)), pool, tasks[0], "devices.parquet")
 
 
-def test_collect_devices_stage_end_to_end_and_its_reader(data):
+def test_collect_devices_stage_end_to_end_and_its_reader(data, tmp_path):
     params, tasks, _ = data
     params = copy.deepcopy(params)
+    params["paths"]["single_devices"] = str(tmp_path / "single_devices")  # the tiny project is read-only
     collect_devices.run(params)
     out = Path(params["paths"]["single_devices"])
     assert sorted(p.name for p in out.iterdir()) == ["devices.parquet"]  # the journal is merged and gone

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import PROJECT_ROOT as ROOT
+
 PACKAGES = ("dreamshard", "stages", "pipeline")
 RUNNER = {"pipeline.flows", "pipeline.__main__"}
 NOT_PARAMS = ("paths", "orchestration")

@@ -5,7 +5,6 @@ process group is needed: TorchRec plans on the meta device.
 """
 from __future__ import annotations
 
-import itertools
 import random
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from dreamshard.sharders import SHARDERS, make_sharder  # noqa: E402
 from dreamshard.sharders.torchrec_planner import TorchRecSharder, from_torchrec_plan  # noqa: E402
 from dreamshard.tables import Table  # noqa: E402
 from dreamshard.tasks import Device, Task  # noqa: E402
+from helpers import PROJECT_ROOT, brute_force_feasible  # noqa: E402
 
 
 def random_task(num_tables: int, num_devices: int, memory_gb: float = 5.0, seed: int = 0,
@@ -128,17 +128,6 @@ def test_devices_of_different_sizes():
 def test_infeasible_task_raises(task):
     with pytest.raises(InfeasibleTaskError, match="TorchRec's planner found no plan"):
         make_sharder("torchrec").shard(task)
-
-
-def brute_force_feasible(task: Task) -> bool:
-    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
-    for devices in itertools.product(range(task.num_devices), repeat=len(sizes)):
-        used = [0] * task.num_devices
-        for size, d in zip(sizes, devices):
-            used[d] += size
-        if all(u <= dev.memory_bytes for u, dev in zip(used, task.devices)):
-            return True
-    return False
 
 
 def test_plans_under_the_dreamshard_memory_model():
@@ -525,7 +514,7 @@ def test_cli_reports_infeasible_in_one_line(tmp_path, tables_csv, capsys):
 
 def test_the_estimate_block_of_the_docs_runs_as_written(tmp_path):
     """docs/torchrec.md's first Python block (TorchRec's estimate of a plan), run as a user would paste it."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    text = (PROJECT_ROOT / "docs" / "torchrec.md").read_text()
     block = text.split("```python\n", 1)[1].split("```", 1)[0]
     assert "torchrec_perf_estimate" in block
     script = tmp_path / "estimate.py"
@@ -555,7 +544,7 @@ def test_cli_placement_cpu_writes_a_plan_for_cpu_ranks(tmp_path, tables_csv, cap
 
 def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_path):
     """docs/torchrec.md's DreamShardPlanner block: planned inside the job, DMP, one step, on 2 gloo ranks."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    text = (PROJECT_ROOT / "docs" / "torchrec.md").read_text()
     block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "DreamShardPlanner(" in b.split("```")[0])
     (tmp_path / "plan_in_script.py").write_text(block)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -568,6 +557,6 @@ def test_the_planner_script_of_the_docs_runs_as_written_on_two_cpu_ranks(tmp_pat
 
 
 def test_the_training_script_run_here_is_the_one_in_the_docs():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "torchrec.md").read_text()
+    text = (PROJECT_ROOT / "docs" / "torchrec.md").read_text()
     block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "train_sharded.py" in b.split("```")[0])
     assert block == TRAIN_SCRIPT

@@ -63,13 +63,11 @@ class Killed(Exception):
     pass
 
 
-def test_evaluate_stage_killed_midway_then_rerun(tmp_path, monkeypatch):
-    params = tiny_params(tmp_path)
+def test_evaluate_stage_killed_midway_then_rerun(tiny_project, tmp_path, monkeypatch):
+    params = tiny_project("tasks").copy_to(tmp_path)  # the tiny project's data and tasks
     params["evaluate"]["sharders"] = ["random", "size_greedy", "lookup_greedy"]  # no trained models needed
     params["evaluate"]["estimated_bins"] = {"tasks_per_family": 0, "rounds": 1}
     params["orchestration"] = {"evaluate": {"planning_workers": 1, "planning_chunk": 1}}
-    for stage in ("download", "process", "tasks"):
-        importlib.import_module(f"stages.{stage}").run(params)
     evaluate = importlib.import_module("stages.evaluate")
     evaluated: list[str] = []
     real = evaluate.evaluate_task

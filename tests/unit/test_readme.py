@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dreamshard.evaluation.readme_table import END, START, headline_markdown, headline_table, main, readme_block
+from helpers import PROJECT_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 METRICS = ROOT / "metrics" / "eval.json"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("**/README*.md"))]

@@ -20,7 +20,7 @@ from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
-from helpers import analytic, one_line_error
+from helpers import PNG_MAGIC, analytic, one_line_error
 
 TABLES = pd.DataFrame({
     "name": [f"emb_{i}" for i in range(8)],
@@ -33,7 +33,6 @@ TABLE_OBJS = [Table(r.name, r.rows, r.dim, r.pooling_factor) for r in TABLES.ite
 DEVICES = [{"memory_gb": 0.05, "kind": "h100", "speed": 2.0},
            {"memory_gb": 0.03, "kind": "a100", "speed": 1.0},
            {"memory_gb": 0.02, "kind": "<l4&>", "speed": 0.5}]  # a kind the page must escape
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 

@@ -16,9 +16,9 @@ from dreamshard.data.cluster import task_from_plan
 from dreamshard.data.examples import production_model_frame, production_model_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.tables import read_tables_file
+from helpers import PROJECT_ROOT as ROOT
 from helpers import one_line_error
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 README = ROOT / "README.md"
 

@@ -1,6 +1,6 @@
 """Cost collection: which plans are measured, the crash-safe journal, resuming, and the collect stage.
 
-Tiny real data: the download -> process -> tasks stages on a 24-table synthetic dataset,
+Tiny real data: the tiny project's tasks (24 synthetic tables; the `tiny_project` fixture, level `tasks`),
 measured with the deterministic analytic backend. Interruptions are injected by a small
 backend wrapper that raises after k plan measurements.
 """
@@ -25,34 +25,26 @@ from dreamshard.evaluation.collect import (
     plan_id,
     plans_to_measure,
 )
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.hardware.base import ComputeCost, measure_rounds
 from dreamshard.learning.cost_model import measurement_noise
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
-from dreamshard.tasks import read_tasks
-from helpers import seeded, tiny_params
+from helpers import TINY_EXTRA as EXTRA
+from helpers import analytic as analytic_backend
+from helpers import seeded
 from stages import collect as collect_stage
-from stages import download, process
-from stages import tasks as tasks_stage
-
-EXTRA = {"batch_size": 512, "seed": 0}  # what helpers.tiny_params gives the collect stage
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("collect")
-    params = tiny_params(root)
-    download.run(params)
-    process.run(params)
-    tasks_stage.run(params)
-    tasks = read_tasks(Path(params["paths"]["tasks"]) / "train.parquet", params["paths"]["tables"])
-    return root, params, tasks
+def data(tiny_project):
+    level = tiny_project("tasks")
+    return level.root, level.params, level.tasks("train")
 
 
 @pytest.fixture
 def analytic() -> AnalyticBackend:
-    return AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=512))
+    return analytic_backend(batch_size=512)
 
 
 class FailingBackend:
@@ -263,9 +255,10 @@ def test_read_of_an_empty_journal(tmp_path):
 # ---------------------------------------------------------------- the collect stage
 
 
-def test_collect_stage_end_to_end(data):
+def test_collect_stage_end_to_end(data, tmp_path):
     _, params, tasks = data
     params = copy.deepcopy(params)
+    params["paths"]["costs"] = str(tmp_path / "costs")  # the tiny project is read-only
     collect_stage.run(params)
     out = Path(params["paths"]["costs"])
     assert sorted(p.name for p in out.iterdir()) == ["devices.parquet", "plans.parquet"]  # journal removed

@@ -2,15 +2,12 @@
 bootstrap intervals, win rates, the legend and per-family verdicts."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
 from dreamshard.evaluation.report import eval_markdown
 from dreamshard.evaluation.summary import bootstrap_meta, family_summary
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER = {"backend": "analytic", "device": "model", "measured": False, "batch_size": 512,
           "additivity": {"fused_over_sum_of_singles": [1.5], "regime": "super_additive", "lower_bound": "lb"}}
 

@@ -8,8 +8,6 @@ finer (more slices, then row-wise) and may still find a plan: all of them must t
 since they share the cuts and the complete placement search."""
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -28,7 +26,7 @@ from dreamshard.sharders import HEURISTICS, LEARNED, SHARDERS, make_sharder
 from dreamshard.sharders.pieces import cut_oversized
 from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
-from helpers import seeded
+from helpers import brute_force_feasible, seeded
 
 
 def untrained_model() -> LearnedModel:
@@ -76,18 +74,6 @@ def tasks(draw) -> Task:
     return Task("prop", tables, caps, memory)
 
 
-def brute_force_feasible(task: Task) -> bool:
-    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
-    caps = [d.memory_bytes for d in task.devices]
-    for devices in itertools.product(range(task.num_devices), repeat=len(sizes)):
-        used = [0] * task.num_devices
-        for size, d in zip(sizes, devices):
-            used[d] += size
-        if all(u <= c for u, c in zip(used, caps)):
-            return True
-    return False
-
-
 def feasible_in_pieces(task: Task) -> bool:
     try:
         cut, _ = cut_oversized(task)
@@ -102,7 +88,8 @@ def test_sharders_agree_with_brute_force(task, seed):
     feasible = feasible_in_pieces(task)
     outcomes = {}
     without_bins = [t.name for t in task.tables if t.bins is None]
-    for name in HEURISTICS + LEARNED:  # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/test_torchrec.py
+    # TorchRec's partitioner is greedy, may give up on feasible tasks: tests/integration/test_torchrec.py
+    for name in HEURISTICS + LEARNED:
         options = {"model": model_for(name)} if name in LEARNED else {}
         sharder = make_sharder(name, **options, **seeded(name, seed))
         if name in LEARNED and without_bins:
