@@ -3,10 +3,10 @@
 Per test family, the key sharders' mean cost over the family's best heuristic, and over TorchRec's full
 planner (`torchrec_full`, what users plan with today), paired per task, with the 95% bootstrap intervals that
 metrics/eval.json records (dreamshard.evaluation.summary). README embeds the output between
-`<!-- headline:start -->` and `<!-- headline:end -->`; tests/unit/test_readme.py checks that they agree. Print it
-with
+`<!-- headline:start -->` and `<!-- headline:end -->`; tests/unit/test_readme.py checks that they agree. Print it,
+or write it into README between the markers:
 
-    python -m dreamshard.evaluation.readme_table [metrics/eval.json]
+    python -m dreamshard.evaluation.readme_table [metrics/eval.json] [--readme README.md]
 """
 from __future__ import annotations
 
@@ -83,9 +83,40 @@ def readme_block(readme_text: str) -> str:
     return readme_text[start:readme_text.index(END, start)].removeprefix("\n")
 
 
+def with_headline(readme_text: str, table: str) -> str:
+    """`readme_text` with `table` between the headline markers."""
+    start = readme_text.index(START) + len(START)
+    return readme_text[:start] + "\n" + table + readme_text[readme_text.index(END, start):]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print(headline_table(args[0] if args else "metrics/eval.json"), end="")
+    import argparse
+
+    from dreamshard.io import write_text
+
+    parser = argparse.ArgumentParser(prog="python -m dreamshard.evaluation.readme_table",
+                                     description="README's headline tables from metrics/eval.json")
+    parser.add_argument("metrics", nargs="?", default="metrics/eval.json", help="default: metrics/eval.json")
+    parser.add_argument("--readme", type=Path, help="write the tables into this README between the headline "
+                                                     "markers, in place of printing them")
+    args = parser.parse_args(argv)
+    try:
+        metrics = json.loads(Path(args.metrics).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"readme_table: {args.metrics}: no such file (the evaluate stage writes it)") from None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"readme_table: {args.metrics}: not JSON ({exc})") from None
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("families"), dict) or not metrics["families"]:
+        raise SystemExit(f"readme_table: {args.metrics}: not an evaluation's metrics: expected an object with "
+                         "'families' per test family (metrics/eval.json)")
+    table = headline_markdown(metrics)
+    if args.readme is None:
+        print(table, end="")
+        return 0
+    text = args.readme.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"readme_table: {args.readme}: no {START} ... {END} markers to write the table between")
+    write_text(with_headline(text, table), args.readme)
     return 0
 
 

@@ -90,3 +90,19 @@ def test_headline_table_marks_a_sharder_not_evaluated():
 def test_headline_table_command(capsys):
     assert main([str(METRICS)]) == 0
     assert capsys.readouterr().out == headline_table(METRICS)
+
+
+def test_headline_table_command_writes_readme_between_the_markers_and_refuses_bad_input(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n\n{START}\nold\n{END}\n\nafter\n")
+    assert main([str(METRICS), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert readme_block(text) == headline_table(METRICS) and text.startswith("# T\n") and text.endswith("after\n")
+    with pytest.raises(SystemExit, match="nope.json: no such file"):
+        main([str(tmp_path / "nope.json")])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="bad.json: not an evaluation's metrics"):
+        main([str(tmp_path / "bad.json")])
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no <!-- headline:start --> ... <!-- headline:end --> markers"):
+        main([str(METRICS), "--readme", str(readme)])
