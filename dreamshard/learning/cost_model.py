@@ -171,6 +171,21 @@ class CostNet(nn.Module):
         return nn.functional.softplus(self.plan_head(max_embedding).squeeze(-1)) * self.scale_ms
 
 
+def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, list[int]]:
+    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and its dim sum."""
+    tables = {t.name: t for t in task.tables}
+    raw, owner = [], []
+    for d in range(plan.num_devices):
+        for s in plan.device_shards(d):
+            r0, r1 = s.rows(tables[s.table].rows)
+            raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
+            owner.append(d)
+    with torch.no_grad():
+        enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
+        sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
+    return sums, [sum(s.width for s in plan.device_shards(d)) for d in range(plan.num_devices)]
+
+
 @dataclass
 class NetworkEstimate:
     """The cost network's estimate of a plan (a CostEstimator, never a measurement): each device's predicted fwd
@@ -184,18 +199,9 @@ class NetworkEstimate:
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         n = plan.num_devices
-        tables = {t.name: t for t in task.tables}
-        raw, owner = [], []
-        for d in range(n):
-            for s in plan.device_shards(d):
-                r0, r1 = s.rows(tables[s.table].rows)
-                raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
-                owner.append(d)
-        dims = [sum(s.width for s in plan.device_shards(d)) for d in range(n)]
+        sums, dims = plan_device_sums(self.net, self.scaler, task, plan)
         cluster = DeviceLinks.of(self.net.config, task.speeds(), task.host_ids())
         with torch.no_grad():
-            enc = self.net.encode(torch.from_numpy(self.scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
-            sums = torch.zeros(n, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
             costs = self.net.device_costs(sums, torch.tensor(dims, dtype=torch.float32), cluster).double().numpy()
         if self.net.config.comm == "model" and n > 1:
             transfer = transfer_ms(dims, self.net.config.batch_size, self.net.config.topology(), task.host_ids())

@@ -26,9 +26,9 @@ from dreamshard.learning.cost_model import (
     log_cost,
     median_device_ms,
     mlp,
-    piece_features,
+    plan_device_sums,
 )
-from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
+from dreamshard.learning.features import FeatureScaler
 from dreamshard.plan import Plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -87,22 +87,12 @@ class NeuroShardModel:
         """The models' estimate of a plan (a CostEstimator, never a measurement): each device's predicted fwd and bwd
         at its speed, and its all-to-all from the communication model, given the devices' dim sums and how long
         each waits for the slowest forward."""
-        n = plan.num_devices
-        tables = {t.name: t for t in task.tables}
-        raw, owner = [], []
-        for d in range(n):
-            for s in plan.device_shards(d):
-                r0, r1 = s.rows(tables[s.table].rows)
-                raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
-                owner.append(d)
+        sums, dims = plan_device_sums(self.compute, self.scaler, task, plan)
         speed = np.asarray(task.speeds(), dtype=np.float64)
-        dims = np.asarray([sum(s.width for s in plan.device_shards(d)) for d in range(n)], dtype=np.float64)
         with torch.no_grad():
-            enc = self.compute.encode(torch.from_numpy(self.scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
-            sums = torch.zeros(n, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
             compute = self.compute.device_costs(sums).double().numpy()[:, :2] / speed[:, None]
             fwd = compute[:, 0]
-            comm = self.comm(CommNet.inputs(dims, fwd.max() - fwd)).double().numpy()
+            comm = self.comm(CommNet.inputs(np.asarray(dims, dtype=np.float64), fwd.max() - fwd)).double().numpy()
         devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm))
         return PlanCost(devices, "neuroshard", "model", False, "model")
 
