@@ -87,17 +87,19 @@ class MemoryModel:
         return self.weight_bytes(rows, width, precision) + self.optimizer_bytes(rows, width)
 
     def io_bytes(self, pooling_factor: float, features: int, width: int, num_devices: int, row_block: bool,
-                 precision: str | None = None) -> int:
+                 precision: str | None = None, sequence: bool = False) -> int:
         """Input and output buffers of one shard at `batch_size` samples per device, as TorchRec's storage
         estimator counts them (pipeline type NONE): every shard receives the ids of all `num_devices` devices'
-        samples (a row block: only its share, the batch's ids once) and returns `width` pooled values per
-        sample and feature of every device (at most one per looked-up id) in the weights' precision."""
+        samples (a row block: only its share, the batch's ids once) and returns `width` values in the weights'
+        precision: pooled, one per sample and feature of every device (at most one per looked-up id); for a
+        `sequence` table (an EmbeddingCollection's) one per id it received."""
         if self.batch_size == 0:
             return 0
         lookups = pooling_factor * self.batch_size
-        inputs = math.ceil(lookups * (1 if row_block else num_devices) * INPUT_BYTES)
-        pooled = min(float(features), pooling_factor) * self.batch_size * num_devices
-        return inputs + math.ceil(pooled * width * self.bytes_per_weight(precision))
+        received = lookups * (1 if row_block else num_devices)
+        inputs = math.ceil(received * INPUT_BYTES)
+        outputs = received if sequence else min(float(features), pooling_factor) * self.batch_size * num_devices
+        return inputs + math.ceil(outputs * width * self.bytes_per_weight(precision))
 
     def usable_bytes(self, memory_bytes: int) -> int:
         """What a device of `memory_bytes` holds for shards, after the reservation."""

@@ -65,6 +65,8 @@ class Table:
     block_of_pooling: float | None = None
     # its weights' precision when it differs from the task's (a TorchRec module mixing fp32 and fp16 tables)
     precision: str | None = None
+    # looked up by an EmbeddingCollection (sequence embeddings): every id returns its row, nothing is pooled
+    sequence: bool = False
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -75,6 +77,8 @@ class Table:
             raise ValueError(f"table {self.name!r}: pooling_factor must be finite and >= 0, got {self.pooling_factor}")
         if isinstance(self.features, bool) or not isinstance(self.features, int) or self.features < 1:
             raise ValueError(f"table {self.name!r}: features must be an integer >= 1, got {self.features!r}")
+        if not isinstance(self.sequence, bool):
+            raise ValueError(f"table {self.name!r}: sequence must be true or false, got {self.sequence!r}")
         if self.bins is not None and len(self.bins) != NUM_BINS:
             raise ValueError(f"table {self.name!r}: expected {NUM_BINS} access-count bins, got {len(self.bins)}")
 

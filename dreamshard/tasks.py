@@ -172,7 +172,8 @@ class Task:
         block = table.block_of_pooling is not None or rows < table.rows
         pooling = table.pooling_factor if table.block_of_pooling is None else table.block_of_pooling
         return self.memory.shard_bytes(rows, width, table.precision) + self.memory.io_bytes(
-            pooling, table.features, width, self.num_devices, row_block=block, precision=table.precision)
+            pooling, table.features, width, self.num_devices, row_block=block, precision=table.precision,
+            sequence=table.sequence)
 
     def table_bytes(self, i: int) -> int:
         return self.shard_bytes(self.tables[i])

@@ -25,7 +25,7 @@ DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's planner assumes 1.0 when no constrain
 
 @dataclass(frozen=True)
 class ModuleTables:
-    """The tables of one EmbeddingBagCollection: its fqn, the module, and (task name, TorchRec name) pairs."""
+    """The tables of one planned collection (EBC or EC): its fqn, the module, and (task name, TorchRec name) pairs."""
 
     fqn: str
     module: Any
@@ -165,16 +165,20 @@ class DreamShardPlanner(ShardingPlanner):
         counts it (the module's optimizer, buffers at batch_size, each rank's HBM less TorchRec's reservation)."""
         from torchrec.modules.embedding_configs import DataType
 
-        found = _embedding_bag_modules(module)
+        found = _embedding_modules(module)
         _refuse_unplanned_modules(module)
         if not found:
-            raise DreamShardError("DreamShardPlanner: the module holds no EmbeddingBagCollection to plan")
-        all_names = [c.name for _, m in found for c in _ebc_of(m).embedding_bag_configs()]
+            raise DreamShardError("DreamShardPlanner: the module holds no EmbeddingBagCollection or "
+                                  "EmbeddingCollection to plan")
+        sharders = sharders if sharders is not None else _default_sharders()
+        _check_sharders_cover(found, sharders)
+        all_names = [c.name for _, m in found for c in _configs_of(m)]
         clash = {n for n in all_names if all_names.count(n) > 1}
         tables, modules, precisions, whole = [], [], set(), []
         for fqn, m in found:
             names = []
-            for c in _ebc_of(m).embedding_bag_configs():
+            sequence = _is_sequence(m)
+            for c in _configs_of(m):
                 key = f"{fqn}/{c.name}" if c.name in clash else c.name
                 if c.data_type not in (DataType.FP32, DataType.FP16):
                     raise DreamShardError(f"DreamShardPlanner: table {c.name!r} ({fqn or 'module'}): data type "
@@ -184,12 +188,11 @@ class DreamShardPlanner(ShardingPlanner):
                 precision = "fp16" if c.data_type == DataType.FP16 else "fp32"
                 precisions.add(precision)
                 tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c),
-                                    features=max(1, len(c.feature_names)), precision=precision))
+                                    features=max(1, len(c.feature_names)), precision=precision, sequence=sequence))
                 names.append((key, c.name))
                 if self._table_wise_only(c.name):
                     whole.append(key)  # its constraint allows table_wise only: never cut
             modules.append(ModuleTables(fqn, m, tuple(names)))
-        sharders = sharders if sharders is not None else _default_sharders()
         # each table at its own precision (Table.precision); the model's is the widest, for what has none
         memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
                              self.batch_size)
@@ -267,7 +270,19 @@ class DreamShardPlanner(ShardingPlanner):
         return "column_wise" if offered is not None and "table_wise" not in offered else "table_wise"
 
     def _kinds_allowed(self, sharders) -> tuple[str, ...]:
-        """`sharding` narrowed to what the EBC sharder offers (`_offered`): a restricted sharder is honoured."""
+        """`sharding` narrowed to what the EBC sharder offers (`_offered`) and, beside an EmbeddingCollection, what
+        its sharder offers: a restricted sharder is honoured."""
+        kinds = self._kinds_of_ebc_sharder(sharders)
+        ec = self._ec_offered(sharders)
+        if ec is None:
+            return kinds
+        if "table_wise" not in ec:
+            raise DreamShardError(f"DreamShardPlanner: the EmbeddingCollection sharder offers {ec} with the fused "
+                                  "kernel; DreamShard places whole tables table_wise")
+        by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
+        return tuple(k for k in kinds if by_kind[k] in ec)
+
+    def _kinds_of_ebc_sharder(self, sharders) -> tuple[str, ...]:
         offered = self._offered(sharders)
         if offered is None:
             return self.sharding
@@ -275,6 +290,16 @@ class DreamShardPlanner(ShardingPlanner):
             return tuple(k for k in self.sharding if k in ("table", "row"))
         by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
         return tuple(k for k in self.sharding if by_kind[k] in offered)
+
+    def _ec_offered(self, sharders) -> list[str] | None:
+        """The sharding types an EmbeddingCollection sharder offers with the fused kernel (None: none given)."""
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
+
+        sharder = next((s for s in sharders if isinstance(s, EmbeddingCollectionSharder)), None)
+        if sharder is None:
+            return None
+        device = self.topology.compute_device
+        return [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
 
     def _table_wise_only(self, name: str) -> bool:
         c = self.constraints.get(name)
@@ -320,6 +345,7 @@ class DreamShardPlanner(ShardingPlanner):
     # -------------------------------------------------------------- writing the plan
 
     def _module_plan(self, task: Task, plan: Plan, generators: dict[str, Any], m: ModuleTables, sharders) -> Any:
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
         from torchrec.distributed.sharding_plan import construct_module_sharding_plan
@@ -328,7 +354,7 @@ class DreamShardPlanner(ShardingPlanner):
         from dreamshard.interop.torchrec import check_module_plan
 
         kind = (FeatureProcessedEmbeddingBagCollectionSharder if isinstance(m.module, FeatureProcessedEmbeddingBagCollection)
-                else EmbeddingBagCollectionSharder)
+                else EmbeddingCollectionSharder if _is_sequence(m.module) else EmbeddingBagCollectionSharder)
         sharder = next((s for s in sharders if isinstance(s, kind)), None) or kind()
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
@@ -411,27 +437,48 @@ def _check_constraint_fields(config, c) -> None:
 
 def _refuse_unplanned_modules(module) -> None:
     """Embedding modules DreamShard does not plan would be left unsharded by DistributedModelParallel: an error."""
-    from torchrec import EmbeddingCollection
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
     for fqn, m in module.named_modules():
-        for kind in (EmbeddingCollection, FusedEmbeddingBagCollection):
-            if isinstance(m, kind):
-                raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a {kind.__name__}, which "
-                                      "DreamShard does not plan (EmbeddingBagCollections only); plan it with "
-                                      "TorchRec's planner")
+        if isinstance(m, FusedEmbeddingBagCollection):
+            raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a FusedEmbeddingBagCollection, "
+                                  "which DreamShard does not plan (EmbeddingBagCollections and EmbeddingCollections "
+                                  "only); plan it with TorchRec's planner")
 
 
-def _embedding_bag_modules(module) -> list:
-    """(fqn, module) of every EBC to plan: a FeatureProcessedEmbeddingBagCollection as one unit (its sharder
-    shards the EBC inside it, keyed by its own fqn), every other EBC on its own."""
-    from torchrec import EmbeddingBagCollection
+def _check_sharders_cover(found, sharders) -> None:
+    """An EmbeddingCollection needs an EmbeddingCollectionSharder among the sharders, or DistributedModelParallel
+    leaves it unsharded: an error naming it."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+
+    sequence = [fqn for fqn, m in found if _is_sequence(m)]
+    if sequence and not any(isinstance(s, EmbeddingCollectionSharder) for s in sharders):
+        raise DreamShardError(f"DreamShardPlanner: module {sequence[0] or '(root)'!r} is an EmbeddingCollection, but "
+                              "the sharders hold no EmbeddingCollectionSharder: DistributedModelParallel would leave "
+                              "it unsharded; pass one (TorchRec's default sharders include it)")
+
+
+def _is_sequence(m) -> bool:
+    from torchrec import EmbeddingCollection
+
+    return isinstance(m, EmbeddingCollection)
+
+
+def _configs_of(m) -> list:
+    """The table configs of a planned module: an EmbeddingCollection's, or the EBC's it holds."""
+    return m.embedding_configs() if _is_sequence(m) else _ebc_of(m).embedding_bag_configs()
+
+
+def _embedding_modules(module) -> list:
+    """(fqn, module) of every collection to plan: a FeatureProcessedEmbeddingBagCollection as one unit (its sharder
+    shards the EBC inside it, keyed by its own fqn), every other EBC and every EmbeddingCollection on its own."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
     fp = [(fqn, m) for fqn, m in module.named_modules() if isinstance(m, FeatureProcessedEmbeddingBagCollection)]
     inside = {f"{fqn}.{name}" if fqn else name for fqn, m in fp for name, _ in m.named_modules() if name}
     plain = [(fqn, m) for fqn, m in module.named_modules()
-             if isinstance(m, EmbeddingBagCollection) and fqn not in inside]
+             if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection)) and fqn not in inside]
     return sorted(fp + plain, key=lambda item: item[0])
 
 

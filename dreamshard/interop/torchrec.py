@@ -64,28 +64,68 @@ def quiet_torchrec() -> Iterator[None]:
 
 # ------------------------------------------------------------------ the module
 
-def embedding_bag_configs(task: Task) -> list:
-    """One `EmbeddingBagConfig` per table of the task, in task order."""
-    require_torchrec()
-    from torchrec import EmbeddingBagConfig
-    from torchrec.modules.embedding_configs import DataType
-
+def _check_names(task: Task) -> None:
     for t in task.tables:
         if "." in t.name or not t.name:
             raise DreamShardError(f"table {t.name!r}: TorchRec needs table names without '.' "
                                   "(each becomes a module name); rename the table")
+
+
+def embedding_bag_configs(task: Task) -> list:
+    """One `EmbeddingBagConfig` per pooled table of the task (all but the `sequence` ones), in task order."""
+    require_torchrec()
+    from torchrec import EmbeddingBagConfig
+    from torchrec.modules.embedding_configs import DataType
+
+    _check_names(task)
     types = {"fp16": DataType.FP16, "fp32": DataType.FP32}
     return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
                                data_type=types[t.precision or task.memory.weights_precision])
-            for t in task.tables]
+            for t in task.tables if not t.sequence]
+
+
+def embedding_configs(task: Task) -> list:
+    """One `EmbeddingConfig` per `sequence` table of the task (an EmbeddingCollection's), in task order."""
+    require_torchrec()
+    from torchrec import EmbeddingConfig
+    from torchrec.modules.embedding_configs import DataType
+
+    _check_names(task)
+    types = {"fp16": DataType.FP16, "fp32": DataType.FP32}
+    return [EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
+                            data_type=types[t.precision or task.memory.weights_precision])
+            for t in task.tables if t.sequence]
 
 
 def meta_ebc(task: Task):
-    """The task's EmbeddingBagCollection on the meta device: shapes only, no memory."""
+    """The task's EmbeddingBagCollection on the meta device: shapes only, no memory (a task of pooled tables)."""
     import torch
     from torchrec import EmbeddingBagCollection
 
+    if any(t.sequence for t in task.tables):
+        raise DreamShardError(f"task {task.name!r} holds sequence tables, which an EmbeddingBagCollection does not: "
+                              "use meta_module")
     return EmbeddingBagCollection(tables=embedding_bag_configs(task), device=torch.device("meta"))
+
+
+def meta_module(task: Task):
+    """The task's tables as TorchRec modules on the meta device: its EmbeddingBagCollection alone, or, with
+    `sequence` tables, a module holding an EmbeddingBagCollection (`ebc`, the pooled tables) and an
+    EmbeddingCollection per dim of the sequence tables (`ec_<dim>`: one holds tables of one dim)."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+    if not any(t.sequence for t in task.tables):
+        return meta_ebc(task)
+    module = torch.nn.Module()
+    if not all(t.sequence for t in task.tables):
+        module.ebc = EmbeddingBagCollection(tables=embedding_bag_configs(task), device=torch.device("meta"))
+    by_dim: dict[int, list] = defaultdict(list)
+    for c in embedding_configs(task):
+        by_dim[c.embedding_dim].append(c)
+    for dim, configs in sorted(by_dim.items()):  # an EmbeddingCollection holds tables of one dim
+        setattr(module, f"ec_{dim}", EmbeddingCollection(tables=configs, device=torch.device("meta")))
+    return module
 
 
 def topology(task: Task):
@@ -384,6 +424,7 @@ def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
 
 
 def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.types import Shard as TRShard
@@ -393,11 +434,11 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
     constraints = table_constraints(task, kinds)
     enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True)
-    module = meta_ebc(task)
+    module = meta_module(task)
     optimizer = torchrec_optimizer_classes()[task.memory.optimizer][0]
     for param in module.parameters():  # TorchRec counts the optimizer state of the class attached to a weight
         param._optimizer_classes = [optimizer]
-    options = enum.enumerate(module, [EmbeddingBagCollectionSharder()])
+    options = enum.enumerate(module, [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()])
     by_name = {o.name: o for o in options}
     for t in task.tables:
         option = by_name[t.name]

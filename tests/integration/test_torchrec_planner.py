@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -147,14 +148,42 @@ def test_every_constraint_field_is_honoured_or_refused():
                               **roomy).plan(TwoCollections(), [])
 
 
-def test_embedding_modules_it_does_not_plan_are_refused_not_left_out():
+def test_embedding_collections_are_planned_beside_bags_and_fused_bags_refused():
+    """An EmbeddingCollection (sequence embeddings) is planned with the EBCs, by its own sharder, at memory TorchRec
+    counts for sequences (a row per id); without an EmbeddingCollectionSharder DMP would leave it unsharded: an
+    error naming it. A FusedEmbeddingBagCollection is refused by name."""
     from torchrec import EmbeddingCollection, EmbeddingConfig
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
     model = TwoCollections()
-    model.seq = EmbeddingCollection(tables=[EmbeddingConfig(name="seq", embedding_dim=8, num_embeddings=100,
-                                                            feature_names=["f_seq"])], device=torch.device("meta"))
-    with pytest.raises(DreamShardError, match="module 'seq' is a EmbeddingCollection"):
-        DreamShardPlanner(topology(2, 100.0), storage_reservation=NO_RESERVATION).plan(model, [])
+    model.seq = EmbeddingCollection(tables=[
+        EmbeddingConfig(name="seq", embedding_dim=16, num_embeddings=100_000, feature_names=["f_seq"]),
+        EmbeddingConfig(name="seq2", embedding_dim=16, num_embeddings=500, feature_names=["f_seq2"])],
+        device=torch.device("meta"))
+    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    planner = DreamShardPlanner(topology(2, 20.0), batch_size=512, algo="size_lookup_greedy",
+                                storage_reservation=NO_RESERVATION,
+                                constraints={"seq": ParameterConstraints(pooling_factors=[8.0])})
+    plan = planner.plan(model, sharders)
+    assert sorted(plan.plan) == ["other", "seq", "sparse.ebc"]
+    assert set(plan.plan["seq"]) == {"seq", "seq2"}
+    task = planner.last_task
+    seq = next(t for t in task.tables if t.name == "seq")
+    assert seq.sequence and seq.pooling_factor == 8.0
+    assert not any(t.sequence for t in task.tables if t.name in ("big", "small", "thin"))
+    # a sequence table's buffers: a row per id it receives, where a pooled one has a row per sample
+    pooled = replace(seq, sequence=False)
+    assert task.shard_bytes(seq) - task.shard_bytes(pooled) == (8 - 1) * 512 * 2 * 16 * 4
+    with pytest.raises(DreamShardError, match="module 'seq' is an EmbeddingCollection, but the sharders hold no "
+                                              "EmbeddingCollectionSharder"):
+        planner.plan(model, [EmbeddingBagCollectionSharder()])
+    fused = TwoCollections()
+    fused.fused = FusedEmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="fb", embedding_dim=8, num_embeddings=100, feature_names=["f_fb"])],
+        optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.1}, device=torch.device("cpu"))
+    with pytest.raises(DreamShardError, match="module 'fused' is a FusedEmbeddingBagCollection"):
+        DreamShardPlanner(topology(2, 100.0), storage_reservation=NO_RESERVATION).plan(fused, [])
 
 
 def test_memory_is_what_torchrec_allocates():
@@ -522,3 +551,122 @@ def test_weighted_and_feature_processed_collections_shard_as_planned(tmp_path):
     for r in reports:
         assert r["planned"] == ["sparse"], r  # the feature-processed module's own fqn, not the EBC inside it
         assert r["diff"] < 1e-6, r
+
+
+SEQUENCE_SCRIPT = r'''
+import json
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
+from torchrec import KeyedJaggedTensor
+from torchrec.distributed import DistributedModelParallel
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from dreamshard.interop.planner import DreamShardPlanner
+
+DIM = 16
+BAGS = [("pa", 40_000), ("pb", 10_000)]
+SEQS = [("sa", 100_000), ("sb", 10_000)]  # sa: 6.4 MB, more than a rank's 5 MB: cut
+
+
+def value(r0, c0, nr, nc):
+    r = torch.arange(r0, r0 + nr, dtype=torch.float64)[:, None]
+    c = torch.arange(c0, c0 + nc, dtype=torch.float64)[None, :]
+    return (torch.sin(r * 0.37 + c * 1.3) * 0.1).float()
+
+
+class Model(torch.nn.Module):
+    def __init__(self, device):
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name=n, embedding_dim=DIM, num_embeddings=r, feature_names=[f"f_{n}"])
+            for n, r in BAGS], device=device)
+        self.ec = EmbeddingCollection(tables=[
+            EmbeddingConfig(name=n, embedding_dim=DIM, num_embeddings=r, feature_names=[f"f_{n}"])
+            for n, r in SEQS], device=device)
+
+    def forward(self, bags, seqs):
+        pooled = self.ebc(bags).values()
+        jagged = self.ec(seqs)
+        sequence = torch.cat([jagged[f"f_{n}"].values() for n, _ in SEQS])
+        return pooled, sequence, pooled.pow(2).sum() + sequence.pow(2).sum()
+
+
+def features(names, rank, seed):
+    g = torch.Generator().manual_seed(seed + rank)
+    lengths = torch.randint(1, 5, (len(names) * 8,), generator=g)
+    values = torch.cat([torch.randint(0, r, (int(n),), generator=g)
+                        for (_, r), n in zip(names, lengths.view(len(names), 8).sum(1))])
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{n}" for n, _ in names], values=values, lengths=lengths)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=5 * 1024**2)
+    planner = DreamShardPlanner(topology, batch_size=8, algo="size_lookup_greedy", debug=False,
+                                constraints={"sa": ParameterConstraints(pooling_factors=[2.5])})
+    model = Model(torch.device("meta"))
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    apply_optimizer_in_backward(torch.optim.SGD, model.parameters(), {"lr": 0.1})
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    held = []
+    with torch.no_grad():  # the same weights in the shards each rank holds as in the unsharded copy
+        for name, tensor in dmp.state_dict().items():
+            if name.endswith(".weight") and (".embedding_bags." in name or ".embeddings." in name):
+                for s in tensor.local_shards():
+                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+                    s.tensor.copy_(value(r0, c0, nr, nc))
+                    held.append([name.split(".")[-2], r0, r0 + nr, c0, c0 + nc])
+    reference = Model(torch.device("cpu"))
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p.copy_(value(0, 0, *p.shape))
+    bags, seqs = features(BAGS, rank, 7), features(SEQS, rank, 11)
+    pooled, sequence, loss = dmp(bags, seqs)
+    want_pooled, want_sequence, want_loss = reference(bags, seqs)
+    loss.backward()  # the fused optimizer steps the embeddings inside backward
+    pooled_after, sequence_after, _ = dmp(bags, seqs)
+    kinds = {f"{fqn}/{t}": p.sharding_type for fqn, m in plan.plan.items() for t, p in m.items()}
+    print(json.dumps([{"rank": rank, "kinds": kinds, "held": sorted(held),
+                       "pooled_diff": float((pooled - want_pooled).abs().max()),
+                       "sequence_diff": float((sequence - want_sequence).abs().max()),
+                       "loss": float(loss), "want_loss": float(want_loss),
+                       "changed": float((sequence_after - sequence).abs().max())}]), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.slow  # two processes that each import torchrec
+def test_an_embedding_collection_beside_a_bag_collection_trains_as_planned(tmp_path):
+    """TorchRec's harness pattern, EBC + EC, on 2 gloo ranks: DreamShardPlanner plans both collections (the large
+    sequence table cut), DistributedModelParallel shards them, and their outputs and loss equal an unsharded copy
+    holding the same weights; a training step moves the sequence embeddings."""
+    (tmp_path / "seq.py").write_text(SEQUENCE_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "seq.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    decoder = json.JSONDecoder()
+    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
+    reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for r in reports:
+        assert set(r["kinds"]) == {"ebc/pa", "ebc/pb", "ec/sa", "ec/sb"}, r
+        assert r["kinds"]["ec/sa"] in ("column_wise", "row_wise"), r  # 6.4 MB: more than a rank holds
+        assert r["pooled_diff"] < 1e-6 and r["sequence_diff"] < 1e-6, r
+        assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
+        assert r["changed"] > 0, r
+    held = {(h[0], *h[1:]) for r in reports for h in r["held"]}
+    # every row and column of every table is held by exactly one rank
+    for name, rows in (("pa", 40_000), ("pb", 10_000), ("sa", 100_000), ("sb", 10_000)):
+        cells = sum((h[2] - h[1]) * (h[4] - h[3]) for h in held if h[0] == name)
+        assert cells == rows * 16, (name, sorted(h for h in held if h[0] == name))

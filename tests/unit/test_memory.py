@@ -1,7 +1,8 @@
 """Memory as TorchRec allocates it: weights, optimizer state, input/output buffers, reservation.
 
 The oracle is TorchRec's own `EmbeddingStorageEstimator` (through `torchrec_perf_estimate`): for every plan our
-sharders make, our count of each rank is never below TorchRec's, and equals it where both count the same state.
+sharders make, our count of each rank is never below TorchRec's, and equals it where both count the same state,
+for pooled tables (an EmbeddingBagCollection's) and sequence tables (an EmbeddingCollection's) alike.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def test_buffers_follow_torchrecs_rule_per_kind_of_shard():
     assert m.io_bytes(3.0, 2, 16, 1, row_block=False) == 300 * 8 + 200 * 16 * 4
     assert MemoryModel("fp16", batch_size=100).io_bytes(3.0, 1, 16, 1, False) == 300 * 8 + 100 * 16 * 2
     assert MemoryModel().io_bytes(3.0, 1, 16, 4, False) == 0  # batch 0: not counted (the pipeline's tasks)
+    # a sequence table (an EmbeddingCollection's): a row per id received, not pooled
+    assert m.io_bytes(3.0, 1, 16, 4, row_block=False, sequence=True) == 3 * 100 * 4 * 8 + 3 * 100 * 4 * 16 * 4
+    assert m.io_bytes(3.0, 1, 16, 4, row_block=True, sequence=True) == 3 * 100 * 8 + 3 * 100 * 16 * 4
 
 
 def test_reservation_shrinks_what_a_device_holds_and_validation_uses_it():
@@ -60,7 +64,7 @@ def test_breakdown_adds_up_to_the_shards_bytes():
 def _random_task(seed: int, memory: MemoryModel) -> Task:
     rng = random.Random(seed)
     tables = [Table(f"t{i}", rng.choice([100, 5_000, 200_000, 3_000_000]), rng.choice([8, 16, 64, 128]),
-                    rng.choice([0.3, 1.0, 4.0, 30.0])) for i in range(10)]
+                    rng.choice([0.3, 1.0, 4.0, 30.0]), sequence=seed >= 3 and i % 2 == 0) for i in range(10)]
     return Task.uniform(f"r{seed}", tables, rng.choice([2, 4]), rng.choice([2.0, 8.0]), memory)
 
 
