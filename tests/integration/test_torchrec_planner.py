@@ -178,6 +178,21 @@ def test_embedding_collections_are_planned_beside_bags_and_fused_bags_refused():
     with pytest.raises(DreamShardError, match="module 'seq' is an EmbeddingCollection, but the sharders hold no "
                                               "EmbeddingCollectionSharder"):
         planner.plan(model, [EmbeddingBagCollectionSharder()])
+
+    class TableWiseOnly(EmbeddingCollectionSharder):  # a restricted EC sharder is honoured
+        def sharding_types(self, compute_device_type):
+            return ["table_wise"]
+
+    whole = planner.plan(model, [EmbeddingBagCollectionSharder(), TableWiseOnly()])
+    assert {p.sharding_type for m in whole.plan.values() for p in m.values()} == {"table_wise"}
+    assert planner.last_task.sharding == ("table",)
+
+    class RowWiseOnly(EmbeddingCollectionSharder):
+        def sharding_types(self, compute_device_type):
+            return ["row_wise"]
+
+    with pytest.raises(DreamShardError, match="the EmbeddingCollection sharder offers .'row_wise'. with the fused"):
+        planner.plan(model, [EmbeddingBagCollectionSharder(), RowWiseOnly()])
     fused = TwoCollections()
     fused.fused = FusedEmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name="fb", embedding_dim=8, num_embeddings=100, feature_names=["f_fb"])],
