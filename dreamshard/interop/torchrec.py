@@ -71,30 +71,27 @@ def _check_names(task: Task) -> None:
                                   "(each becomes a module name); rename the table")
 
 
-def embedding_bag_configs(task: Task) -> list:
-    """One `EmbeddingBagConfig` per pooled table of the task (all but the `sequence` ones), in task order."""
+def _configs(task: Task, sequence: bool) -> list:
     require_torchrec()
-    from torchrec import EmbeddingBagConfig
+    from torchrec import EmbeddingBagConfig, EmbeddingConfig
     from torchrec.modules.embedding_configs import DataType
 
     _check_names(task)
     types = {"fp16": DataType.FP16, "fp32": DataType.FP32}
-    return [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
-                               data_type=types[t.precision or task.memory.weights_precision])
-            for t in task.tables if not t.sequence]
+    config = EmbeddingConfig if sequence else EmbeddingBagConfig
+    return [config(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
+                   data_type=types[t.precision or task.memory.weights_precision])
+            for t in task.tables if t.sequence == sequence]
+
+
+def embedding_bag_configs(task: Task) -> list:
+    """One `EmbeddingBagConfig` per pooled table of the task (all but the `sequence` ones), in task order."""
+    return _configs(task, sequence=False)
 
 
 def embedding_configs(task: Task) -> list:
     """One `EmbeddingConfig` per `sequence` table of the task (an EmbeddingCollection's), in task order."""
-    require_torchrec()
-    from torchrec import EmbeddingConfig
-    from torchrec.modules.embedding_configs import DataType
-
-    _check_names(task)
-    types = {"fp16": DataType.FP16, "fp32": DataType.FP32}
-    return [EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
-                            data_type=types[t.precision or task.memory.weights_precision])
-            for t in task.tables if t.sequence]
+    return _configs(task, sequence=True)
 
 
 def meta_ebc(task: Task):
