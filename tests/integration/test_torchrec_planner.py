@@ -378,6 +378,13 @@ if __name__ == "__main__":
 '''
 
 
+def reports_of(stdout: str) -> list[dict]:
+    """The ranks' JSON reports: both ranks print to one pipe, so each list is decoded where it starts."""
+    decoder = json.JSONDecoder()
+    starts = [i for i in range(len(stdout)) if stdout.startswith('[{"rank"', i)]
+    return [r for i in starts for r in decoder.raw_decode(stdout, i)[0]]
+
+
 def untrained_dreamshard_checkpoint(path) -> None:
     """A dreamshard checkpoint of random weights, with a bin estimator for tables without bins (TorchRec's)."""
     from dreamshard.data.bins import META_KEY, BinEstimator
@@ -400,9 +407,7 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
                           "dmp.py", str(tmp_path / "dreamshard.pt")], cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    decoder = json.JSONDecoder()
-    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
-    reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
+    reports = reports_of(res.stdout)
     assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 12
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
@@ -559,9 +564,7 @@ def test_weighted_and_feature_processed_collections_shard_as_planned(tmp_path):
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "wfp.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    decoder = json.JSONDecoder()  # both ranks print to one pipe: decode each report where it starts
-    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
-    reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
+    reports = reports_of(res.stdout)
     assert sorted((r["rank"], r["kind"]) for r in reports) == [(0, "fp"), (0, "weighted"), (1, "fp"), (1, "weighted")]
     for r in reports:
         assert r["planned"] == ["sparse"], r  # the feature-processed module's own fqn, not the EBC inside it
@@ -670,9 +673,7 @@ def test_an_embedding_collection_beside_a_bag_collection_trains_as_planned(tmp_p
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "seq.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    decoder = json.JSONDecoder()
-    starts = [i for i in range(len(res.stdout)) if res.stdout.startswith('[{"rank"', i)]
-    reports = [r for i in starts for r in decoder.raw_decode(res.stdout, i)[0]]
+    reports = reports_of(res.stdout)
     assert sorted(r["rank"] for r in reports) == [0, 1]
     for r in reports:
         assert set(r["kinds"]) == {"ebc/pa", "ebc/pb", "ec/sa", "ec/sb"}, r
