@@ -166,7 +166,6 @@ class DreamShardPlanner(ShardingPlanner):
         from torchrec.modules.embedding_configs import DataType
 
         found = _embedding_modules(module)
-        _refuse_unplanned_modules(module)
         if not found:
             raise DreamShardError("DreamShardPlanner: the module holds no EmbeddingBagCollection or "
                                   "EmbeddingCollection to plan")
@@ -207,10 +206,13 @@ class DreamShardPlanner(ShardingPlanner):
 
     def _optimizer_of(self, found, sharders) -> str:
         """The optimizer whose state is counted: the one attached to the tables (apply_optimizer_in_backward,
-        read as TorchRec's storage estimator reads it), else the EBC sharder's fused optimizer, else `optimizer`
+        read as TorchRec's storage estimator reads it, or a FusedEmbeddingBagCollection's own), else the EBC
+        sharder's fused optimizer, else `optimizer`
         (default exact_sgd); with several attached, the one keeping the most state. An optimizer we do not
         model, or one that contradicts `optimizer`, is an error."""
         attached = {c for _, m in found for p in m.parameters() for c in getattr(p, "_optimizer_classes", [])}
+        # a FusedEmbeddingBagCollection carries its optimizer itself
+        attached |= {m._optimizer_type for _, m in found if getattr(m, "_optimizer_type", None) is not None}
         names = {_optimizer_name(c) for c in attached}
         if not names:
             for sharder in sharders:
@@ -345,16 +347,12 @@ class DreamShardPlanner(ShardingPlanner):
     # -------------------------------------------------------------- writing the plan
 
     def _module_plan(self, task: Task, plan: Plan, generators: dict[str, Any], m: ModuleTables, sharders) -> Any:
-        from torchrec.distributed.embedding import EmbeddingCollectionSharder
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
         from torchrec.distributed.sharding_plan import construct_module_sharding_plan
         from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
         from dreamshard.interop.torchrec import check_module_plan
 
-        kind = (FeatureProcessedEmbeddingBagCollectionSharder if isinstance(m.module, FeatureProcessedEmbeddingBagCollection)
-                else EmbeddingCollectionSharder if _is_sequence(m.module) else EmbeddingBagCollectionSharder)
+        kind = _sharder_class(m.module)
         sharder = next((s for s in sharders if isinstance(s, kind)), None) or kind()
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
@@ -435,27 +433,32 @@ def _check_constraint_fields(config, c) -> None:
         raise DreamShardError(f"{where} use_virtual_table: virtual tables are not planned")
 
 
-def _refuse_unplanned_modules(module) -> None:
-    """Embedding modules DreamShard does not plan would be left unsharded by DistributedModelParallel: an error."""
+def _check_sharders_cover(found, sharders) -> None:
+    """An EmbeddingCollection or a FusedEmbeddingBagCollection needs its own sharder among the sharders, or
+    DistributedModelParallel leaves it unsharded: an error naming the module."""
+    for fqn, m in found:
+        kind = _sharder_class(m)
+        if kind.__name__ != "EmbeddingBagCollectionSharder" and not any(isinstance(s, kind) for s in sharders):
+            raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a{'n' if _is_sequence(m) else ''} "
+                                  f"{type(m).__name__}, but the sharders hold no {kind.__name__}: "
+                                  "DistributedModelParallel would leave it unsharded; pass one (TorchRec's default "
+                                  "sharders include it)")
+
+
+def _sharder_class(m) -> type:
+    """The TorchRec sharder class of a planned collection."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+    from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
-    for fqn, m in module.named_modules():
-        if isinstance(m, FusedEmbeddingBagCollection):
-            raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a FusedEmbeddingBagCollection, "
-                                  "which DreamShard does not plan (EmbeddingBagCollections and EmbeddingCollections "
-                                  "only); plan it with TorchRec's planner")
-
-
-def _check_sharders_cover(found, sharders) -> None:
-    """An EmbeddingCollection needs an EmbeddingCollectionSharder among the sharders, or DistributedModelParallel
-    leaves it unsharded: an error naming it."""
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-
-    sequence = [fqn for fqn, m in found if _is_sequence(m)]
-    if sequence and not any(isinstance(s, EmbeddingCollectionSharder) for s in sharders):
-        raise DreamShardError(f"DreamShardPlanner: module {sequence[0] or '(root)'!r} is an EmbeddingCollection, but "
-                              "the sharders hold no EmbeddingCollectionSharder: DistributedModelParallel would leave "
-                              "it unsharded; pass one (TorchRec's default sharders include it)")
+    if isinstance(m, FeatureProcessedEmbeddingBagCollection):
+        return FeatureProcessedEmbeddingBagCollectionSharder
+    if isinstance(m, FusedEmbeddingBagCollection):
+        return FusedEmbeddingBagCollectionSharder
+    return EmbeddingCollectionSharder if _is_sequence(m) else EmbeddingBagCollectionSharder
 
 
 def _is_sequence(m) -> bool:
@@ -471,14 +474,17 @@ def _configs_of(m) -> list:
 
 def _embedding_modules(module) -> list:
     """(fqn, module) of every collection to plan: a FeatureProcessedEmbeddingBagCollection as one unit (its sharder
-    shards the EBC inside it, keyed by its own fqn), every other EBC and every EmbeddingCollection on its own."""
+    shards the EBC inside it, keyed by its own fqn), every other EBC, FusedEmbeddingBagCollection and
+    EmbeddingCollection on its own."""
     from torchrec import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
     fp = [(fqn, m) for fqn, m in module.named_modules() if isinstance(m, FeatureProcessedEmbeddingBagCollection)]
     inside = {f"{fqn}.{name}" if fqn else name for fqn, m in fp for name, _ in m.named_modules() if name}
     plain = [(fqn, m) for fqn, m in module.named_modules()
-             if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection)) and fqn not in inside]
+             if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection, FusedEmbeddingBagCollection))
+             and fqn not in inside]
     return sorted(fp + plain, key=lambda item: item[0])
 
 

@@ -148,10 +148,10 @@ def test_every_constraint_field_is_honoured_or_refused():
                               **roomy).plan(TwoCollections(), [])
 
 
-def test_embedding_collections_are_planned_beside_bags_and_fused_bags_refused():
+def test_embedding_and_fused_collections_are_planned_beside_bags():
     """An EmbeddingCollection (sequence embeddings) is planned with the EBCs, by its own sharder, at memory TorchRec
-    counts for sequences (a row per id); without an EmbeddingCollectionSharder DMP would leave it unsharded: an
-    error naming it. A FusedEmbeddingBagCollection is refused by name."""
+    counts for sequences (a row per id); so is a FusedEmbeddingBagCollection, with the optimizer it carries. Without
+    its sharder DMP would leave such a module unsharded: an error naming it."""
     from torchrec import EmbeddingCollection, EmbeddingConfig
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
@@ -193,12 +193,20 @@ def test_embedding_collections_are_planned_beside_bags_and_fused_bags_refused():
 
     with pytest.raises(DreamShardError, match="the EmbeddingCollection sharder offers .'row_wise'. with the fused"):
         planner.plan(model, [EmbeddingBagCollectionSharder(), RowWiseOnly()])
+    # a FusedEmbeddingBagCollection: planned by its own sharder, its state counted for the optimizer it carries
+    from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
+
     fused = TwoCollections()
     fused.fused = FusedEmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name="fb", embedding_dim=8, num_embeddings=100, feature_names=["f_fb"])],
-        optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.1}, device=torch.device("cpu"))
-    with pytest.raises(DreamShardError, match="module 'fused' is a FusedEmbeddingBagCollection"):
-        DreamShardPlanner(topology(2, 100.0), storage_reservation=NO_RESERVATION).plan(fused, [])
+        optimizer_type=torch.optim.Adagrad, optimizer_kwargs={"lr": 0.1}, device=torch.device("meta"))
+    roomy = DreamShardPlanner(topology(2, 100.0), storage_reservation=NO_RESERVATION)
+    fused_plan = roomy.plan(fused, [EmbeddingBagCollectionSharder(), FusedEmbeddingBagCollectionSharder()])
+    assert sorted(fused_plan.plan) == ["fused", "other", "sparse.ebc"]
+    assert roomy.last_task.memory.optimizer == "exact_adagrad"
+    with pytest.raises(DreamShardError, match="module 'fused' is a FusedEmbeddingBagCollection, but the sharders "
+                                              "hold no FusedEmbeddingBagCollectionSharder"):
+        roomy.plan(fused, [EmbeddingBagCollectionSharder()])
 
 
 def test_memory_is_what_torchrec_allocates():
@@ -622,9 +630,47 @@ def features(names, rank, seed):
     return KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{n}" for n, _ in names], values=values, lengths=lengths)
 
 
+def fused_run(rank):
+    """A FusedEmbeddingBagCollection (its optimizer inside), its larger table more than a rank holds."""
+    from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+
+    def make(device):
+        m = torch.nn.Module()
+        m.fused = FusedEmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name=n, embedding_dim=DIM, num_embeddings=r, feature_names=[f"f_{n}"])
+            for n, r in SEQS], optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.1}, device=device)
+        return m
+
+    sharders = [FusedEmbeddingBagCollectionSharder()]
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=5 * 1024**2)
+    planner = DreamShardPlanner(topology, batch_size=8, algo="size_lookup_greedy", debug=False)
+    model = make(torch.device("meta"))
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    with torch.no_grad():
+        for name, tensor in dmp.state_dict().items():
+            if name.endswith(".weight"):
+                for s in tensor.local_shards():
+                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+                    s.tensor.copy_(value(r0, c0, nr, nc))
+    reference = make(torch.device("cpu"))
+    with torch.no_grad():
+        for name, t in reference.state_dict().items():
+            t.copy_(value(0, 0, *t.shape))
+    kjt = features(SEQS, rank, 13)
+    got = dmp.module.fused(kjt).values()
+    want = reference.fused(kjt).values()
+    got.pow(2).sum().backward()  # its optimizer steps the embeddings inside backward
+    after = dmp.module.fused(kjt).values()
+    return {"rank": rank, "fused": True, "kinds": {f"fused/{t}": p.sharding_type for t, p in plan.plan["fused"].items()},
+            "pooled_diff": float((got - want).abs().max()), "changed": float((after - got).abs().max())}
+
+
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    print(json.dumps([fused_run(rank)]), flush=True)
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=5 * 1024**2)
     planner = DreamShardPlanner(topology, batch_size=8, algo="size_lookup_greedy", debug=False,
@@ -665,16 +711,20 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow  # two processes that each import torchrec
-def test_an_embedding_collection_beside_a_bag_collection_trains_as_planned(tmp_path):
-    """TorchRec's harness pattern, EBC + EC, on 2 gloo ranks: DreamShardPlanner plans both collections (the large
+def test_an_embedding_collection_beside_a_bag_collection_and_a_fused_one_train_as_planned(tmp_path):
+    """TorchRec's harness pattern on 2 gloo ranks. EBC + EC: DreamShardPlanner plans both collections (the large
     sequence table cut), DistributedModelParallel shards them, and their outputs and loss equal an unsharded copy
-    holding the same weights; a training step moves the sequence embeddings."""
+    holding the same weights; a training step moves the sequence embeddings. A FusedEmbeddingBagCollection alike."""
     (tmp_path / "seq.py").write_text(SEQUENCE_SCRIPT)
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "seq.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     reports = reports_of(res.stdout)
-    assert sorted(r["rank"] for r in reports) == [0, 1]
+    fused = [r for r in reports if r.get("fused")]
+    reports = [r for r in reports if not r.get("fused")]
+    assert sorted(r["rank"] for r in reports) == sorted(r["rank"] for r in fused) == [0, 1]
+    for r in fused:  # a FusedEmbeddingBagCollection, its larger table cut, trains as its unsharded copy
+        assert r["kinds"]["fused/sa"] == "column_wise" and r["pooled_diff"] < 1e-6 and r["changed"] > 0, r
     for r in reports:
         assert set(r["kinds"]) == {"ebc/pa", "ebc/pb", "ec/sa", "ec/sb"}, r
         assert r["kinds"]["ec/sa"] in ("column_wise", "row_wise"), r  # 6.4 MB: more than a rank holds
