@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.evaluation.bounds import ROW_PROBE_RATIO, LowerBound, column_splits_in, lower_bound, row_splits_of
-from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, measure_rounds, median_cost
+from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, least_compute, measure_rounds, median_cost
 from dreamshard.hardware.comm import Topology
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import Sharder
@@ -81,8 +81,7 @@ class ProbeCache:
     def least(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
         """The least of `rounds` readings of the operator holding `shards` (on the task's first device)."""
         probe = Plan(task.num_devices, tuple(replace(s, device=0) for s in shards))
-        return measure_rounds(self.backend, task, [probe], self.rounds,
-                              lambda readings: min((r.compute[0] for r in readings), key=lambda c: c.total_ms))[0]
+        return measure_rounds(self.backend, task, [probe], self.rounds, least_compute)[0]
 
     def compute_cost(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
         if len(shards) != 1:

@@ -5,6 +5,7 @@ fwd + bwd (the fused operator's compute) + fwd_comm + bwd_comm (the all-to-all),
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -129,9 +130,10 @@ def median_cost(readings: Sequence[Reading]) -> PlanCost:
     return sorted((r.cost for r in readings), key=lambda c: c.cost_ms)[(len(readings) - 1) // 2]
 
 
-def least_cost(readings: Sequence[Reading]) -> PlanCost:
-    """The least reading's plan cost: a lower bound's probe wants the least a reading ever showed."""
-    return min((r.cost for r in readings), key=lambda c: c.cost_ms)
+def least_compute(readings: Sequence[Reading]) -> ComputeCost:
+    """The least reading of the operator on the plan's first device (a lower bound's probe: one operator, read
+    several times, wants the least any reading showed)."""
+    return min((r.compute[0] for r in readings), key=lambda c: c.total_ms)
 
 
 @dataclass
@@ -149,7 +151,7 @@ def _device_key(shards: Sequence[Shard]) -> tuple:
 def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Sequence[Plan],
                    rounds: int | Sequence[int], reduce: Callable[[list[Reading]], R],
                    count: MeasureCount | None = None, on_plan: Callable[[], None] | None = None) -> list[R]:
-    """Measure `plans` in turns, `rounds` times each, and reduce each plan's readings (median_cost, least_cost,
+    """Measure `plans` in turns, `rounds` times each, and reduce each plan's readings (median_cost, least_compute,
     or `list` to keep them all): the one measuring loop of evaluate, collect, single devices, the measured
     search and the bounds' probes.
 
@@ -166,9 +168,12 @@ def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Se
     if len(need) != len(plans) or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in need):
         raise ValueError(f"rounds: expected an integer >= 1, or one per plan, got {rounds!r}")
     keys = [(id(t), p.key()) for t, p in zip(task_of, plans)]
-    distinct = list(dict.fromkeys(keys))
-    first = {k: keys.index(k) for k in distinct}
-    wanted = {k: max(need[i] for i in range(len(plans)) if keys[i] == k) for k in distinct}
+    first: dict[tuple, int] = {}  # a plan given twice for one task: measured once, as often as either asks
+    wanted: dict[tuple, int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+        wanted[k] = max(wanted.get(k, 0), need[i])
+    distinct, copies = list(first), Counter(keys)
     readings: dict[tuple, list[Reading]] = {k: [] for k in distinct}
     count = count if count is not None else MeasureCount()
     operators: dict[int, dict[tuple, ComputeCost]] = {}  # per round: its device operators, measured once
@@ -192,6 +197,6 @@ def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Se
             compute.append(this_round[device])
         readings[key].append(Reading(tuple(compute), backend.plan_cost_from(task, plan, compute)))
         if on_plan is not None and len(readings[key]) == wanted[key]:
-            for _ in range(keys.count(key)):
+            for _ in range(copies[key]):
                 on_plan()
     return [reduce(readings[k][:n]) for k, n in zip(keys, need)]

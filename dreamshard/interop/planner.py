@@ -232,11 +232,10 @@ class DreamShardPlanner(ShardingPlanner):
         sharder given, TorchRec's default offers them all)."""
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-        sharder = next((s for s in sharders if isinstance(s, EmbeddingBagCollectionSharder)), None)
-        if sharder is None:
+        sharder, offered = self._fused_types(sharders, EmbeddingBagCollectionSharder)
+        if sharder is None or offered is None:
             return None
         device = self.topology.compute_device
-        offered = [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
         if not {"table_wise", "column_wise", "row_wise"} & set(offered):
             raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
                                   f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
@@ -297,11 +296,16 @@ class DreamShardPlanner(ShardingPlanner):
         """The sharding types an EmbeddingCollection sharder offers with the fused kernel (None: none given)."""
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
 
-        sharder = next((s for s in sharders if isinstance(s, EmbeddingCollectionSharder)), None)
+        return self._fused_types(sharders, EmbeddingCollectionSharder)[1]
+
+    def _fused_types(self, sharders, kind: type) -> tuple[Any, list[str] | None]:
+        """The first sharder of class `kind` among `sharders`, and the sharding types it offers with the fused
+        kernel on this compute device ((None, None): none given)."""
+        sharder: Any = next((s for s in sharders if isinstance(s, kind)), None)
         if sharder is None:
-            return None
+            return None, None
         device = self.topology.compute_device
-        return [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
+        return sharder, [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
 
     def _table_wise_only(self, name: str) -> bool:
         c = self.constraints.get(name)
@@ -436,9 +440,11 @@ def _check_constraint_fields(config, c) -> None:
 def _check_sharders_cover(found, sharders) -> None:
     """An EmbeddingCollection or a FusedEmbeddingBagCollection needs its own sharder among the sharders, or
     DistributedModelParallel leaves it unsharded: an error naming the module."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
     for fqn, m in found:
         kind = _sharder_class(m)
-        if kind.__name__ != "EmbeddingBagCollectionSharder" and not any(isinstance(s, kind) for s in sharders):
+        if kind is not EmbeddingBagCollectionSharder and not any(isinstance(s, kind) for s in sharders):
             raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a{'n' if _is_sequence(m) else ''} "
                                   f"{type(m).__name__}, but the sharders hold no {kind.__name__}: "
                                   "DistributedModelParallel would leave it unsharded; pass one (TorchRec's default "

@@ -19,7 +19,7 @@ from torch import nn
 
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
-from dreamshard.hardware.comm import Topology, seconds_per_byte, transfer_ms
+from dreamshard.hardware.comm import Topology, seconds_per_byte
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan
@@ -171,8 +171,8 @@ class CostNet(nn.Module):
         return nn.functional.softplus(self.plan_head(max_embedding).squeeze(-1)) * self.scale_ms
 
 
-def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, list[int]]:
-    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and its dim sum."""
+def plan_piece_features(task: Task, plan: Plan) -> tuple[list[np.ndarray], list[int]]:
+    """The raw features of every piece `plan` places, device by device, and each piece's device."""
     tables = {t.name: t for t in task.tables}
     raw, owner = [], []
     for d in range(plan.num_devices):
@@ -180,6 +180,12 @@ def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan
             r0, r1 = s.rows(tables[s.table].rows)
             raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
             owner.append(d)
+    return raw, owner
+
+
+def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, list[int]]:
+    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and its dim sum."""
+    raw, owner = plan_piece_features(task, plan)
     with torch.no_grad():
         enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
         sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
@@ -203,8 +209,9 @@ class NetworkEstimate:
         cluster = DeviceLinks.of(self.net.config, task.speeds(), task.host_ids())
         with torch.no_grad():
             costs = self.net.device_costs(sums, torch.tensor(dims, dtype=torch.float32), cluster).double().numpy()
-        if self.net.config.comm == "model" and n > 1:
-            transfer = transfer_ms(dims, self.net.config.batch_size, self.net.config.topology(), task.host_ids())
+        if self.net.config.comm == "model" and n > 1:  # the transfer the comm term holds twice (device_costs)
+            with torch.no_grad():
+                transfer = self.net.transfer_ms(torch.tensor(dims, dtype=torch.float32), cluster).double().numpy()
             comm = [(c - t, t) for c, t in zip(costs[:, 2], transfer)]
         else:
             comm = [(c, 0.0) for c in costs[:, 2]]
@@ -270,13 +277,10 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
     dev_ms: list[tuple[float, float, float]] = []
     plan_cost_ms: list[float] = []
     for p, (task, plan, cost) in enumerate(task_plans):
-        tables = {t.name: t for t in task.tables}
-        for d, dc in enumerate(cost.devices):
-            k = len(dev_plan)
-            for s in plan.device_shards(d):
-                r0, r1 = s.rows(tables[s.table].rows)
-                raw.append(piece_features(tables[s.table], r0, r1, s.col_end - s.col_start, task.memory))
-                shard_dev.append(k)
+        features, owner = plan_piece_features(task, plan)
+        raw += features
+        shard_dev += [len(dev_plan) + d for d in owner]  # the plan's device rows follow those already there
+        for dc in cost.devices:
             dev_plan.append(p)
             dev_ms.append((dc.fwd_ms, dc.bwd_ms, dc.fwd_comm_ms + dc.bwd_comm_ms))
         plan_cost_ms.append(cost.cost_ms)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dreamshard.hardware.base import MeasureCount, least_cost, measure_rounds, median_cost
+from dreamshard.hardware.base import MeasureCount, least_compute, measure_rounds, median_cost
 from dreamshard.plan import Plan
 from dreamshard.tasks import Device, Task
 from helpers import BIG, SMALL, analytic
@@ -111,7 +111,8 @@ def test_measure_rounds_takes_a_task_per_plan_and_rounds_per_plan_in_turns():
     assert [len(r) for r in readings] == [3, 1]
     assert order == ["t1", "t1", "t2", "t2", "t1", "t1", "t1", "t1"]  # round 0: p1, p2; then p1 alone
     assert readings[0][0].cost == analytic().plan_cost(t1, p1)
-    assert least_cost(readings[0]) == median_cost(readings[0])  # the analytic backend reads alike every time
+    assert median_cost(readings[0]) == readings[0][0].cost  # the analytic backend reads alike every time
+    assert least_compute(readings[0]) == readings[0][0].compute[0]
     with pytest.raises(ValueError, match="2 tasks for 1 plans"):
         measure_rounds(analytic(), [t1, t2], [p1], 1, list)
     with pytest.raises(ValueError, match="rounds: expected an integer >= 1"):
