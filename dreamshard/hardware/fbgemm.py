@@ -60,14 +60,16 @@ class FbgemmConfig:
     memory_budget_gb: float = 4.0  # refuse to build an operator whose weights + optimizer state exceed this
     learning_rate: float = 0.01
     topology: Topology = field(default_factory=Topology)
+    zero_weights: bool = False  # CPU: FBGEMM zeroes every weight first (off: rows nobody reads stay unwritten)
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("warmup", 0), ("iterations", 1), ("threads", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
-        if not isinstance(self.huge_pages, bool):
-            raise ValueError(f"huge_pages: expected true or false, got {self.huge_pages!r}")
+        for name in ("huge_pages", "zero_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("memory_budget_gb", "learning_rate"):
@@ -330,14 +332,18 @@ class FbgemmBackend:
         else:
             device = torch.device("cpu")
             location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+        embedding_specs = [(end - start, w, location, compute) for _, w, start, end in specs]
+        precision = SparseType[PRECISIONS[task.memory.weights_precision]]
         try:
             op = SplitTableBatchedEmbeddingBagsCodegen(
-                embedding_specs=[(end - start, w, location, compute) for _, w, start, end in specs],
+                embedding_specs=embedding_specs,
                 optimizer=EmbOptimType[OPTIMIZERS[task.memory.optimizer]],
-                weights_precision=SparseType[PRECISIONS[task.memory.weights_precision]],
+                weights_precision=precision,
                 pooling_mode=PoolingMode.SUM,
                 learning_rate=self.config.learning_rate,
                 device=device,
+                preallocated_host_buffers=None if self.config.zero_weights
+                else _unwritten_host_weights(embedding_specs, precision, device),
             )
         except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
             raise DreamShardError(f"fbgemm backend: FBGEMM refused the operator on {device}: {exc}") from exc
@@ -349,9 +355,9 @@ class FbgemmBackend:
         gen = torch.Generator(device=device).manual_seed(0)
         batch = self.config.batch_size
         with torch.no_grad():
-            # seeded uniform values in the rows the lookups read, the others left as FBGEMM wrote them: the
-            # kernels never read those, and their work does not depend on the values; filling every weight was
-            # a pass over all of them, most of a build (results/make-run-time/README.md compares the ways)
+            # seeded uniform values in the rows the lookups read, the others never written (on CPU not even
+            # zeroed: their pages are never touched): the kernels never read those, and their work does not
+            # depend on the values (results/make-run-time/README.md compares the ways)
             for t, w in enumerate(op.split_embedding_weights()):
                 read = np.unique(indices_np[offsets_np[t * batch]:offsets_np[(t + 1) * batch]])
                 fill_read_rows(w, torch.from_numpy(read).to(device), self._init_block)
@@ -360,6 +366,18 @@ class FbgemmBackend:
         width = sum(w for _, w, _, _ in specs)
         grad = torch.randn((self.config.batch_size, width), generator=gen, device=device) * 0.01
         return FusedOperator(op, indices, offsets, grad, device)
+
+
+def _unwritten_host_weights(embedding_specs, precision, device) -> dict[str, Any] | None:
+    """On CPU, FBGEMM's host weights as an uninitialised buffer, where FBGEMM would zero every byte (most of
+    a build's time): the pages of rows nobody reads are then never touched. None on CUDA (device weights)."""
+    if device.type != "cpu":
+        return None
+    import torch
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import construct_split_state
+
+    split = construct_split_state(embedding_specs, rowwise=False, cacheable=True, precision=precision)
+    return {"weights": torch.empty(split.host_size, dtype=precision.as_dtype(), device=device)}
 
 
 def fill_read_rows(weights, rows, block) -> None:
