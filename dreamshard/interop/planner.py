@@ -104,7 +104,7 @@ class DreamShardPlanner(ShardingPlanner):
 
         start = time.perf_counter()
         task, modules = self.task(module, sharders)
-        offered = self._offered(sharders)
+        offered = self._offered([(m.fqn, m.module) for m in modules], sharders)
         if self._row_wise_only(offered):
             plan = self._all_row_wise(task)  # TorchRec's one row-wise layout: nothing for a sharder to choose
         else:
@@ -196,7 +196,7 @@ class DreamShardPlanner(ShardingPlanner):
         memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
                              self.batch_size)
         task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
-                    sharding=self._kinds_allowed(sharders), whole=tuple(whole))
+                    sharding=self._kinds_allowed(found, sharders), whole=tuple(whole))
         if self.placement:
             try:
                 task = self.placement.apply(task)
@@ -227,20 +227,21 @@ class DreamShardPlanner(ShardingPlanner):
                                   f"with {chosen!r}; drop the argument or make them agree")
         return chosen
 
-    def _offered(self, sharders) -> list[str] | None:
-        """The sharding types the EBC sharder offers with the fused kernel on this compute device (None: no EBC
-        sharder given, TorchRec's default offers them all)."""
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-        sharder, offered = self._fused_types(sharders, EmbeddingBagCollectionSharder)
-        if sharder is None or offered is None:
-            return None
-        device = self.topology.compute_device
-        if not {"table_wise", "column_wise", "row_wise"} & set(offered):
-            raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
-                                  f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
-                                  f"{offered or 'none'}; DreamShard's plans need table_wise, column_wise or row_wise "
-                                  "with the fused kernel")
+    def _offered(self, found, sharders) -> list[str] | None:
+        """The sharding types that the sharders of every planned bag collection (EBC, FusedEBC, FP-EBC) offer
+        with the fused kernel on this compute device (None: none given, TorchRec's defaults offer them all)."""
+        offered: list[str] | None = None
+        for sharder, types in self._offers(found, sharders, sequence=False):
+            if not {"table_wise", "column_wise", "row_wise"} & set(types):
+                device = self.topology.compute_device
+                raise DreamShardError(f"DreamShardPlanner: the sharder {type(sharder).__name__} offers "
+                                      f"{sharder.sharding_types(device)} on {device}, with the fused kernel "
+                                      f"{types or 'none'}; DreamShard's plans need table_wise, column_wise or "
+                                      "row_wise with the fused kernel")
+            offered = types if offered is None else [t for t in offered if t in types]
+        if offered is not None and not {"table_wise", "column_wise", "row_wise"} & set(offered):
+            raise DreamShardError("DreamShardPlanner: the bag collections' sharders offer no sharding type in common "
+                                  "among table_wise, column_wise and row_wise with the fused kernel")
         return offered
 
     @staticmethod
@@ -270,42 +271,37 @@ class DreamShardPlanner(ShardingPlanner):
         column_wise and not table_wise (as TorchRec's tests restrict one)."""
         return "column_wise" if offered is not None and "table_wise" not in offered else "table_wise"
 
-    def _kinds_allowed(self, sharders) -> tuple[str, ...]:
-        """`sharding` narrowed to what the EBC sharder offers (`_offered`) and, beside an EmbeddingCollection, what
-        its sharder offers: a restricted sharder is honoured."""
-        kinds = self._kinds_of_ebc_sharder(sharders)
-        ec = self._ec_offered(sharders)
-        if ec is None:
-            return kinds
-        if "table_wise" not in ec:
-            raise DreamShardError(f"DreamShardPlanner: the EmbeddingCollection sharder offers {ec} with the fused "
-                                  "kernel; DreamShard places whole tables table_wise")
-        by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
-        return tuple(k for k in kinds if by_kind[k] in ec)
+    def _kinds_allowed(self, found, sharders) -> tuple[str, ...]:
+        """`sharding` narrowed to what the sharder of every planned module offers: the bag collections' (`_offered`)
+        and the EmbeddingCollections'. A restricted sharder is honoured."""
+        offered = self._offered(found, sharders)
+        kinds = self.sharding
+        if offered is not None:
+            if self._row_wise_only(offered):  # every table row-wise (_all_row_wise); the task keeps "table"
+                kinds = tuple(k for k in kinds if k in ("table", "row"))
+            else:
+                by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
+                kinds = tuple(k for k in kinds if by_kind[k] in offered)
+        for _, ec in self._offers(found, sharders, sequence=True):
+            if "table_wise" not in ec:
+                raise DreamShardError(f"DreamShardPlanner: the EmbeddingCollection sharder offers {ec} with the "
+                                      "fused kernel; DreamShard places whole tables table_wise")
+            by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
+            kinds = tuple(k for k in kinds if by_kind[k] in ec)
+        return kinds
 
-    def _kinds_of_ebc_sharder(self, sharders) -> tuple[str, ...]:
-        offered = self._offered(sharders)
-        if offered is None:
-            return self.sharding
-        if self._row_wise_only(offered):  # every table row-wise (_all_row_wise); the task keeps "table" as every task
-            return tuple(k for k in self.sharding if k in ("table", "row"))
-        by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
-        return tuple(k for k in self.sharding if by_kind[k] in offered)
-
-    def _ec_offered(self, sharders) -> list[str] | None:
-        """The sharding types an EmbeddingCollection sharder offers with the fused kernel (None: none given)."""
-        from torchrec.distributed.embedding import EmbeddingCollectionSharder
-
-        return self._fused_types(sharders, EmbeddingCollectionSharder)[1]
-
-    def _fused_types(self, sharders, kind: type) -> tuple[Any, list[str] | None]:
-        """The first sharder of class `kind` among `sharders`, and the sharding types it offers with the fused
-        kernel on this compute device ((None, None): none given)."""
-        sharder: Any = next((s for s in sharders if isinstance(s, kind)), None)
-        if sharder is None:
-            return None, None
+    def _offers(self, found, sharders, sequence: bool) -> list[tuple[Any, list[str]]]:
+        """(sharder, the sharding types it offers with the fused kernel on this compute device) of every planned
+        module's sharder, as DistributedModelParallel picks it (`_sharder_of`): of the EmbeddingCollections'
+        (`sequence`) or of the bag collections'. A module whose sharder is not given has none here."""
         device = self.topology.compute_device
-        return sharder, [t for t in sharder.sharding_types(device) if "fused" in sharder.compute_kernels(t, device)]
+        picked = {}
+        for _, m in found:
+            sharder = _sharder_of(m, sharders)
+            if sharder is not None and _is_sequence(m) == sequence:
+                picked[id(sharder)] = sharder
+        return [(s, [t for t in s.sharding_types(device) if "fused" in s.compute_kernels(t, device)])
+                for s in picked.values()]
 
     def _table_wise_only(self, name: str) -> bool:
         c = self.constraints.get(name)
@@ -356,8 +352,7 @@ class DreamShardPlanner(ShardingPlanner):
 
         from dreamshard.interop.torchrec import check_module_plan
 
-        kind = _sharder_class(m.module)
-        sharder = next((s for s in sharders if isinstance(s, kind)), None) or kind()
+        sharder = _sharder_of(m.module, sharders) or _sharder_class(m.module)()
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
             m.module, per_table, sharder=sharder, local_size=self.topology.local_world_size,
@@ -444,11 +439,17 @@ def _check_sharders_cover(found, sharders) -> None:
 
     for fqn, m in found:
         kind = _sharder_class(m)
-        if kind is not EmbeddingBagCollectionSharder and not any(isinstance(s, kind) for s in sharders):
+        if kind is not EmbeddingBagCollectionSharder and _sharder_of(m, sharders) is None:
             raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a{'n' if _is_sequence(m) else ''} "
                                   f"{type(m).__name__}, but the sharders hold no {kind.__name__}: "
                                   "DistributedModelParallel would leave it unsharded; pass one (TorchRec's default "
                                   "sharders include it)")
+
+
+def _sharder_of(m, sharders):
+    """The sharder DistributedModelParallel shards module `m` with: the last one whose module_type is m's type
+    (None: none given)."""
+    return {s.module_type: s for s in sharders}.get(type(m))
 
 
 def _sharder_class(m) -> type:

@@ -204,6 +204,14 @@ def test_embedding_and_fused_collections_are_planned_beside_bags():
     fused_plan = roomy.plan(fused, [EmbeddingBagCollectionSharder(), FusedEmbeddingBagCollectionSharder()])
     assert sorted(fused_plan.plan) == ["fused", "other", "sparse.ebc"]
     assert roomy.last_task.memory.optimizer == "exact_adagrad"
+
+    class FusedTableWise(FusedEmbeddingBagCollectionSharder):  # one rule narrows by every planned module's sharder
+        def sharding_types(self, compute_device_type):
+            return ["table_wise"]
+
+    whole = roomy.plan(fused, [EmbeddingBagCollectionSharder(), FusedTableWise()])
+    assert roomy.last_task.sharding == ("table",)
+    assert {p.sharding_type for m in whole.plan.values() for p in m.values()} == {"table_wise"}
     with pytest.raises(DreamShardError, match="module 'fused' is a FusedEmbeddingBagCollection, but the sharders "
                                               "hold no FusedEmbeddingBagCollectionSharder"):
         roomy.plan(fused, [EmbeddingBagCollectionSharder()])
