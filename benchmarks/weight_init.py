@@ -1,11 +1,12 @@
-"""Does leaving unread weights unwritten change what the CPU kernels time? And how much build time does it save?
+"""Does where the weights live change what the CPU kernels time? And how much build time does each way take?
 
     python -m benchmarks.weight_init [--params params.yaml] [--family dlrm-80-8] [--tasks 4] [--rounds 4]
 
 On the project's test tasks (the tasks stage's output), each device of `size_lookup_greedy`'s plan is measured
-with FBGEMM zeroing every weight (`zero_weights: true`) and with the rows nobody reads left unwritten (the
-default), in alternating order round by round. Prints the paired cost ratio unwritten / zeroed (median and a 95%
-bootstrap interval of the mean over devices) and the wall time of both ways. CPU timings, labelled with the CPU.
+with each `backend.fbgemm.weight_memory`: zeroed (FBGEMM's own buffer, every byte zeroed), fresh (a new buffer
+it does not zero) and reused (one buffer kept across builds), in a rotating order round by round. Prints each
+way's paired cost ratio over zeroed (median, and a 95% bootstrap interval of the mean over devices) and its wall
+time per measurement. CPU timings, labelled with the CPU.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import statistics
 import time
 
 import numpy as np
+
+WAYS = ("zeroed", "fresh", "reused")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,36 +37,34 @@ def main(argv: list[str] | None = None) -> None:
     from dreamshard.tasks import read_tasks
 
     params = load_params(args.params)
-    unwritten = backend_of(params)
-    if not isinstance(unwritten, FbgemmBackend) or unwritten.config.device != "cpu":
+    base = backend_of(params)
+    if not isinstance(base, FbgemmBackend) or base.config.device != "cpu":
         raise SystemExit("benchmarks.weight_init: needs backend.name fbgemm on cpu (params backend)")
-    zeroed = FbgemmBackend(unwritten.lookups, dataclasses.replace(unwritten.config, zero_weights=True))
+    ways = {w: FbgemmBackend(base.lookups, dataclasses.replace(base.config, weight_memory=w)) for w in WAYS}
     tasks = [t for t in read_tasks(f"{section(params, 'paths.tasks')}/test.parquet", section(params, "paths.tables"))
              if t.name.split("/")[1] == args.family][: args.tasks]
     if not tasks:
         raise SystemExit(f"benchmarks.weight_init: no test task of family {args.family!r}")
-    ways = {"zeroed": zeroed, "unwritten": unwritten}
     costs: dict[tuple, dict[str, float]] = {}
     wall = dict.fromkeys(ways, 0.0)
     for task in tasks:
         plan = make_sharder("size_lookup_greedy").shard(task)
         for r in range(args.rounds):
-            for way in (("zeroed", "unwritten") if r % 2 == 0 else ("unwritten", "zeroed")):
+            for way in WAYS[r % len(WAYS):] + WAYS[:r % len(WAYS)]:
                 for d in range(task.num_devices):
                     start = time.perf_counter()
                     cost = ways[way].compute_cost(task, [s for s in plan.shards if s.device == d])
                     wall[way] += time.perf_counter() - start
                     costs.setdefault((task.name, r, d), {})[way] = cost.total_ms
-    ratios = np.array([c["unwritten"] / c["zeroed"] for c in costs.values()])
+    n = len(costs)
+    print(f"{base.device_name()}, batch {base.batch_size}: {args.family}, {len(tasks)} tasks x {args.rounds} rounds, "
+          f"{n} device measurements each way")
     rng = np.random.default_rng(0)
-    means = rng.choice(ratios, (10_000, ratios.size)).mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
-    print(f"{unwritten.device_name()}, batch {unwritten.batch_size}: {args.family}, {len(tasks)} tasks x "
-          f"{args.rounds} rounds, {ratios.size} device measurements each way")
-    print(f"cost unwritten / zeroed: median {statistics.median(ratios):.4f}, mean {ratios.mean():.4f} "
-          f"[{low:.4f}, {high:.4f}]")
-    print(f"wall per measurement (s): zeroed {wall['zeroed'] / ratios.size:.4f}, "
-          f"unwritten {wall['unwritten'] / ratios.size:.4f}")
+    for way in WAYS:
+        ratios = np.array([c[way] / c["zeroed"] for c in costs.values()])
+        low, high = np.quantile(rng.choice(ratios, (10_000, ratios.size)).mean(axis=1), [0.025, 0.975])
+        print(f"{way:>7}: cost over zeroed median {statistics.median(ratios):.4f}, mean {ratios.mean():.4f} "
+              f"[{low:.4f}, {high:.4f}]; wall per measurement {wall[way] / n:.4f} s")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # LookupSource is a Protocol; only needed for annotations
     from dreamshard.data.lookups import LookupSource
 
 DEVICES = ("cpu", "cuda")
+WEIGHT_MEMORY = ("reused", "fresh", "zeroed")  # FbgemmConfig.weight_memory
 # our optimizer name -> FBGEMM EmbOptimType member name
 OPTIMIZERS = {
     "exact_sgd": "EXACT_SGD",
@@ -60,16 +61,19 @@ class FbgemmConfig:
     memory_budget_gb: float = 4.0  # refuse to build an operator whose weights + optimizer state exceed this
     learning_rate: float = 0.01
     topology: Topology = field(default_factory=Topology)
-    zero_weights: bool = False  # CPU: FBGEMM zeroes every weight first (off: rows nobody reads stay unwritten)
+    # CPU: where an operator's weights live. reused: one buffer kept across builds (its pages touched once);
+    # fresh: a new unwritten buffer each build; zeroed: FBGEMM's own, every byte zeroed (benchmarks.weight_init)
+    weight_memory: str = "reused"
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("warmup", 0), ("iterations", 1), ("threads", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
-        for name in ("huge_pages", "zero_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.huge_pages, bool):
+            raise ValueError(f"huge_pages: expected true or false, got {self.huge_pages!r}")
+        if self.weight_memory not in WEIGHT_MEMORY:
+            raise ValueError(f"weight_memory: expected one of {', '.join(WEIGHT_MEMORY)}, got {self.weight_memory!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("memory_budget_gb", "learning_rate"):
@@ -128,6 +132,7 @@ class FbgemmBackend:
         self.lookups = lookups
         self.config = config
         self._init_block: Any = None  # INIT_BLOCK seeded values (fill_read_rows), drawn on the first build
+        self._weight_pool: Any = None  # weight_memory "reused": bytes that every CPU build's weights view
 
     @property
     def batch_size(self) -> int:
@@ -206,7 +211,8 @@ class FbgemmBackend:
                 "pipeline sets it from params backend.fbgemm.huge_pages) or change huge_pages")
         fused = None
         try:
-            fused = self.build_operator(task, shards)
+            # the operator lives only until it is timed: it may take the buffer kept across builds
+            fused = self.build_operator(task, shards, reuse_memory=self.config.weight_memory == "reused")
             fused.warm_up(self.config.warmup)
             return fused.time_cuda(self.config.iterations) if fused.device.type == "cuda" \
                 else fused.time_cpu(self.config.iterations)
@@ -215,10 +221,11 @@ class FbgemmBackend:
             if self.config.device == "cuda":
                 torch.cuda.empty_cache()
 
-    def build_operator(self, task: Task, shards: Sequence[Shard]) -> FusedOperator:
+    def build_operator(self, task: Task, shards: Sequence[Shard], reuse_memory: bool = False) -> FusedOperator:
         """The fused operator compute_cost measures, with its inputs: for inspection and tests.
 
-        Checks the optimizer and precision, the shards and the memory budget before allocating.
+        Checks the optimizer and precision, the shards and the memory budget before allocating. `reuse_memory`
+        (CPU): its weights view the buffer kept across builds, which the next such build overwrites.
         """
         if not shards:
             raise DreamShardError("fbgemm backend: no shards to build an operator from")
@@ -226,7 +233,7 @@ class FbgemmBackend:
         specs = self._shard_specs(task, shards)  # [(table, width, row_start, row_end)], validated
         self._check_budget(task, shards, specs)
         indices, offsets = self._inputs(shards, specs)
-        return self._build(task, specs, indices, offsets)
+        return self._build(task, specs, indices, offsets, reuse_memory)
 
     # ---------------------------------------------------------------- checks and inputs
 
@@ -313,7 +320,28 @@ class FbgemmBackend:
 
     # ---------------------------------------------------------------- the measurement
 
-    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray) -> FusedOperator:
+    def _host_weights(self, embedding_specs, precision, device, reuse: bool) -> dict[str, Any] | None:
+        """On CPU, FBGEMM's host weights as a buffer it does not zero (zeroing every byte, or first-touching
+        fresh pages, was most of a build): a view of the one buffer kept across builds (`reuse`), or a fresh
+        one. Its rows nobody reads hold whatever they held; the kernels never read them. None (FBGEMM
+        allocates and zeroes) for weight_memory `zeroed` and on CUDA."""
+        if device.type != "cpu" or self.config.weight_memory == "zeroed":
+            return None
+        import torch
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import construct_split_state
+
+        size = construct_split_state(embedding_specs, rowwise=False, cacheable=True, precision=precision).host_size
+        dtype = precision.as_dtype()
+        if not reuse:
+            return {"weights": torch.empty(size, dtype=dtype, device=device)}
+        nbytes = size * torch.empty(0, dtype=dtype).element_size()
+        if self._weight_pool is None or self._weight_pool.numel() < nbytes:
+            self._weight_pool = None  # freed before the larger one is taken
+            self._weight_pool = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return {"weights": self._weight_pool[:nbytes].view(dtype)}
+
+    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray,
+               reuse_memory: bool) -> FusedOperator:
         import torch
 
         with warnings.catch_warnings():
@@ -342,8 +370,7 @@ class FbgemmBackend:
                 pooling_mode=PoolingMode.SUM,
                 learning_rate=self.config.learning_rate,
                 device=device,
-                preallocated_host_buffers=None if self.config.zero_weights
-                else _unwritten_host_weights(embedding_specs, precision, device),
+                preallocated_host_buffers=self._host_weights(embedding_specs, precision, device, reuse_memory),
             )
         except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
             raise DreamShardError(f"fbgemm backend: FBGEMM refused the operator on {device}: {exc}") from exc
@@ -366,18 +393,6 @@ class FbgemmBackend:
         width = sum(w for _, w, _, _ in specs)
         grad = torch.randn((self.config.batch_size, width), generator=gen, device=device) * 0.01
         return FusedOperator(op, indices, offsets, grad, device)
-
-
-def _unwritten_host_weights(embedding_specs, precision, device) -> dict[str, Any] | None:
-    """On CPU, FBGEMM's host weights as an uninitialised buffer, where FBGEMM would zero every byte (most of
-    a build's time): the pages of rows nobody reads are then never touched. None on CUDA (device weights)."""
-    if device.type != "cpu":
-        return None
-    import torch
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import construct_split_state
-
-    split = construct_split_state(embedding_specs, rowwise=False, cacheable=True, precision=precision)
-    return {"weights": torch.empty(split.host_size, dtype=precision.as_dtype(), device=device)}
 
 
 def fill_read_rows(weights, rows, block) -> None:

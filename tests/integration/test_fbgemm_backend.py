@@ -220,7 +220,8 @@ def test_operator_layout_and_optimizer_update(backend):
         if touched.any():
             assert not np.array_equal(w1[touched], w0[touched]), f"shard {t}: touched rows were not updated"
             np.testing.assert_allclose(w1, w0 - lr * expected_grad, rtol=1e-4, atol=1e-6)
-        assert np.array_equal(w1[~touched], w0[~touched]), f"shard {t}: untouched rows changed"
+        # rows nobody reads were never written (any bits, NaN included): they stay as they were
+        assert np.array_equal(w1[~touched], w0[~touched], equal_nan=True), f"shard {t}: untouched rows changed"
         col += width
 
 
@@ -412,9 +413,11 @@ def test_the_rows_lookups_read_are_filled_with_a_seeded_uniform_block_the_others
     others[rows] = False
     assert not weights[others].any()
     fill_read_rows(weights, torch.empty(0, dtype=torch.int64), block)  # a table nobody looks up: nothing to fill
-    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=64, warmup=0, iterations=1))
+    config = FbgemmConfig(batch_size=64, warmup=0, iterations=1)
     task = Task.uniform("init", tiny_tables(), 1, 1.0)
-    ops = [backend.build_operator(task, [Shard(t.name, 0, 0, t.dim) for t in task.tables]) for _ in range(2)]
+    whole = [Shard(t.name, 0, 0, t.dim) for t in task.tables]
+    # two backends: each keeps one buffer that its builds' weights view (weight_memory "reused")
+    ops = [FbgemmBackend(GeneratedLookups(seed=0), config).build_operator(task, whole) for _ in range(2)]
     a, b = ([w.clone() for w in op.op.split_embedding_weights()] for op in ops)
     assert torch.equal(ops[0].grad, ops[1].grad)  # the same output gradient, the first build as the next
     batch = 64
@@ -423,9 +426,21 @@ def test_the_rows_lookups_read_are_filled_with_a_seeded_uniform_block_the_others
         read = ops[0].indices[offsets[t * batch]:offsets[(t + 1) * batch]]
         assert torch.equal(x[read], y[read])  # seeded: the rows read hold the same values every time
         assert bool((x[read] != 0).any(dim=1).all()) and float(x[read].abs().max()) <= INIT_RANGE
-    # on CPU the weights are FBGEMM's own host buffer, of its own size and type, never zeroed by it
-    whole = sum(t.rows * t.dim for t in task.tables)
-    assert ops[0].op.weights_host.numel() == whole and ops[0].op.weights_host.dtype == torch.float32
+    # on CPU the weights are FBGEMM's host buffer, of its own size and type, never zeroed by it
+    cells = sum(t.rows * t.dim for t in task.tables)
+    assert ops[0].op.weights_host.numel() == cells and ops[0].op.weights_host.dtype == torch.float32
+    # measurements (compute_samples) reuse one buffer across builds (weight_memory "reused")
+    backend = FbgemmBackend(GeneratedLookups(seed=0), config)
+    backend.build_operator(task, whole[:1], reuse_memory=True)
+    again = backend.build_operator(task, whole, reuse_memory=True)  # larger: a larger buffer, kept for the next
+    ptr = again.op.weights_host.data_ptr()
+    for t, w in enumerate(again.op.split_embedding_weights()):  # the rows read, filled in the reused memory
+        read = again.indices[again.offsets[t * batch]:again.offsets[(t + 1) * batch]]
+        assert torch.equal(w[read], a[t][read])
+    assert backend.build_operator(task, whole[1:], reuse_memory=True).op.weights_host.data_ptr() == ptr
+    assert backend.build_operator(task, whole).op.weights_host.data_ptr() != ptr  # an inspection: its own memory
+    cost = backend.compute_cost(task, whole)
+    assert positive_finite(cost.fwd_ms) and backend._weight_pool.data_ptr() == ptr
 
 
 def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():
