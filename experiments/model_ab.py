@@ -2,7 +2,7 @@
 measured in one interleaved pass, or a decoding's A/B read off an evaluation's journal.
 
     python -m experiments.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
-        [--a-decoding JSON] [--b-decoding JSON] \
+        [--sharder dreamshard_cut] [--a-decoding JSON] [--b-decoding JSON] \
         [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json] \
         [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train] [--only dlrm-80-4,...] [--tasks-per-family N]
     python -m experiments.model_ab --rows ab.jsonl [--rivals ...] [--root .] [--out ab.json]
@@ -17,7 +17,9 @@ one setting, e.g. policy seeds) and with the `rivals` heuristics, measures all t
 family the groups' mean cost over the best rival, each model's, and the paired ratio group A / group B
 (per task: the mean over A's models over the mean over B's) with a 95% bootstrap interval over tasks.
 Each task's row is written to `--out` as measured (JSON lines beside the summary), labelled with the
-backend's device. Each group's models decode with the options of its `--a-decoding` / `--b-decoding`
+backend's device. The checkpoints plan as `--sharder` (dreamshard, or dreamshard_cut: DreamShard's model
+searching cuts), the rivals (any sharder, e.g. torchrec_full) as the evaluate stage makes them. Each group's
+models decode with the options of its `--a-decoding` / `--b-decoding`
 (evaluate.decoding's options of a sharder, e.g. '{"rivals": ["size_greedy", "lookup_greedy"]}'; default
 none): the same checkpoints in both groups measure what a decoding does.
 
@@ -313,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--journal", action="store_true",
                     help="measure nothing: --sharder as evaluated (A) against it with --b-decoding (B), each plan's "
                          "cost read off ROOT's evaluate journal (with --root, --sharder, --b-decoding, --out)")
-    ap.add_argument("--sharder", default=None, help="--journal: the evaluated sharder whose decoding is compared "
-                                                    "(default: dreamshard)")
+    ap.add_argument("--sharder", default=None, help="the sharder the checkpoints plan as (default: dreamshard; e.g. "
+                                                    "dreamshard_cut); --journal: the evaluated sharder whose decoding "
+                                                    "is compared")
     args = ap.parse_args(argv)
     rivals = [r for r in (args.rivals or "lookup_greedy,size_lookup_greedy").split(",") if r]
     measuring = [f"--{k.replace('_', '-')}" for k in ("a", "b", "a_decoding", "families", "only", "tasks_per_family")
@@ -323,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         given = measuring + [f"--{k}" for k in ("rivals", "rows") if getattr(args, k) is not None]
         if given:
             ap.error(f"--journal reads the run's evaluation; {', '.join(given)} only apply to a measured A/B")
-    elif args.sharder is not None:
-        ap.error("--sharder: only with --journal (a measured A/B plans with DreamShard checkpoints)")
+    elif args.sharder is not None and args.sharder not in ("dreamshard", "dreamshard_cut"):
+        ap.error(f"--sharder: a measured A/B plans with DreamShard checkpoints, as dreamshard or dreamshard_cut; "
+                 f"got {args.sharder!r}")
     try:
         a_decoding = parse_decoding(args.a_decoding or "{}", "--a-decoding")
         b_decoding = (parse_decoding(args.b_decoding, "--b-decoding") if args.b_decoding is not None
@@ -369,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     from dreamshard.project.backend import backend_of
     from dreamshard.project.evaluation import evaluated_tasks
     from dreamshard.project.params import load_params, section
-    from dreamshard.sharders import make_sharder
 
     if args.journal:
         try:
@@ -384,9 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         splits = select_tasks(stage_splits, splits_wanted, only, args.tasks_per_family)
         splits += [("test", t) for t in extra_tasks(params, families)]
         names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]
-        sharders = {name: sharder_of(params, "dreamshard", a_decoding if name[0] == "A" else b_decoding, path)
+        learned = args.sharder or "dreamshard"  # e.g. dreamshard_cut: DreamShard's checkpoints, searching cuts
+        sharders = {name: sharder_of(params, learned, a_decoding if name[0] == "A" else b_decoding, path)
                     for name, path in zip(names, a + b)}  # as the evaluate stage makes it, from this checkpoint
-        sharders.update({r: make_sharder(r) for r in rivals})
+        sharders.update({r: sharder_of(params, r, {}) for r in rivals})  # e.g. torchrec_full at the backend's batch
     except (DreamShardError, ValueError, OSError) as exc:
         print(f"model_ab: error: {exc}", file=sys.stderr)
         return 1

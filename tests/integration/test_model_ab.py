@@ -86,7 +86,8 @@ def test_summarising_rows_or_reading_the_journal_refuses_the_options_of_a_measur
     assert "--journal reads the run's evaluation; --a, --a-decoding, --rivals only apply" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--a", "A0.pt", "--b", "B0.pt", "--sharder", "autoshard"])
-    assert "--sharder: only with --journal" in capsys.readouterr().err
+    assert "--sharder: a measured A/B plans with DreamShard checkpoints, as dreamshard or dreamshard_cut" \
+        in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--a", "A0.pt", "--b", "A0.pt", "--b-decoding", '["rivals"]'])
     assert "--b-decoding: expected a JSON object of decoding options" in capsys.readouterr().err
