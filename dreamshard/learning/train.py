@@ -14,15 +14,7 @@ import numpy as np
 import torch
 
 from dreamshard.hardware.base import CostBackend
-from dreamshard.learning.cost_model import (
-    CostData,
-    CostNet,
-    CostNetConfig,
-    NetworkEstimate,
-    cost_data_from_plans,
-    fit_cost_net,
-    median_device_ms,
-)
+from dreamshard.learning.cost_model import CostData, CostNet, CostNetConfig, cost_data_from_plans, fit_cost_net, median_device_ms
 from dreamshard.learning.features import FeatureScaler
 from dreamshard.learning.mdp import Episodes, TaskContext, reinforce_loss, rollout
 from dreamshard.learning.policy import LearnedModel, PolicyNet, PolicyNetConfig
@@ -46,17 +38,14 @@ class TrainConfig:
     measurement_budget: int = 100  # AutoShard only
     refit_steps: int = 30  # AutoShard only: cost-network steps after each policy update
     baseline: str = "batch"  # batch | greedy (DreamShard only: a greedy episode on the estimated MDP)
-    # DreamShard only: plans of the cut search with the model of the moment (train_dreamshard's cut_planner)
-    # measured per iteration too, so that refits learn where the network misprices the search's favourites
-    cut_plans_per_iteration: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("iterations", "cost_steps", "cost_batch_plans", "policy_updates", "episodes", "refit_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        if self.plans_per_iteration < 0 or self.measurement_budget < 0 or self.cut_plans_per_iteration < 0:
-            raise ValueError("plans_per_iteration, cut_plans_per_iteration and measurement_budget must be >= 0")
+        if self.plans_per_iteration < 0 or self.measurement_budget < 0:
+            raise ValueError("plans_per_iteration and measurement_budget must be >= 0")
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline: expected one of {', '.join(BASELINES)}, got {self.baseline!r}")
 
@@ -125,12 +114,11 @@ class Trainer:
         return self.tasks[int(self.rng.integers(len(self.tasks)))]
 
     def measure(self, task: Task, assignments: torch.Tensor) -> list[float]:
-        """Measure the plans of whole tables with the real backend, add them to the cost data; their costs in ms."""
-        return self.measure_plans(task, [Plan.from_assignment(task, a) for a in assignments.tolist()])
-
-    def measure_plans(self, task: Task, plans: Sequence[Plan]) -> list[float]:
-        """Measure `plans` (pieces allowed) with the real backend, add them to the cost data; their costs in ms."""
-        measured = [(task, plan, self.backend.plan_cost(task, plan)) for plan in plans]
+        """Measure the plans with the real backend, add them to the cost data; their costs in ms."""
+        measured = []
+        for a in assignments.tolist():
+            plan = Plan.from_assignment(task, a)
+            measured.append((task, plan, self.backend.plan_cost(task, plan)))
         self.measurements += len(measured)
         self.data = self.data.concat(cost_data_from_plans(measured))
         return [c.cost_ms for _, _, c in measured]
@@ -150,11 +138,8 @@ class Trainer:
 
 
 def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trainer], None] | None = None,
-                     cut_planner: Callable[[LearnedModel, Task], Plan] | None = None) -> list[IterationLog]:
-    """`cut_planner(model, task)`: the cut search's plan of `task` with `model` (config.cut_plans_per_iteration)."""
+                     ) -> list[IterationLog]:
     cfg = trainer.config
-    if cfg.cut_plans_per_iteration and cut_planner is None:
-        raise ValueError("cut_plans_per_iteration needs a cut_planner (the cut search to measure plans of)")
     trainer.start()
     logs = []
     for it in range(cfg.iterations):
@@ -168,13 +153,6 @@ def train_dreamshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Tra
             cost = trainer.measure(task, ep.assignment)
             predicted.append(float(ep.predicted_ms[0]))
             measured += cost
-        if cfg.cut_plans_per_iteration:
-            model = trainer.model("dreamshard", {})
-            for _ in range(cfg.cut_plans_per_iteration):
-                task = trainer.random_task()
-                plan = cut_planner(model, task)  # type: ignore[misc]
-                predicted.append(NetworkEstimate(trainer.cost_net, trainer.scaler).plan_cost(task, plan).cost_ms)
-                measured += trainer.measure_plans(task, [plan])
         cost_loss = trainer.refit(cfg.cost_steps)
         policy_losses = []
         for _ in range(cfg.policy_updates):
@@ -200,8 +178,6 @@ def train_autoshard(trainer: Trainer, on_iteration: Callable[[IterationLog, Trai
                     ) -> list[IterationLog]:
     """Policy updates rewarded by real measurements until the budget is spent."""
     cfg = trainer.config
-    if cfg.cut_plans_per_iteration:
-        raise ValueError("cut_plans_per_iteration: AutoShard measures its own episodes only; leave it 0")
     if cfg.baseline != "batch":
         raise ValueError(f"baseline: AutoShard's rewards are measurements, so only 'batch' serves (a "
                          f"{cfg.baseline!r} baseline would need a measured episode more per update); got {cfg.baseline!r}")

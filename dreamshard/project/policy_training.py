@@ -13,7 +13,6 @@ Each stage reads `train_policy.families`, `train_policy.common` and its own grou
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +21,19 @@ import pandas as pd
 from dreamshard.evaluation.figures import training_curves_figure
 from dreamshard.io import write_text
 from dreamshard.learning.cost_model import load_cost_net
-from dreamshard.learning.policy import LearnedModel
 from dreamshard.learning.train import IterationLog, TrainConfig, Trainer, train_autoshard, train_dreamshard
-from dreamshard.plan import Plan
 from dreamshard.project.backend import backend_of
 from dreamshard.project.costs import load_scaler_and_data
 from dreamshard.project.fit_data import load_single_devices, training_plans
 from dreamshard.project.learners import learner_meta, policy_tasks
 from dreamshard.project.params import build, section
-from dreamshard.tasks import Task
 
 LOOPS = {"dreamshard": train_dreamshard, "autoshard": train_autoshard}
 
 
-def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_path: Path,
-          cut_planner: Callable[[LearnedModel, Task], Plan] | None = None) -> None:
+def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_path: Path) -> None:
     """Train `algorithm` with `train_policy.common` overridden by `own` (its params group); save it to
-    `model_path`, and each iteration's checkpoint in the folder of the same name without the suffix.
-    `cut_planner`: DreamShard's cut search, whose plans the loop measures too (cut_plans_per_iteration)."""
+    `model_path`, and each iteration's checkpoint in the folder of the same name without the suffix."""
     options = {**(section(params, "train_policy.common") or {}), **(own or {})}
     config = build(TrainConfig, options, f"train_policy.{algorithm}")
     _, collected, all_tasks = load_scaler_and_data(params)
@@ -55,10 +49,7 @@ def train(params: dict[str, Any], algorithm: str, own: dict[str, Any], model_pat
         tr.model(algorithm, meta).save(model_path.with_suffix("") / f"iter_{log.iteration:03d}.pt")
         print(f"{algorithm}: iteration {log.iteration}: {log}")
 
-    if cut_planner is not None:
-        logs = train_dreamshard(trainer, save_iteration, cut_planner)
-    else:
-        logs = LOOPS[algorithm](trainer, save_iteration)
+    logs = LOOPS[algorithm](trainer, save_iteration)
     trainer.model(algorithm, meta).save(model_path)
     curve = pd.DataFrame([vars(log) for log in logs])
     plot_path = Path(section(params, "paths.plots")) / f"train_{algorithm}.csv"

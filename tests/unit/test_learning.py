@@ -464,33 +464,6 @@ def test_autoshard_respects_the_measurement_budget(world, backend, scaler):
     assert train_autoshard(none) == [] and none.measurements == 0
 
 
-def test_the_loop_measures_the_cut_searchs_plans_too(world, backend, scaler):
-    """cut_plans_per_iteration: each iteration also measures the cut search's plan of a training task with the
-    model of the moment, pieces and all, so that the refits learn from the plans the search favours."""
-    from dreamshard.sharders.cuts import CutConfig, CutSearchSharder
-
-    data = measured(backend, world["train"], 20, 0)
-    config = TrainConfig(**{**TRAIN, **SHORT, "plans_per_iteration": 2, "cut_plans_per_iteration": 3})
-    planned = []
-
-    def cut_planner(model, task):
-        plan = CutSearchSharder("dreamshard_cut", model, CutConfig(escapes=3, min_gain=0.0)).shard(task)
-        planned.append((task, plan))
-        return plan
-
-    trainer = Trainer(world["train"], backend, scaler, config, data)
-    logs = train_dreamshard(trainer, cut_planner=cut_planner)
-    assert len(planned) == 2 * 3 and trainer.measurements == logs[-1].measurements == 2 * (2 + 3)
-    assert trainer.data.num_plans == data.num_plans + trainer.measurements
-    for task, plan in planned:
-        validate_plan(task, plan)
-    assert any(len(plan.shards) > len(task.tables) for task, plan in planned)  # the search cut something
-    with pytest.raises(ValueError, match="cut_plans_per_iteration needs a cut_planner"):
-        train_dreamshard(Trainer(world["train"], backend, scaler, config, data))
-    with pytest.raises(ValueError, match="AutoShard measures its own episodes only"):
-        train_autoshard(Trainer(world["train"], backend, scaler, config, data))
-
-
 def test_trainer_rejects_bad_configs(world, backend, scaler):
     with pytest.raises(ValueError, match="episodes"):
         TrainConfig(episodes=0)
