@@ -5,11 +5,12 @@
 
 Each variant is `dreamshard_cut` (dreamshard/sharders/cuts.py) with some of its search turned off, planned
 with the pipeline's dreamshard checkpoint; beside them table-wise `dreamshard`, `neuroshard`,
-`size_lookup_greedy` and `torchrec_full`. On the first --tasks test tasks of each family, every plan of a task is measured in one
-interleaved pass (hardware.base.measure_rounds, --rounds rounds, medians), with the pipeline's backend
-(params.yaml `backend`): CPU timings on the machine it runs on. Reported per variant: the mean of the
-paired ratios to torchrec_full with a 95% bootstrap interval over tasks, the tasks it cut tables in, and
-its median planning time. Needs `make run`'s data/ and models/ (or --root of a project that has them).
+`size_lookup_greedy`, `lookup_greedy` and `torchrec_full`. On the first --tasks test tasks of each family,
+every plan of a task is measured in one interleaved pass (hardware.base.measure_rounds, --rounds rounds,
+medians), with the pipeline's backend (params.yaml `backend`): CPU timings on the machine it runs on.
+Reported per variant: the mean of the paired ratios to torchrec_full with a 95% bootstrap interval over
+tasks, overall and per family, the tasks it cut tables in, and its median planning time. Needs `make run`'s
+data/ and models/ (or --root of a project that has them).
 Writes summary.json and README.md to --out.
 """
 from __future__ import annotations
@@ -45,6 +46,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
     args = parser.parse_args()
+    from pipeline.__main__ import huge_pages_from_params
+
+    huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
 
     import torch
     import yaml
@@ -76,7 +80,9 @@ def main() -> None:
     sharders["dreamshard"] = make_sharder("dreamshard", model=model)
     sharders["neuroshard"] = make_sharder("neuroshard", model=load_model("neuroshard", paths["neuroshard_model"]),
                                           search=build(SearchConfig, params["neuroshard"], "neuroshard"))
-    sharders["size_lookup_greedy"] = make_sharder("size_lookup_greedy")  # the best heuristic on every default family
+    # the best heuristics: size_lookup_greedy on every default family, lookup_greedy on some of the paper's
+    sharders["size_lookup_greedy"] = make_sharder("size_lookup_greedy")
+    sharders["lookup_greedy"] = make_sharder("lookup_greedy")
     sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
     backend = backend_of(params)
 
@@ -104,8 +110,11 @@ def main() -> None:
         mine = [r for r in rows if r["sharder"] == name]
         ratios = np.array([r["cost_ms"] / reference[(r["family"], r["task"])] for r in mine])
         low, high = bootstrap_ci(ratios, seed=0)
-        per_family = {f: float(np.mean([r["cost_ms"] / reference[(f, r["task"])] for r in mine if r["family"] == f]))
-                      for f in summary["families"]}
+        per_family = {}
+        for f in summary["families"]:
+            of_family = np.array([r["cost_ms"] / reference[(f, r["task"])] for r in mine if r["family"] == f])
+            f_low, f_high = bootstrap_ci(of_family, seed=0)
+            per_family[f] = {"mean": float(of_family.mean()), "ci_low": f_low, "ci_high": f_high}
         summary["sharders"][name] = {"vs_torchrec_full": float(ratios.mean()), "ci_low": low, "ci_high": high,
                                      "per_family": per_family, "tasks_with_cuts": sum(r["cuts"] for r in mine),
                                      "tasks": len(mine),
@@ -123,8 +132,14 @@ def main() -> None:
              "|---|---|" + "---:|" * len(summary["families"]) + "---:|---:|"]
     for name, s in summary["sharders"].items():
         lines.append(f"| {name} | {s['vs_torchrec_full']:.3f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}] | "
-                     + " | ".join(f"{s['per_family'][f]:.3f}" for f in summary["families"])
+                     + " | ".join(f"{s['per_family'][f]['mean']:.3f}" for f in summary["families"])
                      + f" | {s['tasks_with_cuts']}/{s['tasks']} | {s['planning_ms_p50']:.1f} |")
+    lines += ["", "Per family, with 95% bootstrap intervals over its tasks:", "",
+              "| family | " + " | ".join(summary["sharders"]) + " |", "|---|" + "---:|" * len(summary["sharders"])]
+    for f in summary["families"]:
+        cells = [summary["sharders"][name]["per_family"][f] for name in summary["sharders"]]
+        lines.append(f"| {f} | " + " | ".join(f"{c['mean']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+                                             for c in cells) + " |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
