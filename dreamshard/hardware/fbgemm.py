@@ -94,6 +94,21 @@ class Samples:
     def median(self) -> ComputeCost:
         return ComputeCost(float(statistics.median(self.fwd_ms)), float(statistics.median(self.bwd_ms)))
 
+    def __add__(self, other: Samples) -> Samples:
+        """Two operators of one device, timed one after the other: their iterations summed in order."""
+        return Samples(tuple(a + b for a, b in zip(self.fwd_ms, other.fwd_ms, strict=True)),
+                       tuple(a + b for a, b in zip(self.bwd_ms, other.bwd_ms, strict=True)))
+
+
+def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
+    """The TBE operators TorchRec runs a device's shards in: one for its pooled tables (an EmbeddingBagCollection's)
+    and, for `sequence` tables (an EmbeddingCollection's, no pooling: a row per id), one per width, as an
+    operator without pooling outputs rows of one width."""
+    sequence = {t.name for t in task.tables if t.sequence}
+    pooled = [s for s in shards if s.table not in sequence]
+    widths = sorted({s.width for s in shards if s.table in sequence})
+    return ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w] for w in widths]
+
 
 def cpu_model_name() -> str:
     try:
@@ -209,6 +224,14 @@ class FbgemmBackend:
                 f"{HUGE_PAGES_ENV}={os.environ.get(HUGE_PAGES_ENV)!r}; torch reads it once, at its first allocation, "
                 f"so start the process with {HUGE_PAGES_ENV}={'1' if self.config.huge_pages else '0'} (python -m "
                 "pipeline sets it from params backend.fbgemm.huge_pages) or change huge_pages")
+        groups = operator_groups(task, shards)
+        if len(groups) > 1:  # pooled and sequence tables, or sequences of several widths: timed one after another
+            self._check_budget(task, shards, self._shard_specs(task, shards))
+            samples = [self.compute_samples(task, group) for group in groups]
+            total = samples[0]
+            for more in samples[1:]:
+                total = total + more
+            return total
         fused = None
         try:
             # the operator lives only until it is timed: it may take the buffer kept across builds
@@ -225,10 +248,14 @@ class FbgemmBackend:
         """The fused operator compute_cost measures, with its inputs: for inspection and tests.
 
         Checks the optimizer and precision, the shards and the memory budget before allocating. `reuse_memory`
-        (CPU): its weights view the buffer kept across builds, which the next such build overwrites.
+        (CPU): its weights view the buffer kept across builds, which the next such build overwrites. The shards
+        must make one operator (`operator_groups`): pooled tables, or sequence tables of one width.
         """
         if not shards:
             raise DreamShardError("fbgemm backend: no shards to build an operator from")
+        if len(operator_groups(task, shards)) > 1:
+            raise DreamShardError("fbgemm backend: these shards make several operators (pooled and sequence tables, "
+                                  "or sequence tables of several widths); build each of operator_groups(task, shards)")
         self._check_supported(task)
         specs = self._shard_specs(task, shards)  # [(table, width, row_start, row_end)], validated
         self._check_budget(task, shards, specs)
@@ -361,13 +388,14 @@ class FbgemmBackend:
             device = torch.device("cpu")
             location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
         embedding_specs = [(end - start, w, location, compute) for _, w, start, end in specs]
+        sequence = specs[0][0].sequence  # one operator: all sequence tables (of one width) or all pooled
         precision = SparseType[PRECISIONS[task.memory.weights_precision]]
         try:
             op = SplitTableBatchedEmbeddingBagsCodegen(
                 embedding_specs=embedding_specs,
                 optimizer=EmbOptimType[OPTIMIZERS[task.memory.optimizer]],
                 weights_precision=precision,
-                pooling_mode=PoolingMode.SUM,
+                pooling_mode=PoolingMode.NONE if sequence else PoolingMode.SUM,
                 learning_rate=self.config.learning_rate,
                 device=device,
                 preallocated_host_buffers=self._host_weights(embedding_specs, precision, device, reuse_memory),
@@ -390,8 +418,9 @@ class FbgemmBackend:
                 fill_read_rows(w, torch.from_numpy(read).to(device), self._init_block)
         indices = torch.from_numpy(indices_np).to(device)
         offsets = torch.from_numpy(offsets_np).to(device)
-        width = sum(w for _, w, _, _ in specs)
-        grad = torch.randn((self.config.batch_size, width), generator=gen, device=device) * 0.01
+        # the output: a row per sample of the widths side by side, or without pooling a row per id of the one width
+        shape = (indices_np.shape[0], specs[0][1]) if sequence else (batch, sum(w for _, w, _, _ in specs))
+        grad = torch.randn(shape, generator=gen, device=device) * 0.01
         return FusedOperator(op, indices, offsets, grad, device)
 
 
@@ -412,7 +441,7 @@ class FusedOperator:
     op: Any  # SplitTableBatchedEmbeddingBagsCodegen (torch is imported lazily: no annotations of its types)
     indices: Any  # torch.Tensor, int64
     offsets: Any  # torch.Tensor, int64, T*B+1
-    grad: Any  # torch.Tensor [B, sum of widths]
+    grad: Any  # torch.Tensor [B, sum of widths]; without pooling (sequence tables) [ids, width]
     device: Any  # torch.device
 
     def step(self):

@@ -478,3 +478,37 @@ def test_the_bound_fuses_the_costliest_tables_that_fit_where_all_do_not():
     assert room >= 0 and all(size[t] > room for t in set(size) - spy.fused[-1])
     with pytest.raises(OverBudgetError, match="non-monotone"):
         lower_bound(real, task, NON_MONOTONE)
+
+
+def test_sequence_tables_are_measured_without_pooling_one_operator_per_width(backend):
+    """An EmbeddingCollection's tables (sequence: a row per id, nothing pooled) run in TBE operators without
+    pooling, one per width, beside the device's pooled operator: each built as TorchRec runs it, their
+    timings summed."""
+    from dataclasses import replace
+
+    from dreamshard.hardware.fbgemm import operator_groups
+
+    tables = [replace(t, sequence=t.name in ("a", "b", "c")) for t in tiny_tables()]
+    task = Task.uniform("seq", tables, 1, 1.0)
+    shards = [Shard("a", 0, 0, 16), Shard("b", 0, 0, 8), Shard("c", 0, 0, 16), Shard("c", 0, 16, 32),
+              Shard("d", 0, 0, 4)]
+    groups = operator_groups(task, shards)
+    assert [[s.table for s in g] for g in groups] == [["d"], ["b"], ["a", "c", "c"]]
+    with pytest.raises(DreamShardError, match="several operators"):
+        backend.build_operator(task, shards)
+    seq = backend.build_operator(task, groups[2])
+    out = seq.step()
+    assert out.shape == (seq.indices.numel(), 16)  # a row per id of the one width, nothing pooled
+    b = FAST.batch_size
+    offsets, indices = seq.offsets.tolist(), seq.indices
+    before = seq.op.split_embedding_weights()[0].clone()
+    # the rows an id of table "a" reads come back one by one, in order
+    first = indices[offsets[0]:offsets[b]]
+    np.testing.assert_allclose(seq.op(seq.indices, seq.offsets)[: first.numel()].detach().numpy(),
+                               before[first].numpy(), rtol=1e-6)
+    pooled = backend.build_operator(task, groups[0])
+    assert pooled.step().shape == (b, 4)
+    samples = backend.compute_samples(task, shards)
+    assert len(samples.fwd_ms) == FAST.iterations and all(positive_finite(x) for x in samples.fwd_ms + samples.bwd_ms)
+    cost = backend.compute_cost(task, shards)
+    assert cost.total_ms > backend.compute_cost(task, groups[0]).total_ms
