@@ -38,6 +38,9 @@ class CutConfig:
     escapes: int = 3  # times a stalled search takes its best-rated cut all the same, to rebalance around it
     row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
     row_start: bool = False  # also search from every table row-wise, less the tables the cost network rates better whole
+    # also search from starts with this share of the tables row-wise, the costliest by predicted single cost
+    # (the rest placed by the policy), e.g. (0.125, 0.25): the layouts TorchRec's planner reaches, without it
+    row_shares: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0)):
@@ -49,6 +52,11 @@ class CutConfig:
         for name in ("row_wise", "row_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+        shares = self.row_shares
+        if not isinstance(shares, (tuple, list)) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x <= 1 for x in shares):
+            raise ValueError(f"row_shares: expected a list of shares in (0, 1], got {shares!r}")
+        object.__setattr__(self, "row_shares", tuple(float(x) for x in shares))
 
 
 def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
@@ -164,6 +172,16 @@ class CutSearchSharder(LearnedSharder):
                     starts.append(self._fewer_row_wise(task, u, rows, decode(rows)))
                 except InfeasibleTaskError:
                     pass  # the blocks do not fit every device: no such start
+            can_row = [i for i in u.order if i < n and ROW_WISE in options[i]]  # whole tables, costliest first
+            for share in self.config.row_shares:
+                rows = [1] * n
+                for i in can_row[:max(1, round(share * n))]:
+                    rows[i] = ROW_WISE
+                if can_row and rows not in [c for c, _ in starts]:
+                    try:
+                        starts.append((rows, decode(rows)))
+                    except InfeasibleTaskError:
+                        pass  # the blocks do not fit every device: no such start
             ends = []
             for start_cuts, start_where in starts:
                 where, cuts = self._search(task, u, options, start_cuts, start_where)

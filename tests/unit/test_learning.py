@@ -894,6 +894,13 @@ def test_dreamshard_cut_plans_are_valid_and_never_rated_worse_than_dreamshard(wo
         two_starts = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(row_start=True)).shard(task)
         validate_plan(task, two_starts)
         assert _rated(u, task, two_starts) <= _rated(u, task, plan) * (1 + 1e-9), task.name
+        # so do the starts with the costliest tables row-wise (row_shares)
+        shares = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(row_shares=[0.25, 0.5])).shard(task)
+        validate_plan(task, shares)
+        assert _rated(u, task, shares) <= _rated(u, task, plan) * (1 + 1e-9), task.name
+    for bad in ([0.0], [1.5], "0.25", [True]):
+        with pytest.raises(ValueError, match="row_shares: expected a list of shares in"):
+            CutConfig(row_shares=bad)
 
 
 def _rated(u, task: Task, plan: Plan) -> float:
