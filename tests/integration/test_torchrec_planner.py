@@ -263,7 +263,26 @@ def test_constructor_takes_torchrecs_arguments_in_torchrecs_order():
     assert DreamShardPlanner(topology(2, 40.0)).algo == "size_lookup_greedy"
 
 
-DMP_SCRIPT = r'''
+# the shard filler of the DMP scripts, prepended to each (they run as files of their own on the ranks)
+FILL_SHARDS = r'''
+import torch
+
+
+def fill_shards(dmp, value, kinds=("",)):
+    """Each local shard of a `.weight` whose name holds one of `kinds`, filled with value(r0, c0, nr, nc): the
+    same block of the unsharded table. Returns [table, first row, end row, first column, end column] of each."""
+    held = []
+    with torch.no_grad():
+        for name, tensor in dmp.state_dict().items():
+            if name.endswith(".weight") and any(k in name for k in kinds):
+                for s in tensor.local_shards():
+                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+                    s.tensor.copy_(value(r0, c0, nr, nc))
+                    held.append([name.split(".")[-2], r0, r0 + nr, c0, c0 + nc])
+    return held
+'''
+
+DMP_SCRIPT = FILL_SHARDS + r'''
 """Two CPU ranks: DreamShardPlanner's plan in DistributedModelParallel; pooled outputs and loss match an
 unsharded copy of the model on the same batch, and a training step runs."""
 import json
@@ -350,14 +369,7 @@ def run(sharding, rank, half=(), columns_only=False, model=None, rows_only=False
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": 0.1})
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    held = []
-    with torch.no_grad():
-        for name, tensor in dmp.state_dict().items():
-            if name.endswith(".weight") and ".embedding_bags." in name:
-                for s in tensor.local_shards():
-                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
-                    s.tensor.copy_(weight(nr, nc, r0, c0))
-                    held.append([name.split(".")[-2], r0, r0 + nr, c0, c0 + nc])
+    held = fill_shards(dmp, lambda r0, c0, nr, nc: weight(nr, nc, r0, c0), (".embedding_bags.",))
 
     reference = Model(torch.device("cpu"))
     with torch.no_grad():
@@ -587,7 +599,7 @@ def test_weighted_and_feature_processed_collections_shard_as_planned(tmp_path):
         assert r["diff"] < 1e-6, r
 
 
-SEQUENCE_SCRIPT = r'''
+SEQUENCE_SCRIPT = FILL_SHARDS + r'''
 import json
 
 import torch
@@ -656,12 +668,7 @@ def fused_run(rank):
     model = make(torch.device("meta"))
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    with torch.no_grad():
-        for name, tensor in dmp.state_dict().items():
-            if name.endswith(".weight"):
-                for s in tensor.local_shards():
-                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
-                    s.tensor.copy_(value(r0, c0, nr, nc))
+    fill_shards(dmp, value)
     reference = make(torch.device("cpu"))
     with torch.no_grad():
         for name, t in reference.state_dict().items():
@@ -687,14 +694,8 @@ def main():
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     apply_optimizer_in_backward(torch.optim.SGD, model.parameters(), {"lr": 0.1})
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    held = []
-    with torch.no_grad():  # the same weights in the shards each rank holds as in the unsharded copy
-        for name, tensor in dmp.state_dict().items():
-            if name.endswith(".weight") and (".embedding_bags." in name or ".embeddings." in name):
-                for s in tensor.local_shards():
-                    (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
-                    s.tensor.copy_(value(r0, c0, nr, nc))
-                    held.append([name.split(".")[-2], r0, r0 + nr, c0, c0 + nc])
+    # the same weights in the shards each rank holds as in the unsharded copy
+    held = fill_shards(dmp, value, (".embedding_bags.", ".embeddings."))
     reference = Model(torch.device("cpu"))
     with torch.no_grad():
         for name, p in reference.named_parameters():
