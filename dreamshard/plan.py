@@ -3,9 +3,11 @@
 A shard is the block rows [row_start, row_end) x columns [col_start, col_end) of a table
 on one device. Whole tables, column slices (table-wise, column-wise sharding), row ranges
 (row-wise) and row ranges of column slices are all shards; a valid plan covers every cell
-of every table exactly once, within each device's memory. In plan JSON `row_start` and
-`row_end` are written only for a row range: a shard without them holds all rows, so plans
-written before row ranges existed load unchanged.
+of every table exactly once, within each device's memory. A data-parallel table is the one
+exception: a `replica` shard of the whole table on every device, each looking up its device's
+share of the batch (TorchRec's data_parallel). In plan JSON `row_start` and `row_end` are
+written only for a row range, and `replica` only when true, so plans written before either
+existed load unchanged.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class Shard:
     col_end: int
     row_start: int = 0
     row_end: int | None = None
+    replica: bool = False  # a data-parallel copy of the whole table (one on every device)
 
     @property
     def width(self) -> int:
@@ -59,7 +62,9 @@ class Shard:
         return end - start
 
     def kind(self, table_rows: int, table_dim: int) -> str:
-        """table | column | row | row+column: how this shard cuts its table."""
+        """table | column | row | row+column | data: how this shard cuts its table (data: a replica)."""
+        if self.replica:
+            return "data"
         start, end = self.rows(table_rows)
         rows_cut = (start, end) != (0, table_rows)
         cols_cut = (self.col_start, self.col_end) != (0, table_dim)
@@ -68,7 +73,7 @@ class Shard:
 
     def label(self) -> str:
         rows = f"{self.row_start}:{'' if self.row_end is None else self.row_end}, " if self.is_row_range else ""
-        return f"{self.table}[{rows}{self.col_start}:{self.col_end}]"
+        return f"{self.table}[{rows}{self.col_start}:{self.col_end}{', replica' if self.replica else ''}]"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"table": self.table, "device": self.device, "col_start": self.col_start,
@@ -76,6 +81,8 @@ class Shard:
         if self.is_row_range:
             out["row_start"] = self.row_start
             out["row_end"] = self.row_end
+        if self.replica:
+            out["replica"] = True
         return out
 
 
@@ -84,7 +91,7 @@ def row_wise_shards(table: Table, num_devices: int) -> list[Shard]:
     return [Shard(table.name, d, 0, table.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(table.rows, num_devices))]
 
 
-PlanKey = tuple[tuple[str, int, int, int, int, int], ...]  # Plan.key(): table, device, columns, rows per shard
+PlanKey = tuple[tuple[str, int, int, int, int, int, bool], ...]  # Plan.key(): table, device, columns, rows, replica
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ class Plan:
     def key(self) -> PlanKey:
         """The plan's identity: its shards sorted, equal for plans listing the same shards in another order."""
         return tuple(sorted((s.table, s.device, s.col_start, s.col_end, s.row_start,
-                             -1 if s.row_end is None else s.row_end) for s in self.shards))
+                             -1 if s.row_end is None else s.row_end, s.replica) for s in self.shards))
 
     def to_dict(self, **extra: Any) -> dict:
         return {"num_devices": self.num_devices, "shards": [s.to_dict() for s in self.shards], **extra}
@@ -141,8 +148,10 @@ class Plan:
             for key in ("row_start", "row_end"):
                 if key in s and (not isinstance(s[key], int) or isinstance(s[key], bool)):
                     raise DataFormatError(f"{origin}: shards[{i}].{key}: expected int, got {s[key]!r}")
+            if not isinstance(s.get("replica", False), bool):
+                raise DataFormatError(f"{origin}: shards[{i}].replica: expected true or false, got {s['replica']!r}")
             shards.append(Shard(s["table"], s["device"], s["col_start"], s["col_end"],
-                                s.get("row_start", 0), s.get("row_end")))
+                                s.get("row_start", 0), s.get("row_end"), s.get("replica", False)))
         return cls(n, tuple(shards))
 
 
@@ -163,7 +172,7 @@ def device_memory_bytes(task: Task, plan: Plan) -> list[int]:
     used = [0] * plan.num_devices
     for s in plan.shards:
         t = tables[s.table]
-        used[s.device] += task.shard_bytes(t, s.num_rows(t.rows), s.width)
+        used[s.device] += task.shard_bytes(t, s.num_rows(t.rows), s.width, s.replica)
     return used
 
 
@@ -174,7 +183,7 @@ def device_memory_breakdown(task: Task, plan: Plan) -> list[MemoryBreakdown]:
     for s in plan.shards:
         t = tables[s.table]
         rows = s.num_rows(t.rows)
-        total = task.shard_bytes(t, rows, s.width)
+        total = task.shard_bytes(t, rows, s.width, s.replica)
         w, o = task.memory.weight_bytes(rows, s.width, t.precision), task.memory.optimizer_bytes(rows, s.width)
         parts[s.device][0] += w
         parts[s.device][1] += o
@@ -202,7 +211,9 @@ def validate_plan(task: Task, plan: Plan) -> None:
     and the task's constraints hold: pinned tables on their device, no shard on a device its table
     avoids, grouped tables together on one device, pinned, grouped and `whole` tables uncut.
 
-    Columns are cut on multiples of 4 (FBGEMM's row alignment), rows anywhere.
+    Columns are cut on multiples of 4 (FBGEMM's row alignment), rows anywhere. A data-parallel table (the
+    task's sharding allows "data") is a whole `replica` on every device and nothing else; it may not be
+    pinned, grouped or avoid devices.
     """
     if plan.num_devices != task.num_devices:
         raise InvalidPlanError(f"plan is for {plan.num_devices} devices, task {task.name!r} has {task.num_devices}")
@@ -218,6 +229,9 @@ def validate_plan(task: Task, plan: Plan) -> None:
         blocks[s.table].append(s)
     for name, t in tables.items():
         placed = blocks.get(name, [])
+        if any(s.replica for s in placed):
+            _check_replicas(task, t, placed)
+            continue
         for i, a in enumerate(placed):
             for b in placed[i + 1:]:
                 (ra0, ra1), (rb0, rb1) = a.rows(t.rows), b.rows(t.rows)
@@ -253,6 +267,25 @@ def validate_plan(task: Task, plan: Plan) -> None:
             raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {task.capacity(d)}"
                                    + (f" ({task.devices[d].memory_bytes} less the {task.memory.reservation:g} "
                                       "reservation)" if task.memory.reservation else ""))
+
+
+def _check_replicas(task: Task, t: Table, placed: list[Shard]) -> None:
+    """A data-parallel table: allowed by the task, a whole replica on every device and nothing else."""
+    if "data" not in task.sharding:
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel (replicas), but task {task.name!r} allows "
+                               f"sharding kinds {', '.join(task.sharding)} only")
+    cut = [s for s in placed if not s.replica or s.is_row_range or (s.col_start, s.col_end) != (0, t.dim)]
+    if cut:
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel, so every shard of it is a whole replica, but "
+                               f"{cut[0].label()} is not")
+    devices = sorted(s.device for s in placed)
+    if devices != list(range(task.num_devices)):
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel: one replica on each of the {task.num_devices} "
+                               f"devices, got replicas on devices {devices}")
+    fixed = task.pinned_device().keys() | task.avoided().keys() | set(task.group_of())
+    if t.name in fixed:
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel (on every device), but its constraints pin it, "
+                               "group it or keep it off devices")
 
 
 def _first_gap(rows: int, dim: int, blocks: list[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:

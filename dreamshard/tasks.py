@@ -21,6 +21,8 @@ from dreamshard.tables import BIN_COLUMNS, Table
 MAX_MEMORY_GB = 1e6  # keeps byte counts far inside int64
 
 SHARDING_KINDS = ("table", "column", "row")  # whole tables, column slices, row ranges (TorchRec's layouts)
+# and "data": data-parallel, a copy of a small table on every device (sharders/replicas.py); asked for, never a default
+ALL_SHARDING_KINDS = (*SHARDING_KINDS, "data")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class Task:
     groups: tuple[tuple[str, ...], ...] = ()
     # tables never cut into column slices or row ranges
     whole: tuple[str, ...] = ()
+    # tables never data-parallel, when the sharding allows "data" (their TorchRec constraints leave it out)
+    model_parallel: tuple[str, ...] = ()
+    # bytes each device holds before any shard is placed (the data-parallel replicas planned beside the rest); ()
+    # for none
+    held: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -63,10 +70,13 @@ class Task:
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ValueError(f"task {self.name!r}: table names must be unique")
-        unknown = [k for k in self.sharding if k not in SHARDING_KINDS]
+        unknown = [k for k in self.sharding if k not in ALL_SHARDING_KINDS]
         if unknown or "table" not in self.sharding:
             raise ValueError(f"task {self.name!r}: sharding kinds must include 'table' and be among "
-                             f"{', '.join(SHARDING_KINDS)}; got {', '.join(self.sharding) or 'none'}")
+                             f"{', '.join(ALL_SHARDING_KINDS)}; got {', '.join(self.sharding) or 'none'}")
+        if self.held and (len(self.held) != len(self.devices) or any(h < 0 for h in self.held)):
+            raise ValueError(f"task {self.name!r}: held: expected {len(self.devices)} byte counts >= 0, "
+                             f"got {self.held}")
         for table, device in self.pins:
             if table not in names:
                 raise ValueError(f"task {self.name!r}: pin of unknown table {table!r}")
@@ -90,7 +100,7 @@ class Task:
         for g in self.groups:
             if len(g) < 2:
                 raise ValueError(f"task {self.name!r}: group {list(g)} needs at least two tables")
-        for t in grouped + list(self.whole):
+        for t in grouped + list(self.whole) + list(self.model_parallel):
             if t not in known:
                 raise ValueError(f"task {self.name!r}: constraint on unknown table {t!r}")
         if len(set(grouped)) != len(grouped):
@@ -157,30 +167,34 @@ class Task:
         new_avoid = [(n, ds) for t, ds in self.avoid for n in derived_of.get(t, [])]
         new_groups = [tuple(n for t in g for n in derived_of.get(t, [])) for g in self.groups]
         new_whole = [n for t in self.whole for n in derived_of.get(t, [])]
+        new_model_parallel = [n for t in self.model_parallel for n in derived_of.get(t, [])]
         return replace(self, tables=tuple(tables), pins=tuple(new_pins), avoid=tuple(new_avoid),
-                       groups=tuple(g for g in new_groups if len(g) > 1), whole=tuple(new_whole))
+                       groups=tuple(g for g in new_groups if len(g) > 1), whole=tuple(new_whole),
+                       model_parallel=tuple(new_model_parallel))
 
     @property
     def num_devices(self) -> int:
         return len(self.devices)
 
-    def shard_bytes(self, table: Table, rows: int | None = None, width: int | None = None) -> int:
+    def shard_bytes(self, table: Table, rows: int | None = None, width: int | None = None,
+                    replica: bool = False) -> int:
         """Bytes a shard of `table` (rows x width of it; the whole table by default) takes on its device:
-        weights, optimizer state and, at the memory model's batch size, its input and output buffers."""
+        weights, optimizer state and, at the memory model's batch size, its input and output buffers. A
+        data-parallel `replica` buffers its own device's samples only, as TorchRec counts it."""
         rows = table.rows if rows is None else rows
         width = table.dim if width is None else width
         block = table.block_of_pooling is not None or rows < table.rows
         pooling = table.pooling_factor if table.block_of_pooling is None else table.block_of_pooling
         return self.memory.shard_bytes(rows, width, table.precision) + self.memory.io_bytes(
-            pooling, table.features, width, self.num_devices, row_block=block, precision=table.precision,
-            sequence=table.sequence)
+            pooling, table.features, width, 1 if replica else self.num_devices, row_block=block,
+            precision=table.precision, sequence=table.sequence)
 
     def table_bytes(self, i: int) -> int:
         return self.shard_bytes(self.tables[i])
 
     def capacity(self, d: int) -> int:
-        """Bytes device `d` holds for shards: its memory less the memory model's reservation."""
-        return self.memory.usable_bytes(self.devices[d].memory_bytes)
+        """Bytes device `d` holds for shards: its memory less the memory model's reservation (and `held`)."""
+        return self.memory.usable_bytes(self.devices[d].memory_bytes) - (self.held[d] if self.held else 0)
 
     def capacities(self) -> list[int]:
         return [self.capacity(d) for d in range(len(self.devices))]

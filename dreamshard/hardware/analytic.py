@@ -83,16 +83,19 @@ class AnalyticBackend:
                      for s in shards}
         # a row shard gets its rows' share of the table's lookups: hot rows are scattered over the table
         share = [s.num_rows(tables[s.table].rows) / tables[s.table].rows for s in shards]
-        lookups = [c.batch_size * tables[s.table].pooling_factor * f for s, f in zip(shards, share)]
+        # a data-parallel replica looks up its device's share of the batch, and updates every row (dense gradient)
+        batch = [c.batch_size / task.num_devices if s.replica else c.batch_size for s in shards]
+        lookups = [b * tables[s.table].pooling_factor * f for s, f, b in zip(shards, share, batch)]
         touched = [min(s.num_rows(tables[s.table].rows), n * cold_fraction(tables[s.table]))
                    for s, n in zip(shards, lookups)]
+        updated = [tables[s.table].rows if s.replica else r for s, r in zip(shards, touched)]
         widths = [s.width for s in shards]
         working_set = [r * w * bytes_per[s.table] for r, w, s in zip(touched, widths, shards)]
         work_us = update_us = 0.0
-        for n, rows, width, own in zip(lookups, touched, widths, working_set):
+        for n, rows, width, own, b in zip(lookups, updated, widths, working_set, batch):
             pressure = min(1.0, (own if c.regime == "sub_additive" else sum(working_set)) / c.cache_bytes)
             miss = 1.0 + c.miss_penalty * pressure
-            work_us += (n * width * c.lookup_ns * miss + c.batch_size * width * c.output_ns) / 1000
+            work_us += (n * width * c.lookup_ns * miss + b * width * c.output_ns) / 1000
             update_us += rows * width * c.update_ns / 1000
         fwd_us = c.launch_us + work_us
         bwd_us = c.launch_us + c.bwd_factor * work_us + update_us
@@ -110,7 +113,7 @@ class AnalyticBackend:
     def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
         scaled_compute = [scaled(c, task.devices[d].speed) for d, c in enumerate(compute)]
         return assemble_plan_cost(self, plan, scaled_compute, self.batch_size, self.topology,
-                                  hosts=task.host_ids())
+                                  hosts=task.host_ids(), task=task)
 
 
 def scaled(cost: ComputeCost, speed: float) -> ComputeCost:

@@ -145,7 +145,7 @@ class MeasureCount:
 
 
 def _device_key(shards: Sequence[Shard]) -> tuple:
-    return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1) for s in shards))
+    return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1, s.replica) for s in shards))
 
 
 def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Sequence[Plan],

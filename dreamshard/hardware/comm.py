@@ -2,7 +2,8 @@
 
 Every backend adds it to its compute: the forward all-to-all of pooled outputs (row shards send partial
 sums), the wait for the slowest device's forward, and the backward exchange, over intra- and inter-host
-links. The model and what it leaves out: docs/cost-backends.md.
+links; data-parallel replicas send no outputs, and their dense gradients are all-reduced in the backward.
+The model and what it leaves out: docs/cost-backends.md.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
 from dreamshard.plan import Plan
+from dreamshard.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,35 @@ def communication_ms(
     return forward_wait_ms(fwd) + transfer, transfer
 
 
+def allreduce_ms(nbytes: float, n: int, topology: Topology, hosts: Sequence[int] | None = None) -> float:
+    """A ring all-reduce of `nbytes` over n devices, ms: each device sends and receives 2 (n-1)/n of it over the
+    ring's slowest link (between hosts when the devices span several), plus one latency; 0 for one device."""
+    if n == 1 or nbytes == 0:
+        return 0.0
+    spread = len(set(host_of(topology, n, hosts).tolist())) > 1
+    gbps = topology.inter_host_gbps if spread else topology.intra_host_gbps
+    return (topology.latency_us * 1e-6 + 2 * (n - 1) / n * nbytes / (gbps * 1e9)) * 1e3
+
+
+def replica_gradient_bytes(task: Task, plan: Plan) -> int:
+    """Bytes of the dense gradients the plan's data-parallel tables all-reduce each step (one replica's worth
+    per table: every weight of it, in the weights' precision)."""
+    tables = {t.name: t for t in task.tables}
+    names = {s.table for s in plan.shards if s.replica}
+    return sum(task.memory.weight_bytes(tables[n].rows, tables[n].dim, tables[n].precision) for n in sorted(names))
+
+
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
-                       topology: Topology, comm: str = "model", hosts: Sequence[int] | None = None) -> PlanCost:
-    """Add the modelled all-to-all to per-device compute costs (`hosts`: Task.host_ids)."""
-    dim_sums = [sum(s.col_end - s.col_start for s in plan.device_shards(d)) for d in range(plan.num_devices)]
+                       topology: Topology, comm: str = "model", hosts: Sequence[int] | None = None,
+                       task: Task | None = None) -> PlanCost:
+    """Add the modelled all-to-all to per-device compute costs (`hosts`: Task.host_ids), and the all-reduce of
+    data-parallel replicas' gradients (`task` needed when the plan has replicas)."""
+    dim_sums = [sum(s.col_end - s.col_start for s in plan.device_shards(d) if not s.replica)
+                for d in range(plan.num_devices)]
     fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], dim_sums, batch_size, topology, hosts)
+    if any(s.replica for s in plan.shards):
+        if task is None:
+            raise ValueError("assemble_plan_cost: the plan has data-parallel replicas; pass its task")
+        bwd_comm = bwd_comm + allreduce_ms(replica_gradient_bytes(task, plan), plan.num_devices, topology, hosts)
     devices = tuple(DeviceCost(c.fwd_ms, c.bwd_ms, float(f), float(b)) for c, f, b in zip(compute, fwd_comm, bwd_comm))
     return PlanCost(devices, backend.name, backend.device_name(), backend.measured, comm)

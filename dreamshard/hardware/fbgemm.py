@@ -103,11 +103,15 @@ class Samples:
 def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
     """The TBE operators TorchRec runs a device's shards in: one for its pooled tables (an EmbeddingBagCollection's)
     and, for `sequence` tables (an EmbeddingCollection's, no pooling: a row per id), one per width, as an
-    operator without pooling outputs rows of one width."""
+    operator without pooling outputs rows of one width; its data-parallel replicas in one dense operator of their
+    own (TorchRec's dense kernel), at the device's share of the batch."""
     sequence = {t.name for t in task.tables if t.sequence}
+    replicas = [s for s in shards if s.replica]
+    shards = [s for s in shards if not s.replica]
     pooled = [s for s in shards if s.table not in sequence]
     widths = sorted({s.width for s in shards if s.table in sequence})
-    return ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w] for w in widths]
+    return ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w]
+                                           for w in widths] + ([replicas] if replicas else [])
 
 
 def cpu_model_name() -> str:
@@ -195,7 +199,7 @@ class FbgemmBackend:
     def plan_cost_from(self, task: Task, plan: Plan, compute: Sequence[ComputeCost]) -> PlanCost:
         self._check_devices(task, plan)
         return assemble_plan_cost(self, plan, compute, self.batch_size, self.topology,
-                                  hosts=task.host_ids())
+                                  hosts=task.host_ids(), task=task)
 
     def _check_devices(self, task: Task, plan: Plan) -> None:
         if plan.num_devices != task.num_devices:
@@ -259,7 +263,13 @@ class FbgemmBackend:
         self._check_supported(task)
         specs = self._shard_specs(task, shards)  # [(table, width, row_start, row_end)], validated
         self._check_budget(task, shards, specs)
-        indices, offsets = self._inputs(shards, specs)
+        if shards[0].replica:  # data-parallel replicas: the dense kernel at this device's share of the batch
+            if any(t.sequence for t, _, _, _ in specs):
+                raise DreamShardError("fbgemm backend: data-parallel sequence tables are not measured")
+            batch = max(1, self.config.batch_size // task.num_devices)
+            indices, offsets = self._inputs(shards, specs, batch)
+            return self._build_dense(task, specs, indices, offsets, batch)
+        indices, offsets = self._inputs(shards, specs, self.config.batch_size)
         return self._build(task, specs, indices, offsets, reuse_memory)
 
     # ---------------------------------------------------------------- checks and inputs
@@ -305,13 +315,12 @@ class FbgemmBackend:
                 f"{task.memory.optimizer} state, over the measurement budget of {self.config.memory_budget_gb} GB "
                 "(FbgemmConfig.memory_budget_gb); nothing was allocated", needed, int(budget))
 
-    def _inputs(self, shards: Sequence[Shard], specs):
-        """Table-major int64 indices and offsets (T*B+1) over the shards, as in the DLRM format.
+    def _inputs(self, shards: Sequence[Shard], specs, batch: int):
+        """Table-major int64 indices and offsets (T*B+1) over the shards at `batch` samples, as in the DLRM format.
 
         A row shard [start, end) is its own table of end - start rows: it gets the lookups of
         its table that fall in its range, rebased to start at 0, so hot rows land where they are.
         """
-        batch = self.config.batch_size
         cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column slices of one table share its lookups
         all_indices, all_lengths = [], []
         for table, _, start, end in specs:
@@ -424,6 +433,33 @@ class FbgemmBackend:
         return FusedOperator(op, indices, offsets, grad, device)
 
 
+    def _build_dense(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray,
+                     batch: int) -> FusedOperator:
+        """Data-parallel replicas as TorchRec runs them: FBGEMM's dense TBE (autograd gives every weight a
+        gradient) at `batch` samples, the optimizer step a dense SGD update of every weight."""
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(?s).*Failed to import", category=DeprecationWarning)
+            from fbgemm_gpu.split_embedding_configs import SparseType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
+
+        if task.memory.optimizer != "exact_sgd":
+            raise DreamShardError(f"fbgemm backend: data-parallel tables are measured with a dense SGD update; task "
+                                  f"{task.name!r} trains with {task.memory.optimizer!r}")
+        cuda = self.config.device == "cuda"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        precision = SparseType[PRECISIONS[task.memory.weights_precision]]
+        op = DenseTableBatchedEmbeddingBagsCodegen([(end - start, w) for _, w, start, end in specs],
+                                                   weights_precision=precision, use_cpu=not cuda).to(device)
+        with torch.no_grad():
+            op.weights.uniform_(-INIT_RANGE, INIT_RANGE, generator=torch.Generator(device=device).manual_seed(0))
+        gen = torch.Generator(device=device).manual_seed(0)
+        grad = torch.randn((batch, sum(w for _, w, _, _ in specs)), generator=gen, device=device) * 0.01
+        return FusedOperator(op, torch.from_numpy(indices_np).to(device), torch.from_numpy(offsets_np).to(device),
+                             grad, device, dense_lr=self.config.learning_rate)
+
+
 def fill_read_rows(weights, rows, block) -> None:
     """Fill the `rows` (int64 row ids) of `weights` (rows x width) with `block` repeated in order: seeded,
     uniform, and as many values as the rows read hold."""
@@ -443,11 +479,26 @@ class FusedOperator:
     offsets: Any  # torch.Tensor, int64, T*B+1
     grad: Any  # torch.Tensor [B, sum of widths]; without pooling (sequence tables) [ids, width]
     device: Any  # torch.device
+    dense_lr: float | None = None  # a dense operator (data-parallel): its backward ends with this SGD update
+
+    def _backward(self, out) -> None:
+        if self.dense_lr is None:
+            out.backward(self.grad)
+            return
+        import torch
+
+        with warnings.catch_warnings():  # FBGEMM's dense CPU lookup has no autograd kernel of its own (its
+            # gradient, checked in tests/unit/test_replicas.py, is right): torch warns on every backward
+            warnings.filterwarnings("ignore", message=r".*autograd kernel was not registered", category=UserWarning)
+            out.backward(self.grad)
+        with torch.no_grad():  # the fused kernels update in their backward; a dense one's optimizer steps here
+            self.op.weights.add_(self.op.weights.grad, alpha=-self.dense_lr)
+        self.op.weights.grad = None
 
     def step(self):
         """One forward and backward (the backward applies the optimizer update); returns the output."""
         out = self.op(self.indices, self.offsets)
-        out.backward(self.grad)
+        self._backward(out)
         return out.detach()
 
     def warm_up(self, n: int) -> None:
@@ -460,7 +511,7 @@ class FusedOperator:
             t0 = time.perf_counter()
             out = self.op(self.indices, self.offsets)
             t1 = time.perf_counter()
-            out.backward(self.grad)
+            self._backward(out)
             t2 = time.perf_counter()
             fwd.append((t1 - t0) * 1e3)
             bwd.append((t2 - t1) * 1e3)
@@ -476,7 +527,7 @@ class FusedOperator:
             start.record()
             out = self.op(self.indices, self.offsets)
             mid.record()
-            out.backward(self.grad)
+            self._backward(out)
             end.record()
             del out
         torch.cuda.synchronize(self.device)

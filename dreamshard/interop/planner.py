@@ -18,7 +18,7 @@ from dreamshard.interop.torchrec import require_torchrec
 from dreamshard.memory import DEFAULT_BATCH_SIZE, DEFAULT_RESERVATION, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.tables import Table
-from dreamshard.tasks import SHARDING_KINDS, Device, Task
+from dreamshard.tasks import ALL_SHARDING_KINDS, Device, Task
 
 DEFAULT_POOLING_FACTOR = 1.0  # TorchRec's planner assumes 1.0 when no constraint gives one
 
@@ -45,7 +45,7 @@ class DreamShardPlanner(ShardingPlanner):
                  constraints: dict | None = None, debug: bool = True, callbacks=None,
                  timeout_seconds: int | None = None, plan_loader=None, *,
                  algo: str | None = None, model: Any = None, optimizer: str | None = None,
-                 sharding: Sequence[str] = SHARDING_KINDS, seed: int | None = None,
+                 sharding: Sequence[str] = ALL_SHARDING_KINDS, seed: int | None = None,
                  default_pooling_factor: float = DEFAULT_POOLING_FACTOR,
                  devices: Sequence[Device] | str | Path | None = None,
                  placement: Constraints | str | Path | None = None) -> None:
@@ -173,7 +173,7 @@ class DreamShardPlanner(ShardingPlanner):
         _check_sharders_cover(found, sharders)
         all_names = [c.name for _, m in found for c in _configs_of(m)]
         clash = {n for n in all_names if all_names.count(n) > 1}
-        tables, modules, precisions, whole = [], [], set(), []
+        tables, modules, precisions, whole, model_parallel = [], [], set(), [], []
         for fqn, m in found:
             names = []
             sequence = _is_sequence(m)
@@ -191,12 +191,15 @@ class DreamShardPlanner(ShardingPlanner):
                 names.append((key, c.name))
                 if self._table_wise_only(c.name):
                     whole.append(key)  # its constraint allows table_wise only: never cut
+                if not self._data_parallel_allowed(c.name):
+                    model_parallel.append(key)
             modules.append(ModuleTables(fqn, m, tuple(names)))
         # each table at its own precision (Table.precision); the model's is the widest, for what has none
         memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
                              self.batch_size)
         task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
-                    sharding=self._kinds_allowed(found, sharders), whole=tuple(whole))
+                    sharding=self._kinds_allowed(found, sharders), whole=tuple(whole),
+                    model_parallel=tuple(model_parallel))
         if self.placement:
             try:
                 task = self.placement.apply(task)
@@ -273,7 +276,8 @@ class DreamShardPlanner(ShardingPlanner):
 
     def _kinds_allowed(self, found, sharders) -> tuple[str, ...]:
         """`sharding` narrowed to what the sharder of every planned module offers: the bag collections' (`_offered`)
-        and the EmbeddingCollections'. A restricted sharder is honoured."""
+        and the EmbeddingCollections'; "data" (data-parallel bag tables) only when every bag collection's sharder
+        offers data_parallel with the dense kernel. A restricted sharder is honoured."""
         offered = self._offered(found, sharders)
         kinds = self.sharding
         if offered is not None:
@@ -281,14 +285,28 @@ class DreamShardPlanner(ShardingPlanner):
                 kinds = tuple(k for k in kinds if k in ("table", "row"))
             else:
                 by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
-                kinds = tuple(k for k in kinds if by_kind[k] in offered)
+                kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in offered)
+        device = self.topology.compute_device
+        bag_sharders = [_sharder_of(m, sharders) or _sharder_class(m)() for _, m in found if not _is_sequence(m)]
+        if not all("data_parallel" in s.sharding_types(device) and "dense" in s.compute_kernels("data_parallel", device)
+                   for s in bag_sharders):
+            kinds = tuple(k for k in kinds if k != "data")
         for _, ec in self._offers(found, sharders, sequence=True):
             if "table_wise" not in ec:
                 raise DreamShardError(f"DreamShardPlanner: the EmbeddingCollection sharder offers {ec} with the "
                                       "fused kernel; DreamShard places whole tables table_wise")
             by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
-            kinds = tuple(k for k in kinds if by_kind[k] in ec)
+            kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in ec)  # sequence tables: never replicas
         return kinds
+
+    def _data_parallel_allowed(self, name: str) -> bool:
+        """May table `name` be data-parallel by its constraint (sharding types and kernels)?"""
+        c = self.constraints.get(name)
+        if c is None:
+            return True
+        types_ok = c.sharding_types is None or "data_parallel" in c.sharding_types
+        kernels_ok = c.compute_kernels is None or "dense" in c.compute_kernels
+        return types_ok and kernels_ok
 
     def _offers(self, found, sharders, sequence: bool) -> list[tuple[Any, list[str]]]:
         """(sharder, the sharding types it offers with the fused kernel on this compute device) of every planned

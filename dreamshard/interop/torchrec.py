@@ -29,6 +29,8 @@ COMPUTE_KERNEL = "fused"  # FBGEMM TBE with the weights in device memory (HBM)
 TABLE_WISE = "table_wise"
 COLUMN_WISE = "column_wise"
 ROW_WISE = "row_wise"
+DATA_PARALLEL = "data_parallel"  # replicas (Shard.replica), run by TorchRec's dense kernel
+DENSE_KERNEL = "dense"
 # TorchRec sharding types made of blocks of a table, each on one rank: what converts to a DreamShard plan
 SHARD_TYPES = (TABLE_WISE, COLUMN_WISE, "table_column_wise", ROW_WISE, "table_row_wise", "grid_shard")
 
@@ -140,10 +142,15 @@ def topology(task: Task):
 
 
 def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None]) -> dict:
-    """ParameterConstraints per table: its pooling factor, the fused kernel, the sharding types allowed."""
+    """ParameterConstraints per table: its pooling factor, the sharding types allowed, the fused kernel (dense for a
+    table allowed data_parallel alone)."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
-    return {t.name: ParameterConstraints(sharding_types=sharding_types[t.name], compute_kernels=[COMPUTE_KERNEL],
+    def kernel(types: list[str] | None) -> str:
+        return DENSE_KERNEL if types == [DATA_PARALLEL] else COMPUTE_KERNEL
+
+    return {t.name: ParameterConstraints(sharding_types=sharding_types[t.name],
+                                         compute_kernels=[kernel(sharding_types[t.name])],
                                          pooling_factors=[float(t.pooling_factor)])
             for t in task.tables}
 
@@ -194,6 +201,8 @@ def _table_shards(task: Task, plan: Plan) -> dict[str, list[Shard]]:
 def table_layout(task: Task, table_index: int, shards: list[Shard]) -> str:
     """The TorchRec sharding type that holds exactly these shards of the table (module docstring), or an error."""
     t = task.tables[table_index]
+    if any(s.replica for s in shards):  # validate_plan: a whole replica on every device
+        return DATA_PARALLEL
     if all(not s.is_row_range for s in shards):
         return TABLE_WISE if len(shards) == 1 else COLUMN_WISE
     blocks = [(s.rows(t.rows), s.device) for s in shards]
@@ -232,7 +241,7 @@ def table_generators(task: Task, plan: Plan, whole_as: str = TABLE_WISE) -> dict
     """Table name -> TorchRec's ParameterShardingGenerator placing it as `plan` does; a whole table as
     `whole_as`: table_wise, or column_wise with one slice (for a sharder that offers column_wise only)."""
     require_torchrec()
-    from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
 
     shards = _table_shards(task, plan)
     per_table = {}
@@ -245,6 +254,8 @@ def table_generators(task: Task, plan: Plan, whole_as: str = TABLE_WISE) -> dict
             per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=COMPUTE_KERNEL)
         elif layout == ROW_WISE:
             per_table[t.name] = row_wise(compute_kernel=COMPUTE_KERNEL)
+        elif layout == DATA_PARALLEL:
+            per_table[t.name] = data_parallel()
         elif len({s.width for s in blocks}) == 1:
             per_table[t.name] = column_wise(ranks=[s.device for s in blocks], compute_kernel=COMPUTE_KERNEL)
         else:
@@ -262,7 +273,16 @@ def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, s
     for t in task.tables:
         if t.name not in names:
             continue
-        got = sorted(torchrec_table_shards(names[t.name], module_plan[names[t.name]], t.rows, t.dim))
+        sharding = module_plan[names[t.name]]
+        if sharding.sharding_type == DATA_PARALLEL or any(s.replica for s in shards[t.name]):
+            got_dp = (sharding.sharding_type, sorted(sharding.ranks or []))
+            want_dp = (DATA_PARALLEL if all(s.replica for s in shards[t.name]) else "not data_parallel",
+                       sorted(s.device for s in shards[t.name]))
+            if got_dp != want_dp:
+                raise InvalidPlanError(f"table {names[t.name]!r}: TorchRec's sharding {got_dp} differs from the "
+                                       f"plan's {want_dp}")
+            continue
+        got = sorted(torchrec_table_shards(names[t.name], sharding, t.rows, t.dim))
         want = sorted((s.device, *s.rows(t.rows), s.col_start, s.col_end) for s in shards[t.name])
         if got != want:
             raise InvalidPlanError(f"table {names[t.name]!r}: TorchRec's sharding {got} differs from the plan's {want}")

@@ -14,6 +14,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
 from dreamshard.placement import check_satisfiable
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
+from dreamshard.sharders.replicas import data_parallel_tables, with_replicas
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -187,7 +188,18 @@ def merge_pieces(task: Task, plan: Plan, pieces: Mapping[str, PieceOf]) -> Plan:
 
 def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     """`shard_whole`'s plan for `task`, its oversized tables cut into pieces first, cut finer while
-    the pieces cannot be placed (see the module)."""
+    the pieces cannot be placed (see the module); when the task allows "data", its small tables data-parallel
+    first (sharders/replicas.py), unless what their copies leave of the devices cannot hold the others."""
+    replicated = data_parallel_tables(task)
+    if replicated:
+        try:
+            return with_replicas(task, replicated, lambda rest: _with_pieces(rest, shard_whole))
+        except InfeasibleTaskError:
+            pass  # the copies leave too little: every table model-parallel, as below
+    return _with_pieces(task, shard_whole)
+
+
+def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     check_satisfiable(task)
     cuts = {t.name: first_cut(t, task) for t in task.tables}
     need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(task.capacities())

@@ -184,8 +184,11 @@ def test_embedding_and_fused_collections_are_planned_beside_bags():
             return ["table_wise"]
 
     whole = planner.plan(model, [EmbeddingBagCollectionSharder(), TableWiseOnly()])
-    assert {p.sharding_type for m in whole.plan.values() for p in m.values()} == {"table_wise"}
-    assert planner.last_task.sharding == ("table",)
+    kinds = {name: p.sharding_type for m in whole.plan.values() for name, p in m.items()}
+    # the bag sharder offers data_parallel: "small" (1000 rows, 2 features x 1024 samples a step) is replicated
+    assert kinds == {"seq": "table_wise", "seq2": "table_wise", "big": "table_wise", "thin": "table_wise",
+                     "small": "data_parallel"}
+    assert planner.last_task.sharding == ("table", "data")
 
     class RowWiseOnly(EmbeddingCollectionSharder):
         def sharding_types(self, compute_device_type):
@@ -275,6 +278,11 @@ def fill_shards(dmp, value, kinds=("",)):
     with torch.no_grad():
         for name, tensor in dmp.state_dict().items():
             if name.endswith(".weight") and any(k in name for k in kinds):
+                if not hasattr(tensor, "local_shards"):  # a data-parallel table: the whole of it on every rank
+                    nr, nc = tensor.shape
+                    tensor.copy_(value(0, 0, nr, nc))
+                    held.append([name.split(".")[-2], 0, nr, 0, nc])
+                    continue
                 for s in tensor.local_shards():
                     (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
                     s.tensor.copy_(value(r0, c0, nr, nc))
@@ -396,7 +404,8 @@ def main():
                run(("table", "column", "row"), rank, half=("big", "mid")),
                run(("table", "column", "row"), rank, columns_only=True),
                run(("table", "column", "row"), rank, model=sys.argv[1]),
-               run(("table", "column", "row"), rank, rows_only=True)]
+               run(("table", "column", "row"), rank, rows_only=True),
+               run(("table", "column", "row", "data"), rank)]
     print(json.dumps(reports), flush=True)
     dist.destroy_process_group()
 
@@ -436,7 +445,7 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
                          timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     reports = reports_of(res.stdout)
-    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 12
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 14
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
         assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
@@ -457,6 +466,10 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
     for rank in (0, 1):
         held = [h for h in by[(rank, ("table", "row"))]["held"] if h[0] == "big"]
         assert held == [["big", rank * 30_000, (rank + 1) * 30_000, 0, 32]]
+        # data-parallel allowed: "small" (100 rows, 128 lookups a step) replicated, the whole of it on each rank
+        data = by[(rank, ("table", "column", "row", "data"))]
+        assert data["kinds"]["small"] == "data_parallel" and data["kinds"]["big"] != "data_parallel"
+        assert ["small", 0, 100, 0, 8] in data["held"]
 
 
 def test_mixed_precisions_are_planned_each_table_at_its_own_bytes():

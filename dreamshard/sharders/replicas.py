@@ -1,0 +1,66 @@
+"""Data-parallel tables: a copy of a small table on every device, chosen before the other tables are placed.
+
+A data-parallel table (TorchRec's data_parallel) looks up each device's own samples where they are, so it sends
+no pooled outputs through the all-to-all; instead its dense gradient is all-reduced every step. The rule, for a
+task whose sharding allows "data": a table is data-parallel when that all-reduce moves no more bytes per device
+than the all-to-all it spares (rows x bytes per weight <= features x global batch x 4: TorchRec's outputs are
+fp32) and the copies fit on every device. Tables with constraints (pins, groups, avoid, whole, model_parallel)
+and sequence tables stay model-parallel. `with_replicas` is called by `with_pieces`, so every sharder of ours plans through it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+OUTPUT_BYTES = 4  # a pooled output element as TorchRec's all-to-all sends it (fp32)
+
+
+def spares_traffic(task: Task, table: Table) -> bool:
+    """Does all-reducing `table`'s gradient move no more bytes per device than the all-to-all of its outputs?"""
+    global_batch = task.memory.batch_size * task.num_devices
+    return table.rows * task.memory.bytes_per_weight(table.precision) <= table.features * global_batch * OUTPUT_BYTES
+
+
+def data_parallel_tables(task: Task) -> list[Table]:
+    """The tables the rule of the module docstring makes data-parallel, smallest first, as many as fit every
+    device with half its capacity left for the others; none without "data" in the task's sharding, with one
+    device, or with no batch size in the memory model (no traffic to compare)."""
+    if "data" not in task.sharding or task.num_devices < 2 or task.memory.batch_size == 0:
+        return []
+    fixed = task.never_cut() | set(task.avoided()) | set(task.model_parallel)
+    candidates = sorted((t for t in task.tables if t.name not in fixed and not t.sequence and spares_traffic(task, t)),
+                        key=lambda t: (task.shard_bytes(t, replica=True), t.name))
+    room = min(task.capacities()) // 2
+    chosen, used = [], 0
+    for t in candidates:
+        need = task.shard_bytes(t, replica=True)
+        if used + need > room:
+            break
+        chosen.append(t)
+        used += need
+    return chosen
+
+
+def replica_shards(table: Table, num_devices: int) -> list[Shard]:
+    """`table` data-parallel: a whole replica on every device."""
+    return [Shard(table.name, d, 0, table.dim, replica=True) for d in range(num_devices)]
+
+
+def with_replicas(task: Task, replicated: list[Table], plan_rest: Callable[[Task], Plan]) -> Plan:
+    """`replicated` data-parallel, the other tables planned by `plan_rest` on what the copies leave of each
+    device (Task.held)."""
+    names = {t.name for t in replicated}
+    shards = [s for t in replicated for s in replica_shards(t, task.num_devices)]
+    rest = [t for t in task.tables if t.name not in names]
+    if rest:
+        held = sum(task.shard_bytes(t, replica=True) for t in replicated)
+        base = task.held or (0,) * task.num_devices
+        sub = replace(task.derived(rest, {}), held=tuple(h + held for h in base))
+        shards = list(plan_rest(sub).shards) + shards
+    plan = Plan(task.num_devices, tuple(shards))
+    validate_plan(task, plan)
+    return plan
