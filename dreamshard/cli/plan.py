@@ -30,7 +30,7 @@ from dreamshard.provenance import provenance
 from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, default_algo, load_model, make_sharder, spec
 from dreamshard.sharders.replan_changes import changed_tables, describe_changes
 from dreamshard.tables import read_tables_file
-from dreamshard.tasks import MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
+from dreamshard.tasks import ALL_SHARDING_KINDS, MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -54,7 +54,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--sharding", default=",".join(SHARDING_KINDS), type=sharding_kinds,
                    help="the ways tables may be cut, comma-separated: table (whole tables, always), column "
-                        "(column slices), row (TorchRec's row-wise blocks); default: all")
+                        "(column slices), row (TorchRec's row-wise blocks), data (small tables data-parallel, "
+                        "a copy on every device, by the traffic at --batch-size); default: table,column,row")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES),
                    help="the training optimizer: its state is counted beside the weights (default exact_sgd: none)")
@@ -88,9 +89,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def sharding_kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in SHARDING_KINDS]
+    bad = [k for k in kinds if k not in ALL_SHARDING_KINDS]
     if bad or "table" not in kinds or len(set(kinds)) != len(kinds):
-        raise argparse.ArgumentTypeError(f"expected distinct kinds among {', '.join(SHARDING_KINDS)} including "
+        raise argparse.ArgumentTypeError(f"expected distinct kinds among {', '.join(ALL_SHARDING_KINDS)} including "
                                          f"'table', got {text!r}")
     return kinds
 
@@ -281,7 +282,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
           f"{'usable':>9}  kinds")
     for d in range(task.num_devices):
         shards = plan.device_shards(d)
-        dim_sum = sum(s.width for s in shards)
+        dim_sum = sum(s.width for s in shards if not s.replica)  # what the all-to-all sends
         kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
         m = memory[d]
         print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {m.weights / GB:>9.4f} {m.optimizer / GB:>9.4f} "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -265,6 +266,14 @@ def test_a_table_larger_than_a_device_is_planned_in_pieces_and_shown_by_kind(tmp
     rows = sorted((s["row_start"], s["row_end"], s["device"]) for s in obj["shards"] if s["table"] == "emb_0")
     assert rows == [(i * 50_000, (i + 1) * 50_000, i) for i in range(4)]
     assert "1 row" in capsys.readouterr().out
+    # with data: tables of at most 2048 rows (1 feature x 512 x 4 devices a step) are copied to every device
+    assert main(plan_args(path, out, "size_greedy", 4, 0.06, "--sharding", "table,column,row,data")) == 0
+    obj = json.loads(out.read_text())
+    replicated = {s["table"] for s in obj["shards"] if s.get("replica")}
+    assert replicated == {"emb_1", "emb_4", "emb_6", "emb_7", "emb_10"}
+    validate_plan(replace(task, sharding=("table", "column", "row", "data"),
+                          memory=replace(task.memory, batch_size=512, reservation=0.15)), Plan.from_dict(obj))
+    assert "5 data" in capsys.readouterr().out
     # table only: no plan, and the error says why
     assert main(plan_args(path, out, "size_greedy", 4, 0.06, "--sharding", "table")) == 1
     assert "table 'emb_0'" in capsys.readouterr().err

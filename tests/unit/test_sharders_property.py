@@ -134,3 +134,27 @@ def test_the_strategy_covers_every_outcome():
     collect()
     assert seen == {"feasible", "feasible in pieces only", "bin-packing infeasible", "trivially infeasible",
                     "some table without bins", "every table with bins"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(task=tasks(), seed=st.integers(0, 2**16), batch=st.sampled_from([64, 4096]))
+def test_data_parallel_allowed_never_loses_a_plan(task, seed, batch):
+    """With "data" allowed and a batch size (so that small tables are replicated), every sharder's plan is valid,
+    and a task feasible without replicas stays feasible: copies that leave too little are dropped."""
+    from dataclasses import replace
+
+    from dreamshard.tasks import ALL_SHARDING_KINDS
+
+    task = replace(task, memory=replace(task.memory, batch_size=batch), sharding=ALL_SHARDING_KINDS,
+                   tables=tuple(replace(t, bins=t.bins or tuple(float(k == 0) for k in range(17))) for t in task.tables))
+    feasible = feasible_in_pieces(task)
+    for name in HEURISTICS + LEARNED:
+        options = {"model": model_for(name)} if name in LEARNED else {}
+        sharder = make_sharder(name, **options, **seeded(name, seed))
+        if feasible:
+            validate_plan(task, sharder.shard(task))
+        else:
+            try:
+                validate_plan(task, sharder.shard(task))
+            except InfeasibleTaskError:
+                pass
