@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
