@@ -44,6 +44,7 @@ class Shard:
     row_start: int = 0
     row_end: int | None = None
     replica: bool = False  # a data-parallel copy of the whole table (one on every device)
+    cache: float | None = None  # UVM caching: the share of its rows cached in HBM (dreamshard.caching); None: in HBM
 
     @property
     def width(self) -> int:
@@ -73,7 +74,8 @@ class Shard:
 
     def label(self) -> str:
         rows = f"{self.row_start}:{'' if self.row_end is None else self.row_end}, " if self.is_row_range else ""
-        return f"{self.table}[{rows}{self.col_start}:{self.col_end}{', replica' if self.replica else ''}]"
+        cached = f", cached {self.cache:g}" if self.cache is not None else ""
+        return f"{self.table}[{rows}{self.col_start}:{self.col_end}{', replica' if self.replica else ''}{cached}]"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"table": self.table, "device": self.device, "col_start": self.col_start,
@@ -83,6 +85,8 @@ class Shard:
             out["row_end"] = self.row_end
         if self.replica:
             out["replica"] = True
+        if self.cache is not None:
+            out["cache_load_factor"] = self.cache
         return out
 
 
@@ -91,7 +95,8 @@ def row_wise_shards(table: Table, num_devices: int) -> list[Shard]:
     return [Shard(table.name, d, 0, table.dim, r0, r1) for d, (r0, r1) in enumerate(row_blocks(table.rows, num_devices))]
 
 
-PlanKey = tuple[tuple[str, int, int, int, int, int, bool], ...]  # Plan.key(): table, device, columns, rows, replica
+PlanKey = tuple[tuple[str, int, int, int, int, int, bool, float], ...]  # Plan.key(): table, device, columns, rows,
+# replica, cache load factor (0: none)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,8 @@ class Plan:
     def key(self) -> PlanKey:
         """The plan's identity: its shards sorted, equal for plans listing the same shards in another order."""
         return tuple(sorted((s.table, s.device, s.col_start, s.col_end, s.row_start,
-                             -1 if s.row_end is None else s.row_end, s.replica) for s in self.shards))
+                             -1 if s.row_end is None else s.row_end, s.replica, s.cache or 0.0)
+                            for s in self.shards))
 
     def to_dict(self, **extra: Any) -> dict:
         return {"num_devices": self.num_devices, "shards": [s.to_dict() for s in self.shards], **extra}
@@ -150,8 +156,14 @@ class Plan:
                     raise DataFormatError(f"{origin}: shards[{i}].{key}: expected int, got {s[key]!r}")
             if not isinstance(s.get("replica", False), bool):
                 raise DataFormatError(f"{origin}: shards[{i}].replica: expected true or false, got {s['replica']!r}")
+            cache = s.get("cache_load_factor")
+            if cache is not None and (isinstance(cache, bool) or not isinstance(cache, (int, float))
+                                      or not 0 < cache <= 1):
+                raise DataFormatError(f"{origin}: shards[{i}].cache_load_factor: expected a share in (0, 1], "
+                                      f"got {cache!r}")
             shards.append(Shard(s["table"], s["device"], s["col_start"], s["col_end"],
-                                s.get("row_start", 0), s.get("row_end"), s.get("replica", False)))
+                                s.get("row_start", 0), s.get("row_end"), s.get("replica", False),
+                                None if cache is None else float(cache)))
         return cls(n, tuple(shards))
 
 
@@ -172,7 +184,7 @@ def device_memory_bytes(task: Task, plan: Plan) -> list[int]:
     used = [0] * plan.num_devices
     for s in plan.shards:
         t = tables[s.table]
-        used[s.device] += task.shard_bytes(t, s.num_rows(t.rows), s.width, s.replica)
+        used[s.device] += task.shard_bytes(t, s.num_rows(t.rows), s.width, s.replica, s.cache)
     return used
 
 
@@ -183,8 +195,8 @@ def device_memory_breakdown(task: Task, plan: Plan) -> list[MemoryBreakdown]:
     for s in plan.shards:
         t = tables[s.table]
         rows = s.num_rows(t.rows)
-        total = task.shard_bytes(t, rows, s.width, s.replica)
-        w, o = task.memory.weight_bytes(rows, s.width, t.precision), task.memory.optimizer_bytes(rows, s.width)
+        total = task.shard_bytes(t, rows, s.width, s.replica, s.cache)
+        w, o = task.hbm_weight_optimizer_bytes(t, rows, s.width, s.cache)
         parts[s.device][0] += w
         parts[s.device][1] += o
         parts[s.device][2] += total - w - o
@@ -229,6 +241,7 @@ def validate_plan(task: Task, plan: Plan) -> None:
         blocks[s.table].append(s)
     for name, t in tables.items():
         placed = blocks.get(name, [])
+        _check_cache(task, t, placed)
         if any(s.replica for s in placed):
             _check_replicas(task, t, placed)
             continue
@@ -267,6 +280,21 @@ def validate_plan(task: Task, plan: Plan) -> None:
             raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {task.capacity(d)}"
                                    + (f" ({task.devices[d].memory_bytes} less the {task.memory.reservation:g} "
                                       "reservation)" if task.memory.reservation else ""))
+
+
+def _check_cache(task: Task, t: Table, placed: list[Shard]) -> None:
+    """UVM caching: allowed by the task's kernels, one load factor for every shard of a table, never a replica."""
+    factors = {t.cache_load_factor if s.cache is None else s.cache for s in placed}
+    if factors == {None}:
+        return
+    if "fused_uvm_caching" not in task.kernels:
+        raise InvalidPlanError(f"table {t.name!r} is UVM-cached, but task {task.name!r} allows kernels "
+                               f"{', '.join(task.kernels)} only")
+    if len(factors) > 1:
+        raise InvalidPlanError(f"table {t.name!r}: its shards are cached with load factors "
+                               f"{sorted(factors, key=lambda f: -1 if f is None else f)}; one kernel and cache a table")
+    if any(s.replica for s in placed):
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel and UVM-cached; replicas use the dense kernel")
 
 
 def _check_replicas(task: Task, t: Table, placed: list[Shard]) -> None:

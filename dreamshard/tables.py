@@ -67,6 +67,8 @@ class Table:
     precision: str | None = None
     # looked up by an EmbeddingCollection (sequence embeddings): every id returns its row, nothing is pooled
     sequence: bool = False
+    # UVM caching (dreamshard.caching): weights in host memory, this share of its rows cached in HBM; None: in HBM
+    cache_load_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -79,6 +81,8 @@ class Table:
             raise ValueError(f"table {self.name!r}: features must be an integer >= 1, got {self.features!r}")
         if not isinstance(self.sequence, bool):
             raise ValueError(f"table {self.name!r}: sequence must be true or false, got {self.sequence!r}")
+        if self.cache_load_factor is not None and not 0 < self.cache_load_factor <= 1:
+            raise ValueError(f"table {self.name!r}: cache_load_factor must be in (0, 1], got {self.cache_load_factor!r}")
         if self.bins is not None and len(self.bins) != NUM_BINS:
             raise ValueError(f"table {self.name!r}: expected {NUM_BINS} access-count bins, got {len(self.bins)}")
 

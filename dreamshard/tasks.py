@@ -6,6 +6,7 @@ checked by plan.validate_plan and honoured by every sharder of ours. Devices and
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dreamshard.caching import KERNELS, cache_state_bytes, cached_weight_bytes
 from dreamshard.errors import DataFormatError
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.tables import BIN_COLUMNS, Table
@@ -58,6 +60,11 @@ class Task:
     whole: tuple[str, ...] = ()
     # tables never data-parallel, when the sharding allows "data" (their TorchRec constraints leave it out)
     model_parallel: tuple[str, ...] = ()
+    # the compute kernels sharders may choose (dreamshard.caching.KERNELS): "fused" always; "fused_uvm_caching" to
+    # keep tables that HBM cannot hold in host memory, cached
+    kernels: tuple[str, ...] = ("fused",)
+    # tables never UVM-cached, when the kernels allow it (their TorchRec constraints leave the kernel out)
+    uncached: tuple[str, ...] = ()
     # bytes each device holds before any shard is placed (the data-parallel replicas planned beside the rest); ()
     # for none
     held: tuple[int, ...] = ()
@@ -74,6 +81,9 @@ class Task:
         if unknown or "table" not in self.sharding:
             raise ValueError(f"task {self.name!r}: sharding kinds must include 'table' and be among "
                              f"{', '.join(ALL_SHARDING_KINDS)}; got {', '.join(self.sharding) or 'none'}")
+        if "fused" not in self.kernels or any(k not in KERNELS for k in self.kernels):
+            raise ValueError(f"task {self.name!r}: kernels must include 'fused' and be among {', '.join(KERNELS)}; "
+                             f"got {', '.join(self.kernels) or 'none'}")
         if self.held and (len(self.held) != len(self.devices) or any(h < 0 for h in self.held)):
             raise ValueError(f"task {self.name!r}: held: expected {len(self.devices)} byte counts >= 0, "
                              f"got {self.held}")
@@ -100,7 +110,7 @@ class Task:
         for g in self.groups:
             if len(g) < 2:
                 raise ValueError(f"task {self.name!r}: group {list(g)} needs at least two tables")
-        for t in grouped + list(self.whole) + list(self.model_parallel):
+        for t in grouped + list(self.whole) + list(self.model_parallel) + list(self.uncached):
             if t not in known:
                 raise ValueError(f"task {self.name!r}: constraint on unknown table {t!r}")
         if len(set(grouped)) != len(grouped):
@@ -168,26 +178,45 @@ class Task:
         new_groups = [tuple(n for t in g for n in derived_of.get(t, [])) for g in self.groups]
         new_whole = [n for t in self.whole for n in derived_of.get(t, [])]
         new_model_parallel = [n for t in self.model_parallel for n in derived_of.get(t, [])]
+        new_uncached = [n for t in self.uncached for n in derived_of.get(t, [])]
         return replace(self, tables=tuple(tables), pins=tuple(new_pins), avoid=tuple(new_avoid),
                        groups=tuple(g for g in new_groups if len(g) > 1), whole=tuple(new_whole),
-                       model_parallel=tuple(new_model_parallel))
+                       model_parallel=tuple(new_model_parallel), uncached=tuple(new_uncached))
 
     @property
     def num_devices(self) -> int:
         return len(self.devices)
 
     def shard_bytes(self, table: Table, rows: int | None = None, width: int | None = None,
-                    replica: bool = False) -> int:
+                    replica: bool = False, cache: float | None = None) -> int:
         """Bytes a shard of `table` (rows x width of it; the whole table by default) takes on its device:
         weights, optimizer state and, at the memory model's batch size, its input and output buffers. A
-        data-parallel `replica` buffers its own device's samples only, as TorchRec counts it."""
+        data-parallel `replica` buffers its own device's samples only, as TorchRec counts it. A UVM-cached shard
+        (`cache`, else the table's cache_load_factor) holds that share of its weights and state, and the cache's
+        bookkeeping (dreamshard.caching)."""
         rows = table.rows if rows is None else rows
         width = table.dim if width is None else width
         block = table.block_of_pooling is not None or rows < table.rows
         pooling = table.pooling_factor if table.block_of_pooling is None else table.block_of_pooling
-        return self.memory.shard_bytes(rows, width, table.precision) + self.memory.io_bytes(
+        weights, optimizer = self.hbm_weight_optimizer_bytes(table, rows, width, cache)
+        factor = table.cache_load_factor if cache is None else cache
+        state = 0 if factor is None else cache_state_bytes(rows, factor)
+        return weights + optimizer + state + self.memory.io_bytes(
             pooling, table.features, width, 1 if replica else self.num_devices, row_block=block,
             precision=table.precision, sequence=table.sequence)
+
+    def hbm_weight_optimizer_bytes(self, table: Table, rows: int, width: int,
+                                   cache: float | None = None) -> tuple[int, int]:
+        """(weights, optimizer state) in device memory of a rows x width shard of `table`: all of them, or for a
+        UVM-cached shard (`cache`, else the table's cache_load_factor) the cached share, as TorchRec counts it."""
+        weights = self.memory.weight_bytes(rows, width, table.precision)
+        optimizer = self.memory.optimizer_bytes(rows, width)
+        factor = table.cache_load_factor if cache is None else cache
+        if factor is None:
+            return weights, optimizer
+        table_weights = self.memory.weight_bytes(table.rows, table.dim, table.precision)
+        cached = cached_weight_bytes(table_weights, rows, width, table, factor)
+        return cached, math.ceil(cached * optimizer / weights) if weights else 0
 
     def table_bytes(self, i: int) -> int:
         return self.shard_bytes(self.tables[i])

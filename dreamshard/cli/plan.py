@@ -56,6 +56,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="the ways tables may be cut, comma-separated: table (whole tables, always), column "
                         "(column slices), row (TorchRec's row-wise blocks), data (small tables data-parallel, "
                         "a copy on every device, by the traffic at --batch-size); default: table,column,row")
+    p.add_argument("--uvm-caching", action="store_true",
+                   help="when the tables need more than the devices hold, keep the largest in host memory with a "
+                        "cache in device memory (TorchRec's fused_uvm_caching), its size from the access-count bins")
     p.add_argument("--weights-precision", default="fp32", choices=sorted(BYTES_PER_WEIGHT))
     p.add_argument("--optimizer", default="exact_sgd", choices=sorted(OPTIMIZER_STATE_BYTES),
                    help="the training optimizer: its state is counted beside the weights (default exact_sgd: none)")
@@ -143,7 +146,8 @@ def task_of(args: argparse.Namespace) -> Task:
     if not 0 <= args.reservation < 1:
         raise DreamShardError(f"--reservation: expected a share in [0, 1), got {args.reservation}")
     memory = MemoryModel(args.weights_precision, args.optimizer, args.batch_size, args.reservation)
-    task = Task(args.tables.stem, tuple(tables), devices_of(args), memory, sharding=args.sharding)
+    task = Task(args.tables.stem, tuple(tables), devices_of(args), memory, sharding=args.sharding,
+                kernels=("fused", "fused_uvm_caching") if args.uvm_caching else ("fused",))
     try:
         return constraints.apply(task)
     except ValueError as exc:
@@ -284,6 +288,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         shards = plan.device_shards(d)
         dim_sum = sum(s.width for s in shards if not s.replica)  # what the all-to-all sends
         kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
+        kinds.update({"cached": sum(1 for s in shards if s.cache is not None)} if any(s.cache for s in shards) else {})
         m = memory[d]
         print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {m.weights / GB:>9.4f} {m.optimizer / GB:>9.4f} "
               f"{m.buffers / GB:>9.4f} {m.headroom / GB:>9.4f} {m.capacity / GB:>9.4f}  "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dreamshard.caching import hit_rate
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import BYTES_PER_WEIGHT
@@ -43,6 +44,7 @@ class AnalyticConfig:
     cache_bytes: float = 8 * 2**20
     bwd_factor: float = 1.5
     update_ns: float = 2.0  # per updated element of a touched row
+    uvm_miss_factor: float = 20.0  # a UVM-cached table's row read from host memory costs this many reads from HBM
     topology: Topology = field(default_factory=Topology)
 
     def __post_init__(self) -> None:
@@ -91,10 +93,13 @@ class AnalyticBackend:
         updated = [tables[s.table].rows if s.replica else r for s, r in zip(shards, touched)]
         widths = [s.width for s in shards]
         working_set = [r * w * bytes_per[s.table] for r, w, s in zip(touched, widths, shards)]
+        # a UVM-cached shard reads its cache misses from host memory (the hit rate from its bins: dreamshard.caching)
+        host = [1.0 if f is None else 1.0 + (c.uvm_miss_factor - 1.0) * (1.0 - hit_rate(tables[s.table], f, c.batch_size))
+                for s, f in ((s, tables[s.table].cache_load_factor if s.cache is None else s.cache) for s in shards)]
         work_us = update_us = 0.0
-        for n, rows, width, own, b in zip(lookups, updated, widths, working_set, batch):
+        for n, rows, width, own, b, far in zip(lookups, updated, widths, working_set, batch, host):
             pressure = min(1.0, (own if c.regime == "sub_additive" else sum(working_set)) / c.cache_bytes)
-            miss = 1.0 + c.miss_penalty * pressure
+            miss = (1.0 + c.miss_penalty * pressure) * far
             work_us += (n * width * c.lookup_ns * miss + b * width * c.output_ns) / 1000
             update_us += rows * width * c.update_ns / 1000
         fwd_us = c.launch_us + work_us

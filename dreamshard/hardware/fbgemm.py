@@ -110,8 +110,17 @@ def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
     shards = [s for s in shards if not s.replica]
     pooled = [s for s in shards if s.table not in sequence]
     widths = sorted({s.width for s in shards if s.table in sequence})
-    return ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w]
-                                           for w in widths] + ([replicas] if replicas else [])
+    groups = ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w]
+                                             for w in widths]
+    # UVM-cached shards in an operator of their own per load factor (one cache per FBGEMM operator)
+    factor = {t.name: t.cache_load_factor for t in task.tables}
+
+    def cache_of(s: Shard) -> float:
+        f = factor.get(s.table) if s.cache is None else s.cache
+        return 0.0 if f is None else f
+
+    split = [[s for s in g if cache_of(s) == f] for g in groups for f in sorted({cache_of(s) for s in g})]
+    return split + ([replicas] if replicas else [])
 
 
 def cpu_model_name() -> str:
@@ -269,8 +278,13 @@ class FbgemmBackend:
             batch = max(1, self.config.batch_size // task.num_devices)
             indices, offsets = self._inputs(shards, specs, batch)
             return self._build_dense(task, specs, indices, offsets, batch)
+        factor = shards[0].cache if shards[0].cache is not None else specs[0][0].cache_load_factor
+        if factor is not None and self.config.device == "cpu":
+            raise DreamShardError(f"fbgemm backend: {shards[0].label()} is UVM-cached (fused_uvm_caching), a CUDA "
+                                  "kernel: FBGEMM's CPU kernels keep every table in host memory, so a CPU timing would "
+                                  "not be of it; measure on CUDA, or price it with the analytic backend")
         indices, offsets = self._inputs(shards, specs, self.config.batch_size)
-        return self._build(task, specs, indices, offsets, reuse_memory)
+        return self._build(task, specs, indices, offsets, reuse_memory, factor)
 
     # ---------------------------------------------------------------- checks and inputs
 
@@ -377,7 +391,7 @@ class FbgemmBackend:
         return {"weights": self._weight_pool[:nbytes].view(dtype)}
 
     def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray,
-               reuse_memory: bool) -> FusedOperator:
+               reuse_memory: bool, cache_load_factor: float | None = None) -> FusedOperator:
         import torch
 
         with warnings.catch_warnings():
@@ -390,9 +404,12 @@ class FbgemmBackend:
                 SplitTableBatchedEmbeddingBagsCodegen,
             )
 
+        cached: dict[str, Any] = {}
         if self.config.device == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
             location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+            if cache_load_factor is not None:  # weights in UVM, the load factor's share of rows cached in HBM
+                location, cached = EmbeddingLocation.MANAGED_CACHING, {"cache_load_factor": cache_load_factor}
         else:
             device = torch.device("cpu")
             location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
@@ -408,6 +425,7 @@ class FbgemmBackend:
                 learning_rate=self.config.learning_rate,
                 device=device,
                 preallocated_host_buffers=self._host_weights(embedding_specs, precision, device, reuse_memory),
+                **cached,
             )
         except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
             raise DreamShardError(f"fbgemm backend: FBGEMM refused the operator on {device}: {exc}") from exc

@@ -173,7 +173,7 @@ class DreamShardPlanner(ShardingPlanner):
         _check_sharders_cover(found, sharders)
         all_names = [c.name for _, m in found for c in _configs_of(m)]
         clash = {n for n in all_names if all_names.count(n) > 1}
-        tables, modules, precisions, whole, model_parallel = [], [], set(), [], []
+        tables, modules, precisions, whole, model_parallel, uncached = [], [], set(), [], [], []
         for fqn, m in found:
             names = []
             sequence = _is_sequence(m)
@@ -193,13 +193,16 @@ class DreamShardPlanner(ShardingPlanner):
                     whole.append(key)  # its constraint allows table_wise only: never cut
                 if not self._data_parallel_allowed(c.name):
                     model_parallel.append(key)
+                if not self._cache_allowed(c.name):
+                    uncached.append(key)
             modules.append(ModuleTables(fqn, m, tuple(names)))
         # each table at its own precision (Table.precision); the model's is the widest, for what has none
         memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
                              self.batch_size)
         task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
                     sharding=self._kinds_allowed(found, sharders), whole=tuple(whole),
-                    model_parallel=tuple(model_parallel))
+                    model_parallel=tuple(model_parallel), kernels=self._kernels_allowed(found, sharders),
+                    uncached=tuple(uncached))
         if self.placement:
             try:
                 task = self.placement.apply(task)
@@ -298,6 +301,22 @@ class DreamShardPlanner(ShardingPlanner):
             by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
             kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in ec)  # sequence tables: never replicas
         return kinds
+
+    def _kernels_allowed(self, found, sharders) -> tuple[str, ...]:
+        """fused, and fused_uvm_caching when the sharder of every planned bag collection offers it with table_wise,
+        column_wise and row_wise on this compute device (TorchRec's do on cuda): tables that HBM cannot hold are
+        then kept in host memory, cached (dreamshard.caching)."""
+        device = self.topology.compute_device
+        bag_sharders = [_sharder_of(m, sharders) or _sharder_class(m)() for _, m in found if not _is_sequence(m)]
+        offered = bool(bag_sharders) and all(
+            "fused_uvm_caching" in s.compute_kernels(t, device)
+            for s in bag_sharders for t in ("table_wise", "column_wise", "row_wise") if t in s.sharding_types(device))
+        return ("fused", "fused_uvm_caching") if offered else ("fused",)
+
+    def _cache_allowed(self, name: str) -> bool:
+        """May table `name` be UVM-cached by its constraint's compute kernels?"""
+        c = self.constraints.get(name)
+        return c is None or c.compute_kernels is None or "fused_uvm_caching" in c.compute_kernels
 
     def _data_parallel_allowed(self, name: str) -> bool:
         """May table `name` be data-parallel by its constraint (sharding types and kernels)?"""
@@ -442,10 +461,13 @@ def _check_constraint_fields(config, c) -> None:
     if c.feature_names is not None and list(c.feature_names) != list(config.feature_names):
         raise DreamShardError(f"{where} feature_names={c.feature_names}: the table's features are "
                               f"{list(config.feature_names)}; planned are all of them")
-    for name in ("cache_params", "key_value_params", "output_dtype", "device_group"):
+    if getattr(c, "cache_params", None) is not None:
+        raise DreamShardError(f"{where} cache_params: DreamShard chooses a cached table's load factor from its access "
+                              "counts (dreamshard.caching); leave it out, or restrict compute_kernels to 'fused'")
+    for name in ("key_value_params", "output_dtype", "device_group"):
         if getattr(c, name, None) is not None:
-            raise DreamShardError(f"{where} {name}: not planned (UVM caching, key-value tables, other output types "
-                                  "and device groups are not DreamShard's choices); leave it out")
+            raise DreamShardError(f"{where} {name}: not planned (key-value tables, other output types and device "
+                                  "groups are not DreamShard's choices); leave it out")
     if getattr(c, "use_virtual_table", False):
         raise DreamShardError(f"{where} use_virtual_table: virtual tables are not planned")
 

@@ -8,7 +8,6 @@ docs/torchrec.md.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from collections import defaultdict
@@ -31,6 +30,7 @@ COLUMN_WISE = "column_wise"
 ROW_WISE = "row_wise"
 DATA_PARALLEL = "data_parallel"  # replicas (Shard.replica), run by TorchRec's dense kernel
 DENSE_KERNEL = "dense"
+UVM_KERNEL = "fused_uvm_caching"  # dreamshard.caching: weights in host memory, a share of the rows cached in HBM
 # TorchRec sharding types made of blocks of a table, each on one rank: what converts to a DreamShard plan
 SHARD_TYPES = (TABLE_WISE, COLUMN_WISE, "table_column_wise", ROW_WISE, "table_row_wise", "grid_shard")
 
@@ -141,21 +141,37 @@ def topology(task: Task):
     return TopologyFactory.create_topology(trainer, kernel_config=KernelConfig(compute_device=COMPUTE_DEVICE))
 
 
-def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None]) -> dict:
+def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None],
+                      caches: Mapping[str, float] | None = None) -> dict:
     """ParameterConstraints per table: its pooling factor, the sharding types allowed, the fused kernel (dense for a
-    table allowed data_parallel alone)."""
+    table allowed data_parallel alone; fused_uvm_caching with its load factor for a table in `caches`)."""
     from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
 
-    def kernel(types: list[str] | None) -> str:
-        return DENSE_KERNEL if types == [DATA_PARALLEL] else COMPUTE_KERNEL
+    caches = caches or {}
+
+    def kernel(name: str, types: list[str] | None) -> str:
+        return DENSE_KERNEL if types == [DATA_PARALLEL] else UVM_KERNEL if name in caches else COMPUTE_KERNEL
 
     return {t.name: ParameterConstraints(sharding_types=sharding_types[t.name],
-                                         compute_kernels=[kernel(sharding_types[t.name])],
-                                         pooling_factors=[float(t.pooling_factor)])
+                                         compute_kernels=[kernel(t.name, sharding_types[t.name])],
+                                         pooling_factors=[float(t.pooling_factor)],
+                                         cache_params=CacheParams(load_factor=caches[t.name]) if t.name in caches
+                                         else None)
             for t in task.tables}
 
 
-@functools.cache
+def plan_caches(task: Task, plan: Plan) -> dict[str, float]:
+    """Table name -> cache load factor of the plan's UVM-cached tables (validate_plan: one per table)."""
+    factor = {t.name: t.cache_load_factor for t in task.tables}
+    out = {}
+    for s in plan.shards:
+        f = factor[s.table] if s.cache is None else s.cache
+        if f is not None:
+            out[s.table] = f
+    return out
+
+
 def _storage_estimator_class():
     from torchrec.distributed.planner.types import ShardEstimator, Storage
 
@@ -216,7 +232,7 @@ def table_layout(task: Task, table_index: int, shards: list[Shard]) -> str:
         "(plans from dreamshard's sharders always are; see dreamshard.sharders.pieces)")
 
 
-def _column_slices_generator(slices: list[Shard]):
+def _column_slices_generator(slices: list[Shard], kernel: str = COMPUTE_KERNEL):
     """A ParameterShardingGenerator for column slices of any widths, each on its own rank."""
     from torchrec.distributed.sharding_plan import placement
     from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardMetadata
@@ -225,7 +241,7 @@ def _column_slices_generator(slices: list[Shard]):
         rows = int(param.shape[0])
         return ParameterSharding(
             sharding_type=COLUMN_WISE,
-            compute_kernel=COMPUTE_KERNEL,
+            compute_kernel=kernel,
             ranks=[s.device for s in slices],
             sharding_spec=EnumerableShardingSpec([
                 ShardMetadata(shard_offsets=[0, s.col_start], shard_sizes=[rows, s.col_end - s.col_start],
@@ -244,23 +260,39 @@ def table_generators(task: Task, plan: Plan, whole_as: str = TABLE_WISE) -> dict
     from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
 
     shards = _table_shards(task, plan)
+    caches = plan_caches(task, plan)
     per_table = {}
     for i, t in enumerate(task.tables):
         blocks = shards[t.name]
         layout = table_layout(task, i, blocks)
+        kernel = UVM_KERNEL if t.name in caches else COMPUTE_KERNEL
         if layout == TABLE_WISE and whole_as == COLUMN_WISE:
-            per_table[t.name] = column_wise(ranks=[blocks[0].device], compute_kernel=COMPUTE_KERNEL)
+            per_table[t.name] = column_wise(ranks=[blocks[0].device], compute_kernel=kernel)
         elif layout == TABLE_WISE:
-            per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=COMPUTE_KERNEL)
+            per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=kernel)
         elif layout == ROW_WISE:
-            per_table[t.name] = row_wise(compute_kernel=COMPUTE_KERNEL)
+            per_table[t.name] = row_wise(compute_kernel=kernel)
         elif layout == DATA_PARALLEL:
             per_table[t.name] = data_parallel()
         elif len({s.width for s in blocks}) == 1:
-            per_table[t.name] = column_wise(ranks=[s.device for s in blocks], compute_kernel=COMPUTE_KERNEL)
+            per_table[t.name] = column_wise(ranks=[s.device for s in blocks], compute_kernel=kernel)
         else:
-            per_table[t.name] = _column_slices_generator(blocks)
+            per_table[t.name] = _column_slices_generator(blocks, kernel)
+        if t.name in caches:
+            per_table[t.name] = _cached(per_table[t.name], caches[t.name])
     return per_table
+
+
+def _cached(generate, load_factor: float):
+    """The sharding `generate` makes, with TorchRec's cache parameters at `load_factor` (UVM caching)."""
+    from torchrec.distributed.types import CacheParams
+
+    def with_cache(*args, **kwargs) -> Any:
+        sharding = generate(*args, **kwargs)
+        sharding.cache_params = CacheParams(load_factor=load_factor)
+        return sharding
+
+    return with_cache
 
 
 def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, str] | None = None) -> None:
@@ -274,6 +306,12 @@ def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, s
         if t.name not in names:
             continue
         sharding = module_plan[names[t.name]]
+        factor = plan_caches(task, Plan(plan.num_devices, tuple(shards[t.name]))).get(t.name)
+        got_factor = sharding.cache_params.load_factor if sharding.cache_params is not None else None
+        if (sharding.compute_kernel == UVM_KERNEL) != (factor is not None) or (factor is not None
+                                                                              and got_factor != factor):
+            raise InvalidPlanError(f"table {names[t.name]!r}: TorchRec's kernel {sharding.compute_kernel!r} (cache "
+                                   f"load factor {got_factor}) differs from the plan's (cache load factor {factor})")
         if sharding.sharding_type == DATA_PARALLEL or any(s.replica for s in shards[t.name]):
             got_dp = (sharding.sharding_type, sorted(sharding.ranks or []))
             want_dp = (DATA_PARALLEL if all(s.replica for s in shards[t.name]) else "not data_parallel",
@@ -449,7 +487,7 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     slices = _table_shards(task, plan)
     topo = topology(task)
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
-    constraints = table_constraints(task, kinds)
+    constraints = table_constraints(task, kinds, plan_caches(task, plan))
     enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True)
     module = meta_module(task)
     optimizer = torchrec_optimizer_classes()[task.memory.optimizer][0]

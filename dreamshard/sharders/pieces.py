@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from dreamshard.caching import choose_caching
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
 from dreamshard.placement import check_satisfiable
@@ -189,14 +190,31 @@ def merge_pieces(task: Task, plan: Plan, pieces: Mapping[str, PieceOf]) -> Plan:
 def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     """`shard_whole`'s plan for `task`, its oversized tables cut into pieces first, cut finer while
     the pieces cannot be placed (see the module); when the task allows "data", its small tables data-parallel
-    first (sharders/replicas.py), unless what their copies leave of the devices cannot hold the others."""
+    first (sharders/replicas.py), unless what their copies leave of the devices cannot hold the others; when the
+    task's kernels allow UVM caching and its tables need more than the devices hold, the largest cached
+    (dreamshard.caching)."""
     replicated = data_parallel_tables(task)
     if replicated:
         try:
-            return with_replicas(task, replicated, lambda rest: _with_pieces(rest, shard_whole))
+            return with_replicas(task, replicated, lambda rest: _with_caching(rest, shard_whole))
         except InfeasibleTaskError:
             pass  # the copies leave too little: every table model-parallel, as below
-    return _with_pieces(task, shard_whole)
+    return _with_caching(task, shard_whole)
+
+
+def _with_caching(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
+    """The plan with the tables `choose_caching` picks kept in host memory, UVM-cached (each shard says its load
+    factor), when the task's kernels allow it and its tables need more memory than its devices have."""
+    factors = choose_caching(task)
+    if not factors:
+        return _with_pieces(task, shard_whole)
+    cached = replace(task, tables=tuple(replace(t, cache_load_factor=factors[t.name]) if t.name in factors else t
+                                        for t in task.tables))
+    plan = _with_pieces(cached, shard_whole)
+    plan = Plan(plan.num_devices, tuple(replace(s, cache=factors[s.table]) if s.table in factors else s
+                                        for s in plan.shards))
+    validate_plan(task, plan)
+    return plan
 
 
 def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
@@ -204,8 +222,10 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     cuts = {t.name: first_cut(t, task) for t in task.tables}
     need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(task.capacities())
     if need > have:  # no cut makes tables smaller
+        hint = "" if "fused_uvm_caching" in task.kernels else \
+            " (allow the fused_uvm_caching kernel to keep the largest tables in host memory, cached)"
         raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
-                                  f"the {task.num_devices} devices hold {have / GB:.3f} GB")
+                                  f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
     while True:
         cut, pieces = cut_task(task, cuts)
         if pieces and not _packs(cut):

@@ -250,6 +250,39 @@ def test_memory_is_what_torchrec_allocates():
         DreamShardPlanner(topo, batch_size=262144, storage_reservation=NO_RESERVATION).plan(model, sharders)
 
 
+def test_tables_hbm_cannot_hold_are_uvm_cached_as_torchrec_counts_them():
+    """On 2 x 8 MB the tables (17 MB) do not fit HBM: with TorchRec's sharders offering fused_uvm_caching on cuda,
+    the largest is kept in host memory with a cache (no bins: half its rows), TorchRec's kernel and cache load
+    factor in the plan, and TorchRec's own storage estimate within each rank. A constraint leaving the kernel
+    out keeps it in HBM, and then no plan fits."""
+    from dreamshard.interop.torchrec import torchrec_perf_estimate
+
+    roomy = {"storage_reservation": NO_RESERVATION, "debug": False, "algo": "size_lookup_greedy"}
+    planner = DreamShardPlanner(topology(2, 8.0), **roomy)
+    plan = planner.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
+    task = planner.last_task
+    assert task.kernels == ("fused", "fused_uvm_caching")
+    big = plan.plan["sparse.ebc"]["big"]
+    assert big.compute_kernel == "fused_uvm_caching" and big.cache_params.load_factor == 0.5
+    assert {p.compute_kernel for m in plan.plan.values() for n, p in m.items() if n != "big"} <= {"fused", "dense"}
+    assert {s.cache for s in planner.last_plan.shards if s.table == "big"} == {0.5}
+    hbm = torchrec_perf_estimate(task, planner.last_plan, task.memory.batch_size).rank_hbm_bytes
+    assert hbm == tuple(device_memory_bytes(task, planner.last_plan))
+    assert all(h <= task.capacity(r) for r, h in enumerate(hbm))
+    kept = DreamShardPlanner(topology(2, 8.0), constraints={"big": ParameterConstraints(compute_kernels=["fused"])},
+                             **roomy).plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
+    kernels = {n: p.compute_kernel for m in kept.plan.values() for n, p in m.items()}
+    assert kernels["big"] == "fused" and kernels["thin"] == "fused_uvm_caching"  # the next largest instead
+    with pytest.raises(DreamShardError, match="tables need"):  # and with neither cached no plan fits
+        DreamShardPlanner(topology(2, 8.0), **roomy, constraints={
+            n: ParameterConstraints(compute_kernels=["fused"]) for n in ("big", "thin")}).plan(
+                TwoCollections(), [EmbeddingBagCollectionSharder()])
+    # CPU ranks: TorchRec offers no UVM caching there
+    cpu = DreamShardPlanner(topology(2, 20.0, "cpu"), **roomy)
+    cpu.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
+    assert cpu.last_task.kernels == ("fused",)
+
+
 def test_constructor_takes_torchrecs_arguments_in_torchrecs_order():
     model, sharders = TwoCollections(), [EmbeddingBagCollectionSharder()]
     # EmbeddingShardingPlanner(topology, batch_size, enumerator, storage_reservation, ...)

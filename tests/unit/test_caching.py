@@ -1,0 +1,129 @@
+"""UVM caching (issue 34 item 3): hit rates from access-count bins, the memory of a cached table, the rule that
+caches what HBM cannot hold, every sharder planning through it, and the backends' prices."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dreamshard.caching import LOAD_FACTORS, choose_caching, hit_rate, load_factor_for
+from dreamshard.errors import DreamShardError, InfeasibleTaskError, InvalidPlanError
+from dreamshard.memory import GB, MemoryModel
+from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
+from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
+from dreamshard.sharders.search import SearchConfig
+from dreamshard.tables import NUM_BINS, Table
+from dreamshard.tasks import Device, Task
+from helpers import analytic, seeded
+
+UVM = ("fused", "fused_uvm_caching")
+# half the rows a step reads are read once; a few are read hundreds of times
+SKEWED = (0.5, 0.2, 0.1, 0.08, 0.05, 0.03, 0.02, 0.01, 0.005, 0.003, 0.001, 0.001, 0, 0, 0, 0, 0)
+ONCE = tuple(float(k == 0) for k in range(NUM_BINS))  # every row read once a step: no hot rows
+
+
+def test_hit_rates_come_from_the_bins():
+    big = Table("big", 10_000_000, 64, 5.0, SKEWED)
+    rates = [hit_rate(big, f, 4096) for f in LOAD_FACTORS]
+    assert rates == sorted(rates) and all(0 < r <= 1 for r in rates)
+    assert rates[0] > 0.9  # the hot rows a step reads many times fit a 1% cache
+    assert hit_rate(big, 1.0, 4096) == pytest.approx(1.0)
+    # no hot rows: the cache serves its share of the rows, as without bins
+    assert hit_rate(replace(big, bins=ONCE), 0.2, 4096) == pytest.approx(0.2)
+    assert hit_rate(replace(big, bins=None), 0.2, 4096) == 0.2
+    assert load_factor_for(big, 4096) == LOAD_FACTORS[0]
+    assert load_factor_for(replace(big, bins=None), 4096) == LOAD_FACTORS[-1]  # none reaches the target
+    with pytest.raises(ValueError, match="load factor must be in"):
+        hit_rate(big, 0.0, 4096)
+
+
+def uvm_task(memory_gb: float = 2.0, **extra) -> Task:
+    tables = (Table("huge", 20_000_000, 64, 5.0, SKEWED), Table("b", 1_000_000, 64, 3.0, SKEWED),
+              Table("c", 100_000, 32, 2.0, SKEWED))
+    return Task("uvm", tables, tuple(Device(int(memory_gb * GB)) for _ in range(2)), MemoryModel(batch_size=512),
+                kernels=UVM, **extra)
+
+
+def test_the_rule_caches_the_largest_tables_until_they_fit():
+    task = uvm_task()  # 5.0 GB of tables on 2 x 2 GB
+    assert choose_caching(task) == {"huge": LOAD_FACTORS[0]}
+    assert choose_caching(replace(task, kernels=("fused",))) == {}  # not allowed
+    assert choose_caching(uvm_task(memory_gb=4.0)) == {}  # fits without
+    assert "huge" not in choose_caching(uvm_task(uncached=("huge",)))
+    assert "huge" not in choose_caching(uvm_task(whole=("huge",)))
+    with pytest.raises(ValueError, match="kernels must include 'fused'"):
+        replace(task, kernels=("fused_uvm_caching",))
+
+
+def test_a_cached_shard_holds_its_load_factors_share_and_the_caches_bookkeeping():
+    task = uvm_task()
+    huge = task.tables[0]
+    full = task.shard_bytes(huge)
+    cached = task.shard_bytes(huge, cache=0.1)
+    buffers = full - 20_000_000 * 64 * 4
+    assert cached == round(20_000_000 * 64 * 4 * 0.1) + 20_000_000 * (4 + 0.1 * 16) + buffers
+    plan = Plan(2, (Shard("huge", 0, 0, 64, cache=0.1), Shard("b", 1, 0, 64), Shard("c", 1, 0, 32)))
+    validate_plan(task, plan)
+    assert device_memory_bytes(task, plan)[0] == cached
+    assert Plan.from_dict(plan.to_dict()) == plan and plan.to_dict()["shards"][0]["cache_load_factor"] == 0.1
+    with pytest.raises(InvalidPlanError, match="allows kernels fused only"):
+        validate_plan(replace(task, kernels=("fused",)), plan)
+    mixed = Plan(2, (Shard("huge", 0, 0, 32, cache=0.1), Shard("huge", 1, 32, 64, cache=0.2), Shard("b", 1, 0, 64),
+                     Shard("c", 1, 0, 32)))
+    with pytest.raises(InvalidPlanError, match="cached with load factors"):
+        validate_plan(task, mixed)
+
+
+def _models():
+    from test_pieces import untrained_models
+
+    return untrained_models()
+
+
+@pytest.mark.parametrize("name", HEURISTICS + LEARNED)
+def test_every_sharder_of_ours_plans_tables_hbm_cannot_hold(name):
+    task = uvm_task()
+    options = {}
+    if name in LEARNED:
+        options["model"] = _models()[{"neuroshard_tw": "neuroshard", "dreamshard_cut": "dreamshard"}.get(name, name)]
+    if name in ("neuroshard", "neuroshard_tw"):
+        options["search"] = SearchConfig(beams=2, depth=2, candidates=2, scale_steps=2)
+    plan = make_sharder(name, **options, **seeded(name, 0)).shard(task)
+    validate_plan(task, plan)
+    assert {s.cache for s in plan.shards if s.table == "huge"} == {LOAD_FACTORS[0]}
+    assert all(s.cache is None for s in plan.shards if s.table != "huge")
+    with pytest.raises(InfeasibleTaskError, match="tables need"):
+        make_sharder(name, **options, **seeded(name, 0)).shard(replace(task, kernels=("fused",)))
+
+
+def test_cache_misses_cost_host_memory_reads():
+    """The analytic model: a cached table costs more than in HBM, the more the fewer its lookups hit."""
+    backend = analytic(batch_size=1024)
+    task = uvm_task(memory_gb=8.0)
+    rest = (Shard("b", 1, 0, 64), Shard("c", 1, 0, 32))
+    in_hbm = backend.plan_cost(task, Plan(2, (Shard("huge", 0, 0, 64), *rest))).devices[0].fwd_ms
+    skewed = backend.plan_cost(task, Plan(2, (Shard("huge", 0, 0, 64, cache=0.01), *rest))).devices[0].fwd_ms
+    flat_task = replace(task, tables=(replace(task.tables[0], bins=ONCE), *task.tables[1:]))
+    flat = backend.plan_cost(flat_task, Plan(2, (Shard("huge", 0, 0, 64, cache=0.01), *rest))).devices[0].fwd_ms
+    assert in_hbm < skewed < flat
+
+
+def test_fbgemm_on_cpu_refuses_to_time_a_cached_table():
+    pytest.importorskip("fbgemm_gpu")
+    from dreamshard.data.lookups import GeneratedLookups
+    from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, operator_groups
+
+    task = uvm_task(memory_gb=8.0)
+    shards = [Shard("c", 0, 0, 32), Shard("b", 0, 0, 64, cache=0.1)]
+    assert [[s.table for s in g] for g in operator_groups(task, shards)] == [["c"], ["b"]]  # a cache per operator
+    backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=16, warmup=0, iterations=1))
+    with pytest.raises(DreamShardError, match="UVM-cached .fused_uvm_caching., a CUDA kernel"):
+        backend.compute_cost(task, shards)
+
+
+def test_generated_bins_give_a_hit_rate_between_the_extremes():
+    rng = np.random.default_rng(0)
+    bins = tuple(float(x) for x in rng.dirichlet(np.ones(NUM_BINS)))
+    t = Table("t", 1_000_000, 16, 10.0, bins)
+    assert 0.05 <= hit_rate(t, 0.05, 2048) <= 1.0
