@@ -15,8 +15,8 @@ from helpers import PROJECT_ROOT as ROOT
 
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("dreamshard", "dreamshard.errors", "dreamshard.io", "dreamshard.limits", "dreamshard.memory",
-              "dreamshard.tables", "dreamshard.tasks", "dreamshard.plan", "dreamshard.placement")),
+    ("core", ("dreamshard", "dreamshard.caching", "dreamshard.errors", "dreamshard.io", "dreamshard.limits",
+              "dreamshard.memory", "dreamshard.tables", "dreamshard.tasks", "dreamshard.plan", "dreamshard.placement")),
     ("data", ("dreamshard.data",)),
     ("hardware", ("dreamshard.hardware", "dreamshard.interop", "dreamshard.interop.torchrec")),
     ("learning", ("dreamshard.learning",)),
