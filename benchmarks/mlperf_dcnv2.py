@@ -124,7 +124,7 @@ def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path |
 
     from dreamshard.errors import DreamShardError
     from dreamshard.interop.planner import DreamShardPlanner
-    from dreamshard.interop.torchrec import torchrec_perf_estimate
+    from dreamshard.interop.torchrec import plan_caches, table_layout, torchrec_perf_estimate
     from dreamshard.sharders import spec
 
     options: dict[str, Any] = {}
@@ -144,11 +144,13 @@ def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path |
     assert task is not None and plan is not None
     estimate = torchrec_perf_estimate(task, plan, batch_size)
     kinds: dict[str, int] = {}
-    for t in task.tables:
-        shards = [s for s in plan.shards if s.table == t.name]
-        kind = "table_wise" if len(shards) == 1 else ("row_wise" if shards[0].is_row_range else "column_wise")
-        kinds[kind + "/fused"] = kinds.get(kind + "/fused", 0) + 1
-    return row(algo, seconds, list(estimate.rank_hbm_bytes), usable, estimate.cost_ms, kinds)
+    caches = plan_caches(task, plan)
+    for i, t in enumerate(task.tables):
+        kind = table_layout(task, i, [s for s in plan.shards if s.table == t.name])
+        kernel = "dense" if kind == "data_parallel" else "fused_uvm_caching" if t.name in caches else "fused"
+        kinds[f"{kind}/{kernel}"] = kinds.get(f"{kind}/{kernel}", 0) + 1
+    return row(algo, seconds, list(estimate.rank_hbm_bytes), usable, estimate.cost_ms, kinds,
+               ddr=list(estimate.rank_ddr_bytes))
 
 
 def row(name: str, seconds: float, hbm: list[int], usable: list[int], perf_ms: float, kinds: dict[str, int],

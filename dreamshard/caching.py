@@ -75,10 +75,11 @@ def cache_state_bytes(rows: int, load_factor: float) -> int:
 
 def choose_caching(task: Task) -> dict[str, float]:
     """Table name -> load factor of the tables to keep in host memory, cached: none unless the task's kernels allow
-    UVM caching and its tables need more than CACHE_FILL of all devices' memory; then the largest first, each at
-    `load_factor_for` (hit rates at the memory model's global batch), until they need no more; when all of them
-    cached still need more, their caches shrink, largest table first. Tables with
-    constraints (pin, avoid, group, whole, uncached) and sequence tables are never cached."""
+    UVM caching and its tables need more than CACHE_FILL of all devices' memory; then the tables with the fewest
+    lookups per byte first (the largest of equals first), each at `load_factor_for` (hit rates at the memory
+    model's global batch), until they need no more; when all of them cached still need more, their caches shrink
+    in the same order. Tables with constraints (pin, avoid, group, whole, uncached) and sequence tables are never
+    cached. (`with_pieces` asks only when the task cannot be planned in device memory.)"""
     if "fused_uvm_caching" not in task.kernels:
         return {}
     have = CACHE_FILL * sum(task.capacities())
@@ -91,14 +92,16 @@ def choose_caching(task: Task) -> dict[str, float]:
     def saving(t: Table, factor: float) -> int:
         return task.shard_bytes(t) - task.shard_bytes(replace(t, cache_load_factor=factor))
 
-    for t in sorted(task.tables, key=lambda t: (-task.shard_bytes(t), t.name)):
+    def traffic(t: Table) -> tuple[float, int, str]:
+        size = task.shard_bytes(t)
+        return t.pooling_factor * t.features / size, -size, t.name
+
+    for t in sorted((t for t in task.tables if t.name not in fixed and not t.sequence), key=traffic):
         if need <= have:
             break
-        if t.name in fixed or t.sequence:
-            continue
         chosen[t.name] = load_factor_for(t, batch)
         need -= saving(t, chosen[t.name])
-    # still too much: smaller caches, largest table first, down the ladder of LOAD_FACTORS
+    # still too much: smaller caches, in the same order, down the ladder of LOAD_FACTORS
     for name in list(chosen):
         for factor in reversed([f for f in LOAD_FACTORS if f < chosen[name]]):
             if need <= have:

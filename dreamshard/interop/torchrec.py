@@ -443,6 +443,7 @@ class TorchRecEstimate:
     rank_breakdown_ms: tuple[dict[str, float], ...]  # fwd_compute, fwd_comms, bwd_compute, bwd_comms, prefetch_compute
     batch_size: int
     rank_hbm_bytes: tuple[int, ...] = ()
+    rank_ddr_bytes: tuple[int, ...] = ()  # per rank, the host memory TorchRec counts (UVM-cached tables' weights)
     model: str = "torchrec EmbeddingPerfEstimator (analytic, CUDA defaults)"
 
 
@@ -506,12 +507,13 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
     totals = [0.0] * task.num_devices
-    hbm = [0] * task.num_devices
+    hbm, ddr = [0] * task.num_devices, [0] * task.num_devices
     for option in options:
         for shard in option.shards:
             for f in fields:
                 breakdown[shard.rank][f] += float(getattr(shard.perf, f))
             totals[shard.rank] += float(shard.perf.total)
             hbm[shard.rank] += int(shard.storage.hbm)
+            ddr[shard.rank] += int(shard.storage.ddr)
     cost = float(NoopPerfModel(topo).rate(options))
-    return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm))
+    return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm), tuple(ddr))
