@@ -11,11 +11,10 @@ from dreamshard.caching import LOAD_FACTORS, choose_caching, hit_rate, load_fact
 from dreamshard.errors import DreamShardError, InfeasibleTaskError, InvalidPlanError
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
-from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
-from dreamshard.sharders.search import SearchConfig
+from dreamshard.sharders import HEURISTICS, LEARNED
 from dreamshard.tables import NUM_BINS, Table
 from dreamshard.tasks import Device, Task
-from helpers import analytic, seeded
+from helpers import analytic
 
 UVM = ("fused", "fused_uvm_caching")
 # half the rows a step reads are read once; a few are read hundreds of times
@@ -75,26 +74,21 @@ def test_a_cached_shard_holds_its_load_factors_share_and_the_caches_bookkeeping(
         validate_plan(task, mixed)
 
 
-def _models():
-    from test_pieces import untrained_models
+def any_sharder(name: str, depth: int):
+    from test_pieces import any_sharder
 
-    return untrained_models()
+    return any_sharder(name, depth)
 
 
 @pytest.mark.parametrize("name", HEURISTICS + LEARNED)
 def test_every_sharder_of_ours_plans_tables_hbm_cannot_hold(name):
     task = uvm_task()
-    options = {}
-    if name in LEARNED:
-        options["model"] = _models()[{"neuroshard_tw": "neuroshard", "dreamshard_cut": "dreamshard"}.get(name, name)]
-    if name in ("neuroshard", "neuroshard_tw"):
-        options["search"] = SearchConfig(beams=2, depth=2, candidates=2, scale_steps=2)
-    plan = make_sharder(name, **options, **seeded(name, 0)).shard(task)
+    plan = any_sharder(name, depth=2).shard(task)
     validate_plan(task, plan)
     assert {s.cache for s in plan.shards if s.table == "huge"} == {LOAD_FACTORS[0]}
     assert all(s.cache is None for s in plan.shards if s.table != "huge")
     with pytest.raises(InfeasibleTaskError, match="tables need"):
-        make_sharder(name, **options, **seeded(name, 0)).shard(replace(task, kernels=("fused",)))
+        any_sharder(name, depth=2).shard(replace(task, kernels=("fused",)))
 
 
 def test_cache_misses_cost_host_memory_reads():

@@ -42,15 +42,20 @@ def untrained_models() -> dict[str, object]:
             "rnn": RnnModel(RnnPolicyConfig().build(gen), scaler, {})}
 
 
-@pytest.mark.parametrize("name", HEURISTICS + LEARNED)
-def test_the_production_model_plans_on_eight_16_gb_devices(name):
-    task = Task.uniform("production", production_tables(bins=name in LEARNED), 8, 16.0)
+def any_sharder(name: str, depth: int = 3):
+    """Sharder `name` of ours, a learned one with its untrained model (NeuroShard's search cut to `depth`)."""
     options = {}
     if name in LEARNED:
         options["model"] = untrained_models()[{"neuroshard_tw": "neuroshard", "dreamshard_cut": "dreamshard"}.get(name, name)]
     if name in ("neuroshard", "neuroshard_tw"):
-        options["search"] = SearchConfig(beams=2, depth=3, candidates=3, scale_steps=3)
-    plan = make_sharder(name, **options, **seeded(name, 0)).shard(task)
+        options["search"] = SearchConfig(beams=2, depth=depth, candidates=depth, scale_steps=depth)
+    return make_sharder(name, **options, **seeded(name, 0))
+
+
+@pytest.mark.parametrize("name", HEURISTICS + LEARNED)
+def test_the_production_model_plans_on_eight_16_gb_devices(name):
+    task = Task.uniform("production", production_tables(bins=name in LEARNED), 8, 16.0)
+    plan = any_sharder(name).shard(task)
     validate_plan(task, plan)
     assert max(device_memory_bytes(task, plan)) <= 16 * GB
     for i in range(4):  # each 19 GB table in column slices of at most 64 columns (9.5 GB) on several devices

@@ -13,10 +13,9 @@ from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import HEURISTICS, LEARNED, make_sharder
 from dreamshard.sharders.replicas import data_parallel_tables, replica_shards
-from dreamshard.sharders.search import SearchConfig
 from dreamshard.tables import Table
 from dreamshard.tasks import ALL_SHARDING_KINDS, Device, Task
-from helpers import analytic, seeded
+from helpers import analytic
 
 # rows: 50 and 400 fit the rule at 4 devices x 64 samples (1 feature: 256 lookups a step... 50 <= 256), 400 does not
 TABLES = (Table("tiny", 50, 16, 2.0), Table("mid", 400, 16, 2.0), Table("big", 200_000, 32, 4.0),
@@ -100,10 +99,10 @@ def test_replicas_send_no_outputs_and_all_reduce_their_gradient():
                            [d for d in on_three.devices], 2048, Topology())
 
 
-def _models():
-    from test_pieces import untrained_models
+def any_sharder(name: str, depth: int):
+    from test_pieces import any_sharder
 
-    return untrained_models()
+    return any_sharder(name, depth)
 
 
 @pytest.mark.parametrize("name", HEURISTICS + LEARNED)
@@ -112,12 +111,7 @@ def test_every_sharder_of_ours_plans_the_rules_replicas(name):
     bins = tuple(float(x) for x in rng.dirichlet(np.ones(17))) if name in LEARNED else None
     tables = tuple(replace(t, bins=bins) for t in TABLES)
     task = replace(dp_task(), tables=tables)
-    options = {}
-    if name in LEARNED:
-        options["model"] = _models()[{"neuroshard_tw": "neuroshard", "dreamshard_cut": "dreamshard"}.get(name, name)]
-    if name in ("neuroshard", "neuroshard_tw"):
-        options["search"] = SearchConfig(beams=2, depth=2, candidates=2, scale_steps=2)
-    plan = make_sharder(name, **options, **seeded(name, 0)).shard(task)
+    plan = any_sharder(name, depth=2).shard(task)
     validate_plan(task, plan)
     assert sorted(s.device for s in plan.shards if s.replica and s.table == "tiny") == [0, 1, 2, 3]
     assert not any(s.replica for s in plan.shards if s.table != "tiny")
