@@ -97,10 +97,12 @@ class AnalyticBackend:
         host = [1.0 if f is None else 1.0 + (c.uvm_miss_factor - 1.0) * (1.0 - hit_rate(tables[s.table], f, c.batch_size))
                 for s, f in ((s, tables[s.table].cache_load_factor if s.cache is None else s.cache) for s in shards)]
         work_us = update_us = 0.0
-        for n, rows, width, own, b, far in zip(lookups, updated, widths, working_set, batch, host):
+        # outputs: a pooled row per sample, or for a sequence table (no pooling) a row per id looked up
+        outputs = [n if tables[s.table].sequence else b for s, n, b in zip(shards, lookups, batch)]
+        for n, rows, width, own, out, far in zip(lookups, updated, widths, working_set, outputs, host):
             pressure = min(1.0, (own if c.regime == "sub_additive" else sum(working_set)) / c.cache_bytes)
             miss = (1.0 + c.miss_penalty * pressure) * far
-            work_us += (n * width * c.lookup_ns * miss + b * width * c.output_ns) / 1000
+            work_us += (n * width * c.lookup_ns * miss + out * width * c.output_ns) / 1000
             update_us += rows * width * c.update_ns / 1000
         fwd_us = c.launch_us + work_us
         bwd_us = c.launch_us + c.bwd_factor * work_us + update_us

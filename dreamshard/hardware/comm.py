@@ -2,7 +2,8 @@
 
 Every backend adds it to its compute: the forward all-to-all of pooled outputs (row shards send partial
 sums), the wait for the slowest device's forward, and the backward exchange, over intra- and inter-host
-links; data-parallel replicas send no outputs, and their dense gradients are all-reduced in the backward.
+links; sequence tables send a row per id, data-parallel replicas send no outputs, and their dense gradients are
+all-reduced in the backward.
 The model and what it leaves out: docs/cost-backends.md.
 """
 from __future__ import annotations
@@ -102,13 +103,29 @@ def replica_gradient_bytes(task: Task, plan: Plan) -> int:
     return sum(task.memory.weight_bytes(tables[n].rows, tables[n].dim, tables[n].precision) for n in sorted(names))
 
 
+def output_widths(plan: Plan, task: Task | None = None) -> list[float]:
+    """Per device, the output elements per sample its shards send through the all-to-all: a pooled shard's width,
+    a sequence table's (an EmbeddingCollection's: a row per id) width x its ids per sample (its pooling factor, a
+    row block's share of them), nothing for a data-parallel replica. Without `task`, every shard counts as pooled."""
+    tables = {t.name: t for t in task.tables} if task is not None else {}
+    out = [0.0] * plan.num_devices
+    for s in plan.shards:
+        if s.replica:
+            continue
+        t = tables.get(s.table)
+        if t is not None and t.sequence:
+            out[s.device] += s.width * t.pooling_factor * s.num_rows(t.rows) / t.rows
+        else:
+            out[s.device] += s.width
+    return out
+
+
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
                        topology: Topology, comm: str = "model", hosts: Sequence[int] | None = None,
                        task: Task | None = None) -> PlanCost:
     """Add the modelled all-to-all to per-device compute costs (`hosts`: Task.host_ids), and the all-reduce of
     data-parallel replicas' gradients (`task` needed when the plan has replicas)."""
-    dim_sums = [sum(s.col_end - s.col_start for s in plan.device_shards(d) if not s.replica)
-                for d in range(plan.num_devices)]
+    dim_sums = output_widths(plan, task)
     fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], dim_sums, batch_size, topology, hosts)
     if any(s.replica for s in plan.shards):
         if task is None:

@@ -133,3 +133,26 @@ def test_the_cost_networks_all_to_all_is_the_models_formula():
         for row, got in zip(dims, twin):
             np.testing.assert_allclose(got, transfer_ms(row.tolist(), 4096, topo, hosts), rtol=1e-5)
 
+
+
+def test_sequence_tables_send_a_row_per_id_and_pooled_ones_a_row_per_sample():
+    """An EmbeddingCollection's table returns every id's row: through the all-to-all it sends width x ids per sample
+    (a row block its share of them), where a pooled table sends width; the analytic model's output work alike."""
+    from dataclasses import replace
+
+    from dreamshard.hardware.comm import output_widths
+
+    pooled = Table("p", 1000, 16, 8.0)
+    seq = replace(Table("s", 1000, 16, 8.0), sequence=True)
+    task = Task.uniform("t", [pooled, seq], 2, 1.0)
+    plan = Plan(2, (Shard("p", 0, 0, 16), Shard("s", 1, 0, 16)))
+    assert output_widths(plan, task) == [16.0, 16.0 * 8]
+    assert output_widths(plan) == [16.0, 16.0]  # without the task, as pooled
+    rows = Plan(2, (Shard("p", 0, 0, 16), Shard("s", 0, 0, 16, 0, 250), Shard("s", 1, 0, 16, 250, 1000)))
+    assert output_widths(rows, task) == [16.0 + 16 * 8 * 0.25, 16 * 8 * 0.75]
+    cost = backend(batch_size=1024).plan_cost(task, plan)
+    pooled_twin = backend(batch_size=1024).plan_cost(replace(task, tables=(pooled, replace(seq, sequence=False))), plan)
+    # device 1 sends 8x the output: its transfer is longer; its compute writes 8x the output rows
+    assert cost.devices[1].bwd_comm_ms > pooled_twin.devices[1].bwd_comm_ms
+    assert cost.devices[1].fwd_ms > pooled_twin.devices[1].fwd_ms
+    assert cost.devices[0].fwd_ms == pooled_twin.devices[0].fwd_ms
