@@ -73,7 +73,7 @@ def forward_wait_ms(fwd_compute_ms: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def communication_ms(
-    fwd_compute_ms: Sequence[float], dim_sums: Sequence[int], batch_size: int, topology: Topology,
+    fwd_compute_ms: Sequence[float], dim_sums: Sequence[float], batch_size: int, topology: Topology,
     hosts: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(fwd_comm_ms, bwd_comm_ms) per device, including the forward wait for the slowest device."""
