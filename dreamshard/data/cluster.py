@@ -295,13 +295,16 @@ def read_table_constraints(path: str | Path) -> Constraints:
 
 
 def plan_metadata(task: Task) -> dict[str, Any]:
-    """What a plan file records of its task besides the tables: devices, memory model, sharding kinds and
-    constraints (measure, report and re-planning rebuild the task from it)."""
+    """What a plan file records of its task besides the tables: devices, memory model, sharding kinds, compute
+    kernels (when UVM caching is allowed) and constraints (measure, report and re-planning rebuild the task from
+    it)."""
     memories = {d.memory_bytes for d in task.devices}
     meta: dict[str, Any] = {"devices": devices_to_json(task.devices),
                             "weights_precision": task.memory.weights_precision, "optimizer": task.memory.optimizer,
                             "batch_size": task.memory.batch_size, "reservation": task.memory.reservation,
                             "sharding": list(task.sharding)}
+    if task.kernels != ("fused",):
+        meta["kernels"] = list(task.kernels)
     if len(memories) == 1:
         meta["memory_gb"] = memory_gb(memories.pop())
     constraints = constraints_of(task).to_json()
@@ -336,7 +339,13 @@ def task_from_plan(name: str, tables: Sequence[Any], meta: dict[str, Any], num_d
                              meta.get("batch_size", 0), meta.get("reservation", 0.0))
     except ValueError as exc:
         raise DataFormatError(f"{origin}: {exc}") from None
-    task = Task(name, tuple(tables), tuple(devices), memory, sharding=tuple(sharding))
+    kernels = meta.get("kernels", ["fused"])
+    if not isinstance(kernels, list) or not all(isinstance(k, str) for k in kernels):
+        raise DataFormatError(f"{origin}: kernels: expected a list of compute kernels, got {kernels!r}")
+    try:
+        task = Task(name, tuple(tables), tuple(devices), memory, sharding=tuple(sharding), kernels=tuple(kernels))
+    except ValueError as exc:
+        raise DataFormatError(f"{origin}: {exc}") from None
     constraints = constraints_from_json(meta.get("constraints", {}), f"{origin}: constraints")
     try:
         return constraints.apply(task)

@@ -168,3 +168,26 @@ def test_measure_runs_at_the_batch_the_plan_records(planned, capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["batch_size"] == 2048
     assert main(measure(tables, plan, "--json", "--batch-size", "0")) == 1
     assert "--batch-size: expected a positive integer" in capsys.readouterr().err
+
+
+def test_plans_with_replicas_and_caches_are_measured_as_planned(tmp_path, capsys):
+    """`plan --sharding ...,data --uvm-caching` on devices too small for every table: the plan file records the
+    kinds and kernels, `measure` rebuilds that task and prices the plan (analytic); FBGEMM's CPU kernels refuse a
+    cached table in one line."""
+    tables = tmp_path / "tables.csv"
+    CLI_TABLES.to_csv(tables, index=False)
+    plan = tmp_path / "plan.json"
+    # 17.5 MiB of tables and buffers on 3 x 5.1 MiB (4.35 MiB usable each): no plan without host memory
+    args = ["plan", "--tables", str(tables), "--devices", "3", "--memory-gb", "0.005", "--algo", "lookup_greedy",
+            "-o", str(plan)]
+    assert main(args) == 1
+    assert "allow the fused_uvm_caching kernel" in capsys.readouterr().err
+    assert main([*args, "--sharding", "table,column,row,data", "--uvm-caching"]) == 0
+    assert "cached" in capsys.readouterr().out
+    obj = json.loads(plan.read_text())
+    assert obj["kernels"] == ["fused", "fused_uvm_caching"] and "data" in obj["sharding"]
+    assert any("cache_load_factor" in s for s in obj["shards"]) and any(s.get("replica") for s in obj["shards"])
+    assert main(measure(tables, plan, "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["cost_ms"] > 0
+    assert "UVM-cached (fused_uvm_caching), a CUDA kernel" in one_line_error(
+        ["measure", "--tables", str(tables), "--plan", str(plan), "--backend", "fbgemm"], capsys)
