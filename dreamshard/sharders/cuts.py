@@ -41,6 +41,9 @@ class CutConfig:
     # also search from starts with this share of the tables row-wise, the costliest by predicted single cost
     # (the rest placed by the policy), e.g. (0.125, 0.25): the layouts TorchRec's planner reaches, without it
     row_shares: tuple[float, ...] = ()
+    # also search from a start with the dominant tables row-wise: those the cost network rates costlier alone
+    # than a device's fair share (all tables' predicted compute / devices), which no whole placement balances
+    dominant_start: bool = True
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0)):
@@ -49,7 +52,7 @@ class CutConfig:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain: expected a number in [0, 1), got {self.min_gain!r}")
-        for name in ("row_wise", "row_start"):
+        for name in ("row_wise", "row_start", "dominant_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
         shares = self.row_shares
@@ -178,6 +181,17 @@ class CutSearchSharder(LearnedSharder):
                 for i in can_row[:max(1, round(share * n))]:
                     rows[i] = ROW_WISE
                 if can_row and rows not in [c for c, _ in starts]:
+                    try:
+                        starts.append((rows, decode(rows)))
+                    except InfeasibleTaskError:
+                        pass  # the blocks do not fit every device: no such start
+            if self.config.dominant_start and can_row:
+                alone = np.zeros((n, task.num_devices, u.scorer.weights.shape[1]))
+                alone[:, 0] = u.scorer.weights[:n]
+                single = u.scorer.device_costs(alone)[:, 0, :2].sum(axis=-1) * u.scorer.speed[0]
+                fair = single.sum() / task.num_devices
+                rows = [ROW_WISE if i in can_row and single[i] > fair else 1 for i in range(n)]
+                if any(k == ROW_WISE for k in rows) and rows not in [c for c, _ in starts]:
                     try:
                         starts.append((rows, decode(rows)))
                     except InfeasibleTaskError:
