@@ -290,9 +290,8 @@ class DreamShardPlanner(ShardingPlanner):
                 by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
                 kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in offered)
         device = self.topology.compute_device
-        bag_sharders = [_sharder_of(m, sharders) or _sharder_class(m)() for _, m in found if not _is_sequence(m)]
         if not all("data_parallel" in s.sharding_types(device) and "dense" in s.compute_kernels("data_parallel", device)
-                   for s in bag_sharders):
+                   for s in _bag_sharders(found, sharders)):
             kinds = tuple(k for k in kinds if k != "data")
         for _, ec in self._offers(found, sharders, sequence=True):
             if "table_wise" not in ec:
@@ -307,7 +306,7 @@ class DreamShardPlanner(ShardingPlanner):
         column_wise and row_wise on this compute device (TorchRec's do on cuda): tables that HBM cannot hold are
         then kept in host memory, cached (dreamshard.caching)."""
         device = self.topology.compute_device
-        bag_sharders = [_sharder_of(m, sharders) or _sharder_class(m)() for _, m in found if not _is_sequence(m)]
+        bag_sharders = _bag_sharders(found, sharders)
         offered = bool(bag_sharders) and all(
             "fused_uvm_caching" in s.compute_kernels(t, device)
             for s in bag_sharders for t in ("table_wise", "column_wise", "row_wise") if t in s.sharding_types(device))
@@ -490,6 +489,12 @@ def _sharder_of(m, sharders):
     """The sharder DistributedModelParallel shards module `m` with: the last one whose module_type is m's type
     (None: none given)."""
     return {s.module_type: s for s in sharders}.get(type(m))
+
+
+def _bag_sharders(found, sharders) -> list:
+    """The sharder of each planned bag collection: the one given for its type (`_sharder_of`), else TorchRec's
+    default sharder of that type (what DistributedModelParallel would use)."""
+    return [_sharder_of(m, sharders) or _sharder_class(m)() for _, m in found if not _is_sequence(m)]
 
 
 def _sharder_class(m) -> type:
