@@ -331,6 +331,29 @@ def test_torchrec_perf_estimate():
     assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([b["fwd_comms"] for b in est.rank_breakdown_ms])
 
 
+@pytest.mark.parametrize("optimizer", ["exact_sgd", "exact_row_wise_adagrad", "adam"])
+def test_replicas_and_caches_take_what_torchrecs_storage_estimator_counts(optimizer):
+    """A plan with data-parallel tables and a UVM-cached one: per rank, our bytes are TorchRec's estimate. (Column
+    slices of a table trained with row-wise Adagrad each keep their own row state, which TorchRec's estimator
+    counts once for the table: there ours is the larger, as for slices in device memory.)"""
+    from dreamshard.plan import device_memory_bytes
+    from dreamshard.sharders.replicas import replica_shards
+
+    tables = (Table("tiny", 50, 16, 2.0), Table("mid", 400, 16, 2.0), Table("big", 200_000, 32, 4.0),
+              Table("huge", 1_000_000, 16, 1.0))
+    task = Task("mixed", tables, tuple(Task.uniform("u", tables, 4, 1.0).devices),
+                MemoryModel(optimizer=optimizer, batch_size=512), sharding=("table", "column", "row", "data"),
+                kernels=("fused", "fused_uvm_caching"))
+    plan = Plan(4, (*replica_shards(tables[0], 4), *replica_shards(tables[1], 4), Shard("big", 1, 0, 32),
+                    Shard("huge", 2, 0, 16, cache=0.2)))
+    validate_plan(task, plan)
+    assert torchrec_perf_estimate(task, plan, 512).rank_hbm_bytes == tuple(device_memory_bytes(task, plan))
+    sliced = Plan(4, (*plan.shards[:-1], Shard("huge", 2, 0, 8, cache=0.2), Shard("huge", 3, 8, 16, cache=0.2)))
+    theirs, ours = torchrec_perf_estimate(task, sliced, 512).rank_hbm_bytes, device_memory_bytes(task, sliced)
+    assert all(t <= o for t, o in zip(theirs, ours))
+    assert (list(theirs) == ours) == (optimizer != "exact_row_wise_adagrad")
+
+
 def test_perf_estimate_equals_the_planners_own_rating():
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
