@@ -8,6 +8,7 @@ docs/torchrec.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections import defaultdict
@@ -172,6 +173,7 @@ def plan_caches(task: Task, plan: Plan) -> dict[str, float]:
     return out
 
 
+@functools.cache
 def _storage_estimator_class():
     from torchrec.distributed.planner.types import ShardEstimator, Storage
 
