@@ -58,6 +58,11 @@ class Shard:
         """[start, end) of the rows this shard holds, for a table of `table_rows` rows."""
         return self.row_start, table_rows if self.row_end is None else self.row_end
 
+    def load_factor(self, table: Table) -> float | None:
+        """The share of rows UVM caching keeps in HBM: the shard's own, else its table's (a task whose tables are
+        cached); None: all in HBM."""
+        return table.cache_load_factor if self.cache is None else self.cache
+
     def num_rows(self, table_rows: int) -> int:
         start, end = self.rows(table_rows)
         return end - start
@@ -284,7 +289,7 @@ def validate_plan(task: Task, plan: Plan) -> None:
 
 def _check_cache(task: Task, t: Table, placed: list[Shard]) -> None:
     """UVM caching: allowed by the task's kernels, one load factor for every shard of a table, never a replica."""
-    factors = {t.cache_load_factor if s.cache is None else s.cache for s in placed}
+    factors = {s.load_factor(t) for s in placed}
     if factors <= {None}:  # in device memory (or not placed at all: the coverage check says so)
         return
     if "fused_uvm_caching" not in task.kernels:

@@ -94,8 +94,9 @@ class AnalyticBackend:
         widths = [s.width for s in shards]
         working_set = [r * w * bytes_per[s.table] for r, w, s in zip(touched, widths, shards)]
         # a UVM-cached shard reads its cache misses from host memory (the hit rate from its bins: dreamshard.caching)
+        factors = [s.load_factor(tables[s.table]) for s in shards]
         host = [1.0 if f is None else 1.0 + (c.uvm_miss_factor - 1.0) * (1.0 - hit_rate(tables[s.table], f, c.batch_size))
-                for s, f in ((s, tables[s.table].cache_load_factor if s.cache is None else s.cache) for s in shards)]
+                for s, f in zip(shards, factors)]
         work_us = update_us = 0.0
         # outputs: a pooled row per sample, or for a sequence table (no pooling) a row per id looked up
         outputs = [n if tables[s.table].sequence else b for s, n, b in zip(shards, lookups, batch)]

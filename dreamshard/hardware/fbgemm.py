@@ -113,11 +113,10 @@ def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
     groups = ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w]
                                              for w in widths]
     # UVM-cached shards in an operator of their own per load factor (one cache per FBGEMM operator)
-    factor = {t.name: t.cache_load_factor for t in task.tables}
+    tables = {t.name: t for t in task.tables}
 
-    def cache_of(s: Shard) -> float:
-        f = factor.get(s.table) if s.cache is None else s.cache
-        return 0.0 if f is None else f
+    def cache_of(s: Shard) -> float:  # a shard of an unknown table is refused later, by _shard_specs
+        return (s.load_factor(tables[s.table]) if s.table in tables else s.cache) or 0.0
 
     split = [[s for s in g if cache_of(s) == f] for g in groups for f in sorted({cache_of(s) for s in g})]
     return split + ([replicas] if replicas else [])
@@ -278,7 +277,7 @@ class FbgemmBackend:
             batch = max(1, self.config.batch_size // task.num_devices)
             indices, offsets = self._inputs(shards, specs, batch)
             return self._build_dense(task, specs, indices, offsets, batch)
-        factor = shards[0].cache if shards[0].cache is not None else specs[0][0].cache_load_factor
+        factor = shards[0].load_factor(specs[0][0])
         if factor is not None and self.config.device == "cpu":
             raise DreamShardError(f"fbgemm backend: {shards[0].label()} is UVM-cached (fused_uvm_caching), a CUDA "
                                   "kernel: FBGEMM's CPU kernels keep every table in host memory, so a CPU timing would "

@@ -164,10 +164,10 @@ def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None]
 
 def plan_caches(task: Task, plan: Plan) -> dict[str, float]:
     """Table name -> cache load factor of the plan's UVM-cached tables (validate_plan: one per table)."""
-    factor = {t.name: t.cache_load_factor for t in task.tables}
+    tables = {t.name: t for t in task.tables}
     out = {}
     for s in plan.shards:
-        f = factor[s.table] if s.cache is None else s.cache
+        f = s.load_factor(tables[s.table])
         if f is not None:
             out[s.table] = f
     return out
@@ -303,12 +303,13 @@ def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, s
     `names`: task table name -> its name in `module_plan`, for the tables of one of several modules
     (default: every table of the task, under its own name)."""
     shards = _table_shards(task, plan)
+    caches = plan_caches(task, plan)
     names = names if names is not None else {t.name: t.name for t in task.tables}
     for t in task.tables:
         if t.name not in names:
             continue
         sharding = module_plan[names[t.name]]
-        factor = plan_caches(task, Plan(plan.num_devices, tuple(shards[t.name]))).get(t.name)
+        factor = caches.get(t.name)
         got_factor = sharding.cache_params.load_factor if sharding.cache_params is not None else None
         if (sharding.compute_kernel == UVM_KERNEL) != (factor is not None) or (factor is not None
                                                                               and got_factor != factor):
