@@ -288,7 +288,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         shards = plan.device_shards(d)
         dim_sum = sum(s.width for s in shards if not s.replica)  # what the all-to-all sends
         kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
-        kinds.update({"cached": sum(1 for s in shards if s.cache is not None)} if any(s.cache for s in shards) else {})
+        cached = sum(1 for s in shards if s.cache is not None)
+        if cached:
+            kinds["cached"] = cached
         m = memory[d]
         print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {m.weights / GB:>9.4f} {m.optimizer / GB:>9.4f} "
               f"{m.buffers / GB:>9.4f} {m.headroom / GB:>9.4f} {m.capacity / GB:>9.4f}  "

@@ -240,10 +240,7 @@ class FbgemmBackend:
         if len(groups) > 1:  # pooled and sequence tables, or sequences of several widths: timed one after another
             self._check_budget(task, shards, self._shard_specs(task, shards))
             samples = [self.compute_samples(task, group) for group in groups]
-            total = samples[0]
-            for more in samples[1:]:
-                total = total + more
-            return total
+            return sum(samples[1:], start=samples[0])
         fused = None
         try:
             # the operator lives only until it is timed: it may take the buffer kept across builds

@@ -175,27 +175,28 @@ class CutSearchSharder(LearnedSharder):
                     starts.append(self._fewer_row_wise(task, u, rows, decode(rows)))
                 except InfeasibleTaskError:
                     pass  # the blocks do not fit every device: no such start
+
+            def add_start(rows: list[int]) -> None:
+                """A start with `rows` cut (ROW_WISE) and the policy's placement, unless it is already one."""
+                if rows not in [c for c, _ in starts]:
+                    try:
+                        starts.append((rows, decode(rows)))
+                    except InfeasibleTaskError:
+                        pass  # the blocks do not fit every device: no such start
+
             can_row = [i for i in u.order if i < n and ROW_WISE in options[i]]  # whole tables, costliest first
             for share in self.config.row_shares:
                 rows = [1] * n
                 for i in can_row[:max(1, round(share * n))]:
                     rows[i] = ROW_WISE
-                if can_row and rows not in [c for c, _ in starts]:
-                    try:
-                        starts.append((rows, decode(rows)))
-                    except InfeasibleTaskError:
-                        pass  # the blocks do not fit every device: no such start
+                add_start(rows)
             if self.config.dominant_start and can_row:
                 alone = np.zeros((n, task.num_devices, u.scorer.weights.shape[1]))
                 alone[:, 0] = u.scorer.weights[:n]
                 single = u.scorer.device_costs(alone)[:, 0, :2].sum(axis=-1) * u.scorer.speed[0]
                 fair = single.sum() / task.num_devices
-                rows = [ROW_WISE if i in can_row and single[i] > fair else 1 for i in range(n)]
-                if any(k == ROW_WISE for k in rows) and rows not in [c for c, _ in starts]:
-                    try:
-                        starts.append((rows, decode(rows)))
-                    except InfeasibleTaskError:
-                        pass  # the blocks do not fit every device: no such start
+                rowable = set(can_row)
+                add_start([ROW_WISE if i in rowable and single[i] > fair else 1 for i in range(n)])
             ends = []
             for start_cuts, start_where in starts:
                 where, cuts = self._search(task, u, options, start_cuts, start_where)

@@ -205,12 +205,10 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
 def _with_caching(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     """The plan with the tables `choose_caching` picks kept in host memory, UVM-cached (each shard says its load
     factor), when the task's kernels allow it and no plan keeps every table in device memory."""
-    if "fused_uvm_caching" not in task.kernels:
-        return _with_pieces(task, shard_whole)
     try:
         return _with_pieces(task, shard_whole)  # all in device memory when it fits
     except InfeasibleTaskError:
-        factors = choose_caching(task)
+        factors = choose_caching(task)  # none when the kernels do not allow caching
         if not factors:
             raise
     cached = replace(task, tables=tuple(replace(t, cache_load_factor=factors[t.name]) if t.name in factors else t

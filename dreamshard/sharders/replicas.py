@@ -32,12 +32,11 @@ def data_parallel_tables(task: Task) -> list[Table]:
     if "data" not in task.sharding or task.num_devices < 2 or task.memory.batch_size == 0:
         return []
     fixed = task.never_cut() | set(task.avoided()) | set(task.model_parallel)
-    candidates = sorted((t for t in task.tables if t.name not in fixed and not t.sequence and spares_traffic(task, t)),
-                        key=lambda t: (task.shard_bytes(t, replica=True), t.name))
+    candidates = sorted((task.shard_bytes(t, replica=True), t.name, t) for t in task.tables
+                        if t.name not in fixed and not t.sequence and spares_traffic(task, t))
     room = min(task.capacities()) // 2
     chosen, used = [], 0
-    for t in candidates:
-        need = task.shard_bytes(t, replica=True)
+    for need, _, t in candidates:
         if used + need > room:
             break
         chosen.append(t)
