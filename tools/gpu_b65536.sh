@@ -3,15 +3,18 @@
 # pure-Python needs) have arrived: the pipeline's stages at batch 65536 on FBGEMM's CUDA kernels, the learned
 # sharders trained there and evaluated beside the heuristics and TorchRec's full planner.
 # Usage: bash tools/gpu_b65536.sh BUDGET_SECONDS   (everything lands in $OUT/gpu_b65536.tgz, also when time runs out)
+#        bash tools/gpu_b65536.sh data             (the data stages alone, on the host CPU: start it in the first
+#        transfer call with `setsid nohup ... &` so that it runs while the parts arrive; the main run waits for it)
 # Bringing the parts there: results/gpu/README.md. Smoke test on a CPU (tiny params, seconds):
 #   OUT=/tmp/o DEVICE=cpu BATCH=64 PARAMS=tiny.yaml PY=.venv/bin/python SKIP_INSTALL=1 bash tools/gpu_b65536.sh 400
+# TEST_TASKS=N: N test tasks per family instead of params.yaml's (the same in both calls).
 # The trainings run one after another: two torch fits side by side on the 16-core GPU host finished
 # nothing in 6 minutes (results/gpu/b65536_learned_attempt/).
 set -u
 BUDGET=${1:-480}
 DEVICE=${DEVICE:-cuda}; BATCH=${BATCH:-65536}; PARAMS=${PARAMS:-params.yaml}; PY=${PY:-python3}  # smoke test: cpu, tiny
 T0=$(date +%s)
-O=${OUT:-/tmp/out}; W=/tmp/gw; G=/tmp/go; mkdir -p "$O" "$G"
+O=${OUT:-/tmp/out}; W=${WORK:-/tmp/gw}; G=${GO:-/tmp/go}; mkdir -p "$O" "$G"
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$G/timeline.txt"; }
 left() { local s=$(( BUDGET - ( $(date +%s) - T0 ) - 25 )); echo $(( s > 1 ? s : 1 )); }  # timeout 0 would mean none
 finish() {
@@ -24,6 +27,26 @@ finish() {
 }
 trap finish TERM
 
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv > "$G/nvidia-smi.csv" 2>&1
+
+if [ -n "${TEST_TASKS:-}" ]; then  # the same params file in the data call and the main one
+  $PY -c "import sys, yaml; p = yaml.safe_load(open(sys.argv[1])); n = int(sys.argv[2])
+for f in p['tasks']['profiles'][p['tasks']['profile']]: f['num_test'] = n
+yaml.safe_dump(p, open(sys.argv[3], 'w'), sort_keys=False)" "$PARAMS" "$TEST_TASKS" "$G/params.yaml" || exit 1
+  PARAMS=$G/params.yaml
+fi
+B=(--params "$PARAMS" --set data.synthetic.batch_size=$BATCH --set process.sample_batch=$BATCH --set backend.batch_size=$BATCH)
+C=(--set collect.rounds=1 --set collect_devices.rounds=1 --set collect_devices.samples=600)
+E=(--set evaluate.rounds=1 --set evaluate.train_tasks_per_family=2 --set evaluate.best_known.tasks_per_family=0
+   --set evaluate.estimated_bins.tasks_per_family=0 --set orchestration.evaluate.planning_workers=8 ${EXTRA:-})
+# EXTRA: more settings, words without spaces, e.g. EXTRA="--set evaluate.exhaustive.num_tasks=1"
+run() { local out=$1; shift; $PY -m tools.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
+
+if [ "$BUDGET" = data ]; then
+  log "data (CPU), alone"; rm -f "$G/data.rc"; run data --device cpu --steps data > "$G/data.log" 2>&1; echo $? > "$G/data.rc"
+  log "data rc $(cat "$G/data.rc")"; exit 0
+fi
 # parts carried in earlier calls wait in /tmp/parts (a carried path is removed from the checkout by the next call)
 if ls /tmp/parts/part.* >/dev/null 2>&1; then mkdir -p .gpu/p00 && mv /tmp/parts/part.* .gpu/p00/; fi
 [ -n "${SKIP_INSTALL:-}" ] && INSTALL_CMD=true || INSTALL_CMD="bash .gpu/meta/install-on-device.sh"
@@ -31,31 +54,33 @@ if ls /tmp/parts/part.* >/dev/null 2>&1; then mkdir -p .gpu/p00 && mv /tmp/parts
   && { [ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl; } ) \
   > "$G/install.log" 2>&1 &
 INSTALL=$!
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv > "$G/nvidia-smi.csv" 2>&1
-
-B=(--params "$PARAMS" --set data.synthetic.batch_size=$BATCH --set process.sample_batch=$BATCH --set backend.batch_size=$BATCH)
-C=(--set collect.rounds=1 --set collect_devices.rounds=1 --set collect_devices.samples=600)
-E=(--set evaluate.rounds=1 --set evaluate.train_tasks_per_family=2 --set evaluate.best_known.tasks_per_family=0
-   --set evaluate.estimated_bins.tasks_per_family=0 --set orchestration.evaluate.planning_workers=8)
-run() { local out=$1; shift; $PY -m tools.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
-
-log "data (CPU) while fbgemm-gpu installs"
-run data --device cpu --steps data > "$G/data.log" 2>&1 || { log "data failed"; tail -20 "$G/data.log"; finish; }
+if [ -f "$G/data.log" ]; then  # started by an earlier call: wait for it (collect needs it, so no time is lost)
+  log "waiting for the data stages started earlier"
+  until [ -f "$G/data.rc" ]; do sleep 2; done
+  [ "$(cat "$G/data.rc")" = 0 ] || { log "data failed"; tail -20 "$G/data.log"; finish; }
+  log "data done: $(grep -h ' s$' "$G/data.log" | tr '\n' ' ')"
+else
+  log "data (CPU) while fbgemm-gpu installs"
+  run data --device cpu --steps data > "$G/data.log" 2>&1 || { log "data failed"; tail -20 "$G/data.log"; finish; }
+fi
 wait $INSTALL || { log "install failed"; cat "$G/install.log"; finish; }
 cat "$G/install.log"
 log "collect"
 run collect --device $DEVICE --steps collect > "$G/collect.log" 2>&1 || { log "collect failed"; tail -20 "$G/collect.log"; finish; }
-for stage in train_cost train_policy train_neuroshard train_autoshard; do
-  log "$stage"
-  timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/$stage" --device $DEVICE --steps $stage "${B[@]}" \
-    "${C[@]}" "${E[@]}" > "$G/$stage.log" 2>&1 || log "$stage stopped (rc $?)"
+# each training within its cap and the time left; AutoShard (the least needed) only with EVAL_MIN s kept for evaluate
+for item in train_cost:${CAP_COST:-120} train_policy:${CAP_POLICY:-150} train_neuroshard:${CAP_NEURO:-120} \
+            train_autoshard:${CAP_AUTO:-90}; do
+  stage=${item%%:*}; cap=${item##*:}; t=$(left); [ "$t" -lt "$cap" ] || t=$cap
+  if [ "$stage" = train_autoshard ] && [ $(( $(left) - cap )) -lt "${EVAL_MIN:-240}" ]; then log "$stage skipped"; continue; fi
+  log "$stage (at most $t s)"
+  OMP_NUM_THREADS=${TRAIN_THREADS:-4} timeout "$t" $PY -m tools.gpu_run --root "$W" --out "$G/$stage" --device $DEVICE \
+    --steps $stage "${B[@]}" "${C[@]}" "${E[@]}" > "$G/$stage.log" 2>&1 || log "$stage stopped (rc $?)"
 done
 log "trained: $(ls $W/models)"
-S=random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy
-[ -f "$W/models/dreamshard.pt" ] && S=$S,dreamshard
+S=${HEURISTICS:-random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy}
+[ -f "$W/models/dreamshard.pt" ] && S=$S,dreamshard,dreamshard_cut
 [ -f "$W/models/autoshard.pt" ] && S=$S,autoshard
-[ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard,neuroshard_tw
+[ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard
 S=$S,torchrec_full
 log "evaluate [$S] within $(left) s"
 timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/evaluate" --device $DEVICE --steps evaluate "${B[@]}" "${C[@]}" \

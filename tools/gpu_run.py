@@ -95,15 +95,18 @@ def gpu_params(params: dict[str, Any], root: Path, device: str, settings: list[s
 
 def reference_backend(device: str, batch_size: int, warmup: int, iterations: int, tables: int, seed: int, name: str):
     """A one-device task of `tables` reference tables (benchmarks/cpu_kernels.py's, drawn with `seed`) and the
-    fbgemm backend that measures them on `device`, thread count pinned."""
+    fbgemm backend that measures them on `device`, thread count pinned, under the process's huge-page setting
+    (main sets it from params before torch is imported)."""
     from benchmarks.cpu_kernels import reference_tables
     from dreamshard.data.lookups import GeneratedLookups
+    from dreamshard.hardware.allocator import huge_pages_enabled
     from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, pin_threads
     from dreamshard.tasks import Task
 
     task = Task.uniform(name, reference_tables(tables, seed), 1, 64.0)
     backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=batch_size, device=device, warmup=warmup,
-                                                                   iterations=iterations, memory_budget_gb=16.0))
+                                                                   iterations=iterations, memory_budget_gb=16.0,
+                                                                   huge_pages=huge_pages_enabled()))
     pin_threads(backend)
     return task, backend
 
@@ -174,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a params.yaml value, e.g. evaluate.rounds=3 (repeatable)")
     args = ap.parse_args(argv)
+    from pipeline.__main__ import huge_pages_from_params
+
+    huge_pages_from_params(str(args.params))  # as `python -m pipeline` does, before anything imports torch
     steps = [s for s in args.steps.split(",") if s]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
