@@ -66,7 +66,9 @@ fi
 wait $INSTALL || { log "install failed"; cat "$G/install.log"; finish; }
 cat "$G/install.log"
 log "collect"
-run collect --device $DEVICE --steps collect > "$G/collect.log" 2>&1 || { log "collect failed"; tail -20 "$G/collect.log"; finish; }
+# within the budget too: at 4 s a plan (results/gpu/b65536_learned_attempt2/) collect alone outlasted a 600 s call
+timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/collect" --device $DEVICE --steps collect "${B[@]}" "${C[@]}" \
+  "${E[@]}" > "$G/collect.log" 2>&1 || { log "collect failed or stopped"; tail -5 "$G/collect.log"; finish; }
 # each training within its cap and the time left; AutoShard (the least needed) only with EVAL_MIN s kept for evaluate
 for item in train_cost:${CAP_COST:-120} train_policy:${CAP_POLICY:-150} train_neuroshard:${CAP_NEURO:-120} \
             train_autoshard:${CAP_AUTO:-90}; do

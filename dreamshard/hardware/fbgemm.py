@@ -412,6 +412,9 @@ class FbgemmBackend:
         embedding_specs = [(end - start, w, location, compute) for _, w, start, end in specs]
         sequence = specs[0][0].sequence  # one operator: all sequence tables (of one width) or all pooled
         precision = SparseType[PRECISIONS[task.memory.weights_precision]]
+        host = self._host_weights(embedding_specs, precision, device, reuse_memory)
+        if host is not None:  # only where it is used: older FBGEMM (1.6, CUDA builds) has no such argument
+            cached = {**cached, "preallocated_host_buffers": host}
         try:
             op = SplitTableBatchedEmbeddingBagsCodegen(
                 embedding_specs=embedding_specs,
@@ -420,7 +423,6 @@ class FbgemmBackend:
                 pooling_mode=PoolingMode.NONE if sequence else PoolingMode.SUM,
                 learning_rate=self.config.learning_rate,
                 device=device,
-                preallocated_host_buffers=self._host_weights(embedding_specs, precision, device, reuse_memory),
                 **cached,
             )
         except AssertionError as exc:  # FBGEMM states unsupported configurations as assertions
@@ -436,10 +438,14 @@ class FbgemmBackend:
             # seeded uniform values in the rows the lookups read, the others never written (on CPU not even
             # zeroed: their pages are never touched): the kernels never read those, and their work does not
             # depend on the values (results/make-run-time/README.md compares the ways)
+            indices = torch.from_numpy(indices_np).to(device)
             for t, w in enumerate(op.split_embedding_weights()):
-                read = np.unique(indices_np[offsets_np[t * batch]:offsets_np[(t + 1) * batch]])
-                fill_read_rows(w, torch.from_numpy(read).to(device), self._init_block)
-        indices = torch.from_numpy(indices_np).to(device)
+                lo, hi = int(offsets_np[t * batch]), int(offsets_np[(t + 1) * batch])
+                # the same sorted row ids either way; on CUDA the device finds them (np.unique of a table's
+                # lookups at batch 65536 took most of a build's host time there)
+                read = torch.unique(indices[lo:hi]) if device.type == "cuda" else \
+                    torch.from_numpy(np.unique(indices_np[lo:hi]))
+                fill_read_rows(w, read, self._init_block)
         offsets = torch.from_numpy(offsets_np).to(device)
         # the output: a row per sample of the widths side by side, or without pooling a row per id of the one width
         shape = (indices_np.shape[0], specs[0][1]) if sequence else (batch, sum(w for _, w, _, _ in specs))
