@@ -10,7 +10,8 @@ every plan of a task is measured in one interleaved pass (hardware.base.measure_
 medians), with the pipeline's backend (params.yaml `backend`): CPU timings on the machine it runs on.
 Reported per variant: the mean of the paired ratios to torchrec_full with a 95% bootstrap interval over
 tasks, overall and per family, the tasks it cut tables in, and its median planning time. Needs `make run`'s
-data/ and models/ (or --root of a project that has them).
+data/ and models/ (or --root of a project that has them). --split train chooses settings on training tasks,
+--split validation checks them on fresh draws of test-pool tables; the reported test tasks are left to evaluate.
 Writes summary.json and README.md to --out.
 """
 from __future__ import annotations
@@ -33,6 +34,24 @@ VARIANTS: dict[str, dict] = {
 }
 
 
+VALIDATION_SEED_OFFSET = 1000
+
+
+def validation_tasks(params: dict) -> list:
+    """Each family's tasks drawn again from the test pool of tables (the tasks stage's pools, so no training
+    table), with another seed: tasks like the test tasks, none of them the reported ones."""
+    from dreamshard.data.sampling import TaskFamily
+    from dreamshard.project.params import build
+    from dreamshard.project.tasks import sample_family, sampling_inputs
+
+    stats, pools, dims, memory, seed = sampling_inputs(params)
+    cfg = params["tasks"]
+    families = [build(TaskFamily, f, f"tasks.profiles.{cfg['profile']}[{i}]")
+                for i, f in enumerate(cfg["profiles"][cfg["profile"]])]
+    return [t for f in families
+            for t in sample_family(stats, pools["test"], f, "test", dims, memory, seed + VALIDATION_SEED_OFFSET)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
@@ -40,8 +59,9 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="skip this many tasks of each family")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                         help='a variant instead of the built-in ones, e.g. \'deeper={"depth": 48}\' (repeatable)')
-    parser.add_argument("--split", default="test", choices=("test", "train"),
-                        help="train: choose settings on training tasks, never on the test tasks reported")
+    parser.add_argument("--split", default="test", choices=("test", "train", "validation"),
+                        help="train: choose settings on training tasks, never on the test tasks reported; validation: "
+                             "tasks drawn afresh from the test tables (seed tasks.seed + 1000), none of them reported")
     parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
@@ -66,7 +86,8 @@ def main() -> None:
     params = yaml.safe_load((args.root / "params.yaml").read_text())
     params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
     paths = params["paths"]
-    tasks = read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
+    tasks = validation_tasks(params) if args.split == "validation" else \
+        read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
     model = load_model("dreamshard", paths["dreamshard_model"])
     base = build(CutConfig, params["cut_search"], "cut_search")
     variants = dict(VARIANTS)

@@ -42,14 +42,23 @@ class CutConfig:
     # (the rest placed by the policy), e.g. (0.125, 0.25): the layouts TorchRec's planner reaches, without it
     row_shares: tuple[float, ...] = ()
     # also search from a start with the dominant tables row-wise: those the cost network rates costlier alone
-    # than a device's fair share (all tables' predicted compute / devices), which no whole placement balances
+    # than `dominant_share` of a device's fair share (all tables' predicted compute / devices), which a whole
+    # placement balances badly or not at all
     dominant_start: bool = True
+    dominant_share: float = 0.6
+    # where that start does not fit in memory (blocks on every device leave no room for a large whole table), also
+    # cut row-wise up to this many of the other tables, the largest in bytes first, until it fits (0: no such retry)
+    dominant_room: int = 4
 
     def __post_init__(self) -> None:
-        for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0)):
+        for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0),
+                            ("dominant_room", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
+        if isinstance(self.dominant_share, bool) or not isinstance(self.dominant_share, (int, float)) \
+                or not 0 < self.dominant_share <= 1:
+            raise ValueError(f"dominant_share: expected a number in (0, 1], got {self.dominant_share!r}")
         if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain: expected a number in [0, 1), got {self.min_gain!r}")
         for name in ("row_wise", "row_start", "dominant_start"):
@@ -176,13 +185,15 @@ class CutSearchSharder(LearnedSharder):
                 except InfeasibleTaskError:
                     pass  # the blocks do not fit every device: no such start
 
-            def add_start(rows: list[int]) -> None:
-                """A start with `rows` cut (ROW_WISE) and the policy's placement, unless it is already one."""
+            def add_start(rows: list[int]) -> bool:
+                """A start with `rows` cut (ROW_WISE) and the policy's placement, unless it is already one; False
+                where its blocks do not fit every device (no such start)."""
                 if rows not in [c for c, _ in starts]:
                     try:
                         starts.append((rows, decode(rows)))
                     except InfeasibleTaskError:
-                        pass  # the blocks do not fit every device: no such start
+                        return False
+                return True
 
             can_row = [i for i in u.order if i < n and ROW_WISE in options[i]]  # whole tables, costliest first
             for share in self.config.row_shares:
@@ -196,7 +207,15 @@ class CutSearchSharder(LearnedSharder):
                 single = u.scorer.device_costs(alone)[:, 0, :2].sum(axis=-1) * u.scorer.speed[0]
                 fair = single.sum() / task.num_devices
                 rowable = set(can_row)
-                add_start([ROW_WISE if i in rowable and single[i] > fair else 1 for i in range(n)])
+                rows = [ROW_WISE if i in rowable and single[i] > self.config.dominant_share * fair else 1
+                        for i in range(n)]
+                room = sorted((i for i in can_row if rows[i] == 1), key=lambda i: -u.sizes[i])
+                for extra in [None, *room[:self.config.dominant_room]] if ROW_WISE in rows else [None]:
+                    if extra is not None:
+                        rows = rows.copy()
+                        rows[extra] = ROW_WISE
+                    if add_start(rows):
+                        break
             ends = []
             for start_cuts, start_where in starts:
                 where, cuts = self._search(task, u, options, start_cuts, start_where)

@@ -63,7 +63,7 @@ from dreamshard.learning.train import (
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.plan import Plan, Shard, device_memory_bytes, row_blocks, validate_plan
 from dreamshard.sharders import load_model, make_sharder
-from dreamshard.sharders.cuts import ROW_WISE, _Universe
+from dreamshard.sharders.cuts import ROW_WISE, _Universe, cut_options
 from dreamshard.sharders.learned import PolicySharder
 from dreamshard.sharders.search import (
     NeuroShardSharder,
@@ -876,7 +876,7 @@ def test_dreamshard_cut_plans_are_valid_and_never_rated_worse_than_dreamshard(wo
     """Every test task, tight ones included: valid plans (memory, each table's columns and rows once, row-wise
     blocks where TorchRec puts them), and the cost network rates them no worse than table-wise DreamShard's (the
     search starts from its plan and only takes gains)."""
-    from dreamshard.sharders.cuts import CutConfig, CutSearchSharder, cut_options
+    from dreamshard.sharders.cuts import CutConfig, CutSearchSharder
 
     cut_sharder = make_sharder("dreamshard_cut", model=cut_model)
     assert isinstance(cut_sharder, CutSearchSharder)
@@ -905,6 +905,44 @@ def test_dreamshard_cut_plans_are_valid_and_never_rated_worse_than_dreamshard(wo
     for bad in ([0.0], [1.5], "0.25", [True]):
         with pytest.raises(ValueError, match="row_shares: expected a list of shares in"):
             CutConfig(row_shares=bad)
+
+
+def test_dominant_start_cuts_the_largest_tables_too_where_its_blocks_leave_no_room(backend, cut_model, monkeypatch):
+    """A dominant table's row-wise blocks go to every device; where a large whole table then fits on none, the
+    dominant start is infeasible. dominant_room > 0 retries it with the largest other tables row-wise too."""
+    from dreamshard.sharders.cuts import CutConfig, CutSearchSharder
+
+    hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
+    big = _table_with_bins("big", 96_000, 128, 1.0, 1.0, 9)  # more bytes than hot, little work
+    small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(3)]
+    probe = Task.uniform("probe", [hot], 2, 1.0)
+    block = probe.shard_bytes(hot, hot.rows // 2)
+    # devices that hold the big table whole, or the hot one and the small ones, but not the big one beside a block
+    memory_gb = (probe.shard_bytes(big) + block / 2) / GB
+    task = Task.uniform("room", [hot, big, *small], 2, memory_gb)
+    assert task.shard_bytes(big) <= task.capacity(0) < task.shard_bytes(big) + block
+    starts: list[set[str]] = []
+    search = CutSearchSharder._search
+
+    def spy(self, task, u, options, cuts, where):
+        starts.append({t.name for t, k in zip(task.tables, cuts) if k == ROW_WISE})
+        return search(self, task, u, options, cuts, where)
+
+    monkeypatch.setattr(CutSearchSharder, "_search", spy)
+    plans = {}
+    for room in (0, 1):
+        starts.clear()
+        plans[room] = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(dominant_room=room)).shard(task)
+        validate_plan(task, plans[room])
+        found = [s for s in starts if "hot" in s]
+        assert found == ([] if room == 0 else [{"hot", "big"}]), (room, starts)
+    u = _Universe.build(task, cut_model, [cut_options(task, t, CutConfig()) for t in task.tables])
+    assert _rated(u, task, plans[1]) <= _rated(u, task, plans[0]) * (1 + 1e-9)  # only a start more
+    with pytest.raises(ValueError, match="dominant_room: expected an integer >= 0"):
+        CutConfig(dominant_room=-1)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="dominant_share: expected a number in"):
+            CutConfig(dominant_share=bad)
 
 
 def _rated(u, task: Task, plan: Plan) -> float:
