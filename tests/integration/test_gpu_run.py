@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,15 @@ import yaml
 from tools import gpu_run
 
 PARAMS = yaml.safe_load(Path("params.yaml").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _own_allocator_setting(monkeypatch):
+    """main sets the huge-page variable from params, as `python -m pipeline` does; here it runs in the test
+    process, so the variable is put back after each test (other tests' backends check it)."""
+    from dreamshard.hardware.allocator import HUGE_PAGES_ENV
+
+    monkeypatch.setenv(HUGE_PAGES_ENV, os.environ.get(HUGE_PAGES_ENV, "0"))
 
 
 def test_params_move_every_path_under_root_and_set_the_device(tmp_path):
