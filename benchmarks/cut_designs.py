@@ -40,15 +40,10 @@ VALIDATION_SEED_OFFSET = 1000
 def validation_tasks(params: dict) -> list:
     """Each family's tasks drawn again from the test pool of tables (the tasks stage's pools, so no training
     table), with another seed: tasks like the test tasks, none of them the reported ones."""
-    from dreamshard.data.sampling import TaskFamily
-    from dreamshard.project.params import build
-    from dreamshard.project.tasks import sample_family, sampling_inputs
+    from dreamshard.project.tasks import sample_family, sampling_inputs, task_families
 
     stats, pools, dims, memory, seed = sampling_inputs(params)
-    cfg = params["tasks"]
-    families = [build(TaskFamily, f, f"tasks.profiles.{cfg['profile']}[{i}]")
-                for i, f in enumerate(cfg["profiles"][cfg["profile"]])]
-    return [t for f in families
+    return [t for f in task_families(params)
             for t in sample_family(stats, pools["test"], f, "test", dims, memory, seed + VALIDATION_SEED_OFFSET)]
 
 

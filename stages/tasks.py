@@ -4,20 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dreamshard.data.sampling import TaskFamily
 from dreamshard.io import write_parquet
-from dreamshard.project.params import ParamsError, build, section
-from dreamshard.project.tasks import sample_family, sampling_inputs
+from dreamshard.project.params import section
+from dreamshard.project.tasks import sample_family, sampling_inputs, task_families
 from dreamshard.tasks import tasks_to_arrow
 
 
 def run(params: dict[str, Any]) -> None:
-    cfg = section(params, "tasks")
-    profile = cfg.get("profile")
-    profiles = cfg.get("profiles", {})
-    if profile not in profiles:
-        raise ParamsError(f"params.yaml: tasks.profile: {profile!r} is not one of tasks.profiles ({', '.join(profiles)})")
-    families = [build(TaskFamily, f, f"tasks.profiles.{profile}[{i}]") for i, f in enumerate(profiles[profile])]
+    families = task_families(params)
     stats, pools, dims, memory, seed = sampling_inputs(params)
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
     out = Path(section(params, "paths.tasks"))

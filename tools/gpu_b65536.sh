@@ -42,6 +42,9 @@ E=(--set evaluate.rounds=1 --set evaluate.train_tasks_per_family=2 --set evaluat
    --set evaluate.estimated_bins.tasks_per_family=0 --set orchestration.evaluate.planning_workers=8 ${EXTRA:-})
 # EXTRA: more settings, words without spaces, e.g. EXTRA="--set evaluate.exhaustive.num_tasks=1"
 run() { local out=$1; shift; $PY -m tools.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
+# one step on $DEVICE within SECONDS, its log in $G/STEP.log: within SECONDS STEP [more gpu_run arguments]
+within() { local t=$1 step=$2; shift 2; timeout "$t" $PY -m tools.gpu_run --root "$W" --out "$G/$step" --device $DEVICE \
+  --steps $step "${B[@]}" "${C[@]}" "${E[@]}" "$@" > "$G/$step.log" 2>&1; }
 
 if [ "$BUDGET" = data ]; then
   log "data (CPU), alone"; rm -f "$G/data.rc"; run data --device cpu --steps data > "$G/data.log" 2>&1; echo $? > "$G/data.rc"
@@ -67,16 +70,14 @@ wait $INSTALL || { log "install failed"; cat "$G/install.log"; finish; }
 cat "$G/install.log"
 log "collect"
 # within the budget too: at 4 s a plan (results/gpu/b65536_learned_attempt2/) collect alone outlasted a 600 s call
-timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/collect" --device $DEVICE --steps collect "${B[@]}" "${C[@]}" \
-  "${E[@]}" > "$G/collect.log" 2>&1 || { log "collect failed or stopped"; tail -5 "$G/collect.log"; finish; }
+within "$(left)" collect || { log "collect failed or stopped"; tail -5 "$G/collect.log"; finish; }
 # each training within its cap and the time left; AutoShard (the least needed) only with EVAL_MIN s kept for evaluate
 for item in train_cost:${CAP_COST:-120} train_policy:${CAP_POLICY:-150} train_neuroshard:${CAP_NEURO:-120} \
             train_autoshard:${CAP_AUTO:-90}; do
   stage=${item%%:*}; cap=${item##*:}; t=$(left); [ "$t" -lt "$cap" ] || t=$cap
   if [ "$stage" = train_autoshard ] && [ $(( $(left) - cap )) -lt "${EVAL_MIN:-240}" ]; then log "$stage skipped"; continue; fi
   log "$stage (at most $t s)"
-  OMP_NUM_THREADS=${TRAIN_THREADS:-4} timeout "$t" $PY -m tools.gpu_run --root "$W" --out "$G/$stage" --device $DEVICE \
-    --steps $stage "${B[@]}" "${C[@]}" "${E[@]}" > "$G/$stage.log" 2>&1 || log "$stage stopped (rc $?)"
+  OMP_NUM_THREADS=${TRAIN_THREADS:-4} within "$t" $stage || log "$stage stopped (rc $?)"
 done
 log "trained: $(ls $W/models)"
 S=${HEURISTICS:-random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy}
@@ -85,8 +86,7 @@ S=${HEURISTICS:-random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy}
 [ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard
 S=$S,torchrec_full
 log "evaluate [$S] within $(left) s"
-timeout "$(left)" $PY -m tools.gpu_run --root "$W" --out "$G/evaluate" --device $DEVICE --steps evaluate "${B[@]}" "${C[@]}" \
-  "${E[@]}" --set "evaluate.sharders=[$S]" > "$G/evaluate.log" 2>&1 || log "evaluate stopped (rc $?)"
+within "$(left)" evaluate --set "evaluate.sharders=[$S]" || log "evaluate stopped (rc $?)"
 grep -E "^evaluate|regime|bound" "$G/evaluate.log" | tail -5
 log "done"
 finish

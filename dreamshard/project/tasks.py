@@ -14,6 +14,15 @@ from dreamshard.project.params import ParamsError, build, section
 from dreamshard.tasks import Task
 
 
+def task_families(params: dict[str, Any]) -> list[TaskFamily]:
+    """The families of params.yaml's tasks.profile (a ParamsError names a profile that is not in tasks.profiles)."""
+    cfg = section(params, "tasks")
+    profile, profiles = cfg.get("profile"), cfg.get("profiles", {})
+    if profile not in profiles:
+        raise ParamsError(f"params.yaml: tasks.profile: {profile!r} is not one of tasks.profiles ({', '.join(profiles)})")
+    return [build(TaskFamily, f, f"tasks.profiles.{profile}[{i}]") for i, f in enumerate(profiles[profile])]
+
+
 def sample_family(stats: pd.DataFrame, pool: Sequence[int], family: TaskFamily, split: str, dims: Sequence[int],
                  memory: MemoryModel, seed: int) -> list[Task]:
     """`family`'s tasks of `split` (its num_train or num_test) drawn from the table ids in `pool`: one random

@@ -209,13 +209,13 @@ class CutSearchSharder(LearnedSharder):
                 rowable = set(can_row)
                 rows = [ROW_WISE if i in rowable and single[i] > self.config.dominant_share * fair else 1
                         for i in range(n)]
-                room = sorted((i for i in can_row if rows[i] == 1), key=lambda i: -u.sizes[i])
-                for extra in [None, *room[:self.config.dominant_room]] if ROW_WISE in rows else [None]:
-                    if extra is not None:
-                        rows = rows.copy()
-                        rows[extra] = ROW_WISE
-                    if add_start(rows):
-                        break
+                if ROW_WISE in rows:  # else no table is dominant: the policy's start is this one
+                    room = sorted((i for i in can_row if rows[i] == 1), key=lambda i: -u.sizes[i])
+                    for extra in [None, *room[:self.config.dominant_room]]:
+                        if extra is not None:  # a start not added is not kept: its rows may take one more cut
+                            rows[extra] = ROW_WISE
+                        if add_start(rows):
+                            break
             ends = []
             for start_cuts, start_where in starts:
                 where, cuts = self._search(task, u, options, start_cuts, start_where)
