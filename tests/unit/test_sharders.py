@@ -307,6 +307,28 @@ def test_place_tables_step_limit():
         place_tables(task, [0, 1, 2, 3], by_least_load)
 
 
+def test_place_tables_starts_again_largest_first_when_its_order_strands_the_large_tables():
+    # two devices of 16,000 B; thirty 160 B tables, then tables of 15,200 and 12,000 B: 32,000 B in all, so the
+    # larger table shares its device with at most 5 small ones. Least-load puts 15 small tables on each device
+    # first, and backing out of that takes about a million placements in that order
+    sizes = [160] * 30 + [15_200, 12_000]
+    tables = [Table(f"t{i}", s // 16, 4, 1.0) for i, s in enumerate(sizes)]
+    task = Task("stranded", tuple(tables), (Device(16_000), Device(16_000)))
+    order = list(range(32))  # the small tables first
+    with pytest.raises(InfeasibleTaskError, match=r"no placement within memory found in 50000 steps"):
+        place_tables(task, order, by_least_load, weights=sizes, max_steps=50_000, patience=50_000)
+    calls = []
+
+    def counted(t, state):
+        calls.append(t)
+        return by_least_load(t, state)
+
+    a = place_tables(task, order, counted, weights=sizes, max_steps=50_000, patience=1_000)
+    validate_plan(task, Plan.from_assignment(task, a))
+    assert a[30] != a[31] and sum(d == a[30] for d in a[:30]) == 5
+    assert len(calls) <= 1_001 + 32  # the restart placed each table once: no backing up
+
+
 def test_packing_bound_refuses_before_searching():
     # three tables of 6000 B on two devices of 10,000 B: at most one each, told at once
     tables = [Table(f"t{i}", 375, 4, 1.0) for i in range(3)] + [Table("small", 10, 4, 1.0)]
