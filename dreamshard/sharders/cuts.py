@@ -299,8 +299,11 @@ class CutSearchSharder(LearnedSharder):
                                     if d not in devices and trial_used[d] + u.sizes[p] <= capacity[d]]
                         if not room:
                             break
-                        logits = scorer.logits(p, trial_load)
-                        d = max(room, key=lambda d: (logits[d], -d))
+                        if len(room) == 1:  # no choice: the policy is not asked
+                            d = room[0]
+                        else:
+                            logits = scorer.logits(p, trial_load)
+                            d = max(room, key=lambda d: (logits[d], -d))
                         devices.append(d)
                         trial_load[d] += w[p]
                         trial_used[d] += u.sizes[p]
