@@ -59,6 +59,9 @@ def main() -> None:
                              "tasks drawn afresh from the test tables (seed tasks.seed + 1000), none of them reported")
     parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=1,
+                        help="measure every task's plans this many times over, one task after another each time: a "
+                             "plan's cost is the median over passes, and each pass's family means are reported")
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
     args = parser.parse_args()
     from pipeline.__main__ import huge_pages_from_params
@@ -102,7 +105,7 @@ def main() -> None:
     sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
     backend = backend_of(params)
 
-    rows = []
+    planned = []  # (family, task, plans, planning ms by sharder): every task planned before anything is measured
     for family in args.families.split(","):
         for task in [t for t in tasks if t.family == family][args.first:args.first + args.tasks]:
             plans, planning = [], {}
@@ -110,15 +113,26 @@ def main() -> None:
                 start = time.perf_counter()
                 plans.append(sharder.shard(task))
                 planning[name] = (time.perf_counter() - start) * 1e3
+            planned.append((family, task, plans, planning))
+    # passes[p][(task, sharder)]: each pass measures every task's plans once more, in the same order
+    passes: list[dict[tuple[str, str], float]] = []
+    for p in range(args.passes):
+        passes.append({})
+        for _, task, plans, _ in planned:
             costs = measure_rounds(backend, task, plans, args.rounds, median_cost)
-            for (name, plan), cost in zip(zip(sharders, plans), costs):
-                cut = len(plan.shards) > len({s.table for s in plan.shards})
-                rows.append({"family": family, "task": task.name, "sharder": name, "cost_ms": cost.cost_ms,
-                             "planning_ms": planning[name], "cuts": cut})
-            print(task.name, " ".join(f"{r['sharder']}={r['cost_ms']:.3f}" for r in rows[-len(sharders):]),
-                  flush=True)
+            passes[p].update({(task.name, name): c.cost_ms for name, c in zip(sharders, costs)})
+            print(f"pass {p + 1}/{args.passes}", task.name,
+                  " ".join(f"{name}={c.cost_ms:.3f}" for name, c in zip(sharders, costs)), flush=True)
+    rows = []
+    for family, task, plans, planning in planned:
+        for name, plan in zip(sharders, plans):
+            cut = len(plan.shards) > len({s.table for s in plan.shards})
+            each = [costs[(task.name, name)] for costs in passes]
+            rows.append({"family": family, "task": task.name, "sharder": name, "cost_ms": statistics.median(each),
+                         "cost_ms_passes": each, "planning_ms": planning[name], "cuts": cut})
 
     summary: dict = {"device": backend.device_name(), "versions": backend.versions(), "rounds": args.rounds,
+                     "passes": args.passes,
                      "split": args.split,
                      "tasks_per_family": args.tasks, "first": args.first, "families": args.families.split(","), "sharders": {}}
     reference = {(r["family"], r["task"]): r["cost_ms"] for r in rows if r["sharder"] == "torchrec_full"}
@@ -130,7 +144,12 @@ def main() -> None:
         for f in summary["families"]:
             of_family = np.array([r["cost_ms"] / reference[(f, r["task"])] for r in mine if r["family"] == f])
             f_low, f_high = bootstrap_ci(of_family, seed=0)
-            per_family[f] = {"mean": float(of_family.mean()), "ci_low": f_low, "ci_high": f_high}
+            by_pass = [float(np.mean([r["cost_ms_passes"][p] / ref["cost_ms_passes"][p] for r in mine
+                                      for ref in rows if ref["sharder"] == "torchrec_full" and ref["task"] == r["task"]
+                                      and r["family"] == f]))
+                       for p in range(args.passes)]
+            per_family[f] = {"mean": float(of_family.mean()), "ci_low": f_low, "ci_high": f_high,
+                             "passes": by_pass}
         summary["sharders"][name] = {"vs_torchrec_full": float(ratios.mean()), "ci_low": low, "ci_high": high,
                                      "per_family": per_family, "tasks_with_cuts": sum(r["cuts"] for r in mine),
                                      "tasks": len(mine),
@@ -139,10 +158,12 @@ def main() -> None:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = ["# Designs of the planner that cuts tables, against `torchrec_full`\n",
              f"{backend.device_name()}; {summary['versions']}; {args.tasks} {args.split} tasks per family of "
-             f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians). Command:\n",
+             f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians)"
+             + (f", {args.passes} passes (medians)" if args.passes > 1 else "") + ". Command:\n",
              f"    python -m benchmarks.cut_designs --split {args.split} --families {args.families} --first {args.first} "
              f"--tasks {args.tasks} " + "".join(f"--variant '{v}' " for v in args.variant)
-             + f"--rounds {args.rounds} --out {args.out}\n",
+             + f"--rounds {args.rounds} " + (f"--passes {args.passes} " if args.passes > 1 else "")
+             + f"--out {args.out}\n",
              "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
              + " | tasks with cuts | planning p50 (ms) |",
              "|---|---|" + "---:|" * len(summary["families"]) + "---:|---:|"]
@@ -156,6 +177,15 @@ def main() -> None:
         cells = [summary["sharders"][name]["per_family"][f] for name in summary["sharders"]]
         lines.append(f"| {f} | " + " | ".join(f"{c['mean']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
                                              for c in cells) + " |")
+    if args.passes > 1:  # the same plans measured again: how far a family's mean moves between passes
+        lines += ["", "Each pass on its own (the same plans, measured again after every other task's):", "",
+                  "| sharder | family | " + " | ".join(f"pass {p + 1}" for p in range(args.passes)) + " |",
+                  "|---|---|" + "---:|" * args.passes]
+        for name, s in summary["sharders"].items():
+            if name == "torchrec_full":
+                continue
+            for f in summary["families"]:
+                lines.append(f"| {name} | {f} | " + " | ".join(f"{x:.3f}" for x in s["per_family"][f]["passes"]) + " |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
