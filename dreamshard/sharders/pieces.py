@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from dreamshard.caching import choose_caching
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
-from dreamshard.placement import check_satisfiable
+from dreamshard.placement import check_satisfiable, giving_up_early
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.sharders.replicas import data_parallel_tables, with_replicas
 from dreamshard.tables import Table
@@ -237,7 +237,11 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
                 cuts[finer_cut[0]] = finer_cut[1]  # too coarse to pack quickly: cut finer before the sharder tries
                 continue
         try:
-            plan = shard_whole(cut)
+            if _largest_refinable(task, cuts) is None:  # the last cut: placements may start again largest first
+                plan = shard_whole(cut)
+            else:
+                with giving_up_early():  # a search in the sharder's order that runs long: cut finer instead
+                    plan = shard_whole(cut)
         except InfeasibleTaskError:
             widest = _largest_refinable(task, cuts)
             if widest is None:

@@ -111,3 +111,40 @@ def test_the_column_cut_of_a_wide_table_is_quick():
     assert fewest_slices(MAX_DIM, lambda width: width <= 4) == MAX_DIM // 4
     assert fewest_slices(MAX_DIM, lambda width: width <= 0) is None
     assert time.monotonic() - start < 1.0
+
+
+def test_a_search_that_runs_long_cuts_finer_before_it_starts_again_largest_first():
+    # thirty 160 B tables (dim 4), then tables of 15,200 and 12,000 B (dim 8) on two devices of 16,000 B: placed
+    # small first by least load, the large ones are stranded and backing out takes about a million placements.
+    # with_pieces gives such a search up after DEFAULT_PATIENCE placements and cuts the largest piece into two
+    # column slices, twice here (the slices of "big" strand "large" in turn), until the same order places them;
+    # the largest-first restart is left for the last cut
+    from dreamshard.errors import InfeasibleTaskError
+    from dreamshard.placement import DEFAULT_PATIENCE, by_least_load, giving_up_early, place_tables
+    from dreamshard.plan import Plan
+    from dreamshard.sharders.pieces import with_pieces
+    from dreamshard.tasks import Device
+
+    tables = [Table(f"t{i}", 10, 4, 1.0) for i in range(30)] + [Table("big", 475, 8, 1.0), Table("large", 375, 8, 1.0)]
+    task = Task("stranded", tuple(tables), (Device(16_000), Device(16_000)), sharding=("table", "column"))
+    calls = []
+
+    def small_first(t: Task) -> Plan:
+        sizes = [t.table_bytes(i) for i in range(len(t.tables))]
+
+        def ranked(i, state):
+            calls.append(i)
+            return by_least_load(i, state)
+        return Plan.from_assignment(t, place_tables(t, sorted(range(len(sizes)), key=lambda i: sizes[i]), ranked,
+                                                    weights=sizes))
+
+    plan = with_pieces(task, small_first)
+    validate_plan(task, plan)
+    for name in ("big", "large"):
+        assert sorted((s.col_start, s.col_end) for s in plan.shards if s.table == name) == [(0, 4), (4, 8)]
+    assert len(calls) < 2 * DEFAULT_PATIENCE + 100  # two cuts given up, the third placed without backing up
+    with giving_up_early(), pytest.raises(InfeasibleTaskError, match=f"found in {DEFAULT_PATIENCE} steps"):
+        small_first(task)
+    whole = small_first(task)  # outside it, the restart places the whole tables
+    validate_plan(task, whole)
+    assert len(whole.shards) == len(tables)
