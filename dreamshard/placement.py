@@ -30,7 +30,7 @@ def giving_up_early() -> Iterator[None]:
     """Within it, `place_tables` raises InfeasibleTaskError after `patience` placements in the given order instead
     of starting again largest first: for a caller with a better way out. `sharders.pieces.with_pieces` cuts the
     tables finer, which places them in the sharder's own order and keeps its plans (a restart in another order
-    rated 1.5-1.9x dearer by the cost network on MLPerf DLRM-DCNv2)."""
+    rated 1.7-1.9x dearer by the cost network on MLPerf DLRM-DCNv2)."""
     token = _RESTART.set(False)
     try:
         yield
