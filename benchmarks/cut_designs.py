@@ -127,7 +127,7 @@ def main() -> None:
     for family, task, plans, planning in planned:
         for name, plan in zip(sharders, plans):
             cut = len(plan.shards) > len({s.table for s in plan.shards})
-            each = [costs[(task.name, name)] for costs in passes]
+            each = [measured[(task.name, name)] for measured in passes]
             rows.append({"family": family, "task": task.name, "sharder": name, "cost_ms": statistics.median(each),
                          "cost_ms_passes": each, "planning_ms": planning[name], "cuts": cut})
 
@@ -136,6 +136,7 @@ def main() -> None:
                      "split": args.split,
                      "tasks_per_family": args.tasks, "first": args.first, "families": args.families.split(","), "sharders": {}}
     reference = {(r["family"], r["task"]): r["cost_ms"] for r in rows if r["sharder"] == "torchrec_full"}
+    reference_passes = {(r["family"], r["task"]): r["cost_ms_passes"] for r in rows if r["sharder"] == "torchrec_full"}
     for name in sharders:
         mine = [r for r in rows if r["sharder"] == name]
         ratios = np.array([r["cost_ms"] / reference[(r["family"], r["task"])] for r in mine])
@@ -144,10 +145,8 @@ def main() -> None:
         for f in summary["families"]:
             of_family = np.array([r["cost_ms"] / reference[(f, r["task"])] for r in mine if r["family"] == f])
             f_low, f_high = bootstrap_ci(of_family, seed=0)
-            by_pass = [float(np.mean([r["cost_ms_passes"][p] / ref["cost_ms_passes"][p] for r in mine
-                                      for ref in rows if ref["sharder"] == "torchrec_full" and ref["task"] == r["task"]
-                                      and r["family"] == f]))
-                       for p in range(args.passes)]
+            by_pass = [float(np.mean([r["cost_ms_passes"][p] / reference_passes[(f, r["task"])][p]
+                                      for r in mine if r["family"] == f])) for p in range(args.passes)]
             per_family[f] = {"mean": float(of_family.mean()), "ci_low": f_low, "ci_high": f_high,
                              "passes": by_pass}
         summary["sharders"][name] = {"vs_torchrec_full": float(ratios.mean()), "ci_low": low, "ci_high": high,

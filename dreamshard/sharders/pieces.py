@@ -8,6 +8,7 @@ the plan maps pieces back to slices and row ranges of the user's tables. The rul
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from dreamshard.caching import choose_caching
@@ -231,22 +232,19 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
     while True:
         cut, pieces = cut_task(task, cuts)
-        if pieces and not _packs(cut):
-            finer_cut = _largest_refinable(task, cuts)
-            if finer_cut is not None:
-                cuts[finer_cut[0]] = finer_cut[1]  # too coarse to pack quickly: cut finer before the sharder tries
-                continue
+        finer_cut = _largest_refinable(task, cuts)  # None at the last cut
+        if pieces and finer_cut is not None and not _packs(cut):
+            cuts[finer_cut[0]] = finer_cut[1]  # too coarse to pack quickly: cut finer before the sharder tries
+            continue
         try:
-            if _largest_refinable(task, cuts) is None:  # the last cut: placements may start again largest first
+            # a search in the sharder's order that runs long: cut finer instead; at the last cut, placements may
+            # start again largest first
+            with giving_up_early() if finer_cut is not None else nullcontext():
                 plan = shard_whole(cut)
-            else:
-                with giving_up_early():  # a search in the sharder's order that runs long: cut finer instead
-                    plan = shard_whole(cut)
         except InfeasibleTaskError:
-            widest = _largest_refinable(task, cuts)
-            if widest is None:
+            if finer_cut is None:
                 raise
-            cuts[widest[0]] = widest[1]
+            cuts[finer_cut[0]] = finer_cut[1]
             continue
         if pieces:
             validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
