@@ -29,8 +29,8 @@ _RESTART = contextvars.ContextVar("place_tables_restart", default=True)
 def giving_up_early() -> Iterator[None]:
     """Within it, `place_tables` raises InfeasibleTaskError after `patience` placements in the given order instead
     of starting again largest first: for a caller with a better way out. `sharders.pieces.with_pieces` cuts the
-    tables finer, which places them in the sharder's own order and keeps its plans (a restart in another order
-    rated 1.7-1.9x dearer by the cost network on MLPerf DLRM-DCNv2)."""
+    tables finer, which places them in the sharder's own order and keeps its plans, where a restart in another
+    order can lose them (results/mlperf_dcnv2/README.md)."""
     token = _RESTART.set(False)
     try:
         yield
