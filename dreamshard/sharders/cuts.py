@@ -49,6 +49,9 @@ class CutConfig:
     # where that start does not fit in memory (blocks on every device leave no room for a large whole table), also
     # cut row-wise up to this many of the other tables, the largest in bytes first, until it fits (0: no such retry)
     dominant_room: int = 4
+    # a plan with cuts is kept over the best plan of whole tables the search saw only where the cost network rates
+    # it cheaper by at least this share: a smaller predicted gain is within the network's error per device
+    cut_gain: float = 0.02
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0),
@@ -59,8 +62,10 @@ class CutConfig:
         if isinstance(self.dominant_share, bool) or not isinstance(self.dominant_share, (int, float)) \
                 or not 0 < self.dominant_share <= 1:
             raise ValueError(f"dominant_share: expected a number in (0, 1], got {self.dominant_share!r}")
-        if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
-            raise ValueError(f"min_gain: expected a number in [0, 1), got {self.min_gain!r}")
+        for name in ("min_gain", "cut_gain"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{name}: expected a number in [0, 1), got {value!r}")
         for name in ("row_wise", "row_start", "dominant_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
@@ -216,7 +221,7 @@ class CutSearchSharder(LearnedSharder):
                             rows[extra] = ROW_WISE
                         if add_start(rows):
                             break
-            ends = []
+            ends = [(u.cost(cuts, where), cuts, where)]  # the policy's plan of whole tables
             for start_cuts, start_where in starts:
                 where, cuts = self._search(task, u, options, start_cuts, start_where)
                 cost = u.cost(cuts, where)
@@ -226,7 +231,10 @@ class CutSearchSharder(LearnedSharder):
                     if again_cost < cost:
                         where, cost = again, again_cost
                 ends.append((cost, cuts, where))
-            _, cuts, where = min(ends, key=lambda e: e[0])  # the first of equals: the policy's start
+            whole = min((e for e in ends if all(k == 1 for k in e[1])), key=lambda e: e[0])
+            bar = whole[0] * (1 - self.config.cut_gain)
+            # the first of equals: the policy's plan
+            _, cuts, where = min((e for e in ends if e is whole or e[0] <= bar), key=lambda e: e[0])
         cut, pieces = cut_task(task, cuts_of(task, cuts))
         plan = Plan.from_assignment(cut, [d for devices in where for d in devices])
         if pieces:

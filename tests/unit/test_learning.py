@@ -945,6 +945,38 @@ def test_dominant_start_cuts_the_largest_tables_too_where_its_blocks_leave_no_ro
             CutConfig(dominant_share=bad)
 
 
+def test_cut_gain_keeps_whole_tables_unless_a_plan_with_cuts_is_rated_that_much_cheaper(backend, cut_model):
+    """`cut_gain`: a plan with cuts replaces the best plan of whole tables the search saw only where the cost
+    network rates it cheaper by at least that share. On the one-hot-table task the cut plan's rated gain is g:
+    just under g it stays, just over g the plan is of whole tables, never rated worse than table-wise DreamShard."""
+    from dreamshard.sharders.cuts import CutConfig
+
+    hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
+    small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(3)]
+    task = Task.uniform("one-hot-table", [hot, *small], 2, 1.0)
+    u = _Universe.build(task, cut_model, [cut_options(task, t, CutConfig()) for t in task.tables])
+
+    def plan(gain: float) -> Plan:
+        out = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(cut_gain=gain)).shard(task)
+        validate_plan(task, out)
+        return out
+
+    def has_cuts(p: Plan) -> bool:
+        return len(p.shards) > len({s.table for s in p.shards})
+
+    cut, whole = plan(0.0), plan(0.99)
+    assert has_cuts(cut) and not has_cuts(whole)
+    gain = 1 - _rated(u, task, cut) / _rated(u, task, whole)
+    assert 0.05 < gain < 0.95, gain
+    assert sorted(map(str, plan(0.9 * gain).shards)) == sorted(map(str, cut.shards))
+    assert sorted(map(str, plan(min(0.99, 1.1 * gain)).shards)) == sorted(map(str, whole.shards))
+    table_wise = make_sharder("dreamshard", model=cut_model).shard(task)
+    assert _rated(u, task, whole) <= _rated(u, task, table_wise) * (1 + 1e-9)
+    for bad in (-0.1, 1.0, True, "0.02"):
+        with pytest.raises(ValueError, match="cut_gain: expected a number in"):
+            CutConfig(cut_gain=bad)
+
+
 def _rated(u, task: Task, plan: Plan) -> float:
     """The cost network's device-max estimate of `plan`, through the universe's pieces (sharders/cuts.py)."""
     cuts, where = [], []
