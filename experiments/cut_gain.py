@@ -1,0 +1,99 @@
+"""Which `cut_search.cut_gain` (dreamshard/sharders/cuts.py) to keep: plans with cuts that the cost network rates
+only a little cheaper than the best plan of whole tables, measured against that plan.
+
+    python -m experiments.cut_gain [--root .] [--gains 0,0.01,0.02,0.03,0.05] [--rounds 3] [--out DIR]
+
+Tasks never reported: the training tasks after the first four of each family (the evaluate stage reports
+those four) and the validation draws of `benchmarks.cut_designs` (fresh tasks of the test pool's tables, seed
+tasks.seed + 1000). Each task is planned by `dreamshard_cut` with the project's `cut_search` at every gain;
+where the gains' plans differ, the distinct plans are measured in one interleaved pass (`measure_rounds`,
+`rounds` rounds, medians) on the project's backend. Reported per gain: the tasks whose plan it changes from
+the first gain's, and each changed plan's measured cost over that plan's. Writes rows.jsonl (one row per task,
+as measured) and README.md to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
+    parser.add_argument("--gains", default="0,0.01,0.02,0.03,0.05", help="comma-separated; the first is the reference")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("results/cut_designs/cut-gain"))
+    args = parser.parse_args()
+    gains = [float(g) for g in args.gains.split(",")]
+    if len(gains) < 2:
+        parser.error("--gains: expected at least two gains, the first the reference")
+
+    import yaml
+
+    params = yaml.safe_load((args.root / "params.yaml").read_text())
+    params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
+    if params["backend"].get("fbgemm", {}).get("huge_pages"):
+        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch's first allocation, as a stage does
+
+    import torch
+
+    from benchmarks.cut_designs import validation_tasks
+    from dreamshard.hardware.base import measure_rounds, median_cost
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.params import build
+    from dreamshard.sharders import load_model, make_sharder
+    from dreamshard.sharders.cuts import CutConfig
+    from dreamshard.tasks import read_tasks
+
+    torch.set_num_threads(1)
+    paths = params["paths"]
+    model = load_model("dreamshard", paths["dreamshard_model"])
+    base = build(CutConfig, params["cut_search"], "cut_search")
+    sharders = [make_sharder("dreamshard_cut", model=model, cuts=replace(base, cut_gain=g)) for g in gains]
+    seen: dict[str, int] = {}
+    tasks = []
+    for t in read_tasks(Path(paths["tasks"]) / "train.parquet", paths["tables"]):
+        seen[t.family] = seen.get(t.family, 0) + 1
+        if seen[t.family] > 4:
+            tasks.append(("train", t))
+    tasks += [("validation", t) for t in validation_tasks(params)]
+    backend = backend_of(params)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(args.out / "rows.jsonl", "w") as fh:
+        for split, task in tasks:
+            plans = [s.shard(task) for s in sharders]
+            keys = [tuple(sorted(map(str, p.shards))) for p in plans]
+            distinct = list(dict.fromkeys(keys))
+            row = {"split": split, "family": task.family, "task": task.name,
+                   "plan_of_gain": [distinct.index(k) for k in keys]}
+            if len(distinct) > 1:
+                costs = measure_rounds(backend, task, [plans[keys.index(k)] for k in distinct], args.rounds,
+                                       median_cost)
+                row["cost_ms"] = [c.cost_ms for c in costs]
+                print(split, task.name, row["plan_of_gain"], [round(c.cost_ms, 4) for c in costs], flush=True)
+            rows.append(row)
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+    lines = ["# `cut_gain`: plans with cuts rated a little cheaper, measured\n",
+             f"{backend.device_name()}; {backend.versions()}; {sum(s == 'train' for s, _ in tasks)} training tasks "
+             f"(after each family's first four) and {sum(s == 'validation' for s, _ in tasks)} validation draws; "
+             f"{args.rounds} interleaved rounds (medians). Command:\n",
+             f"    python -m experiments.cut_gain --gains {args.gains} --rounds {args.rounds} --out {args.out}\n",
+             f"| cut_gain | tasks whose plan it changes (of {len(rows)}) | measured cost / cost at {gains[0]:g}, "
+             "each changed task | mean | cheaper |", "|---:|---:|---|---:|---:|"]
+    for i, g in enumerate(gains[1:], 1):
+        changed = [r for r in rows if r["plan_of_gain"][i] != 0]
+        ratios = [r["cost_ms"][r["plan_of_gain"][i]] / r["cost_ms"][0] for r in changed]
+        mean = f"{sum(ratios) / len(ratios):.3f}" if ratios else "-"
+        lines.append(f"| {g:g} | {len(changed)} | {', '.join(f'{x:.3f}' for x in ratios) or '-'} | {mean} | "
+                     f"{sum(x < 1 for x in ratios)} |")
+    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
