@@ -1,15 +1,19 @@
 """Which `cut_search.cut_gain` (dreamshard/sharders/cuts.py) to keep: plans with cuts that the cost network rates
-only a little cheaper than the best plan of whole tables, measured against that plan.
+only a little cheaper than the best plan of whole tables, measured against that plan. Any other settings of the
+search the same way (`--variant`).
 
     python -m experiments.cut_gain [--root .] [--gains 0,0.01,0.02,0.03,0.05] [--rounds 3] [--out DIR]
+    python -m experiments.cut_gain --variant 'off={"must_cut_share": 0}' --variant 'on={"must_cut_share": 1}' \
+        [--splits train,validation,test] [--root .] [--out DIR]
 
-Tasks never reported: the training tasks after the first four of each family (the evaluate stage reports
-those four) and the validation draws of `benchmarks.cut_designs` (fresh tasks of the test pool's tables, seed
-tasks.seed + 1000). Each task is planned by `dreamshard_cut` with the project's `cut_search` at every gain;
-where the gains' plans differ, the distinct plans are measured in one interleaved pass (`measure_rounds`,
-`rounds` rounds, medians) on the project's backend. Reported per gain: the tasks whose plan it changes from
-the first gain's, and each changed plan's measured cost over that plan's. Writes rows.jsonl (one row per task,
-as measured) and README.md to --out.
+Tasks never reported (`--splits`, default train,validation): the training tasks after the first four of each
+family (the evaluate stage reports those four) and the validation draws of `benchmarks.cut_designs` (fresh tasks
+of the test pool's tables, seed tasks.seed + 1000); `test` adds the test tasks, for a check after the choice.
+Each task is planned by `dreamshard_cut` with the project's `cut_search` at every gain (or with every
+`--variant`: CutConfig fields over the project's, the first the reference); where the plans differ, the distinct
+plans are measured in one interleaved pass (`measure_rounds`, `rounds` rounds, medians) on the project's
+backend. Reported per setting: the tasks whose plan it changes from the first setting's, and each changed plan's
+measured cost over that plan's. Writes rows.jsonl (one row per task, as measured) and README.md to --out.
 """
 from __future__ import annotations
 
@@ -24,12 +28,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
     parser.add_argument("--gains", default="0,0.01,0.02,0.03,0.05", help="comma-separated; the first is the reference")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                        help='CutConfig fields over the project\'s, e.g. \'on={"must_cut_share": 1}\' (repeatable; the '
+                             'first is the reference; instead of --gains)')
+    parser.add_argument("--splits", default="train,validation", help="comma-separated: train, validation, test")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs/cut-gain"))
     args = parser.parse_args()
-    gains = [float(g) for g in args.gains.split(",")]
-    if len(gains) < 2:
-        parser.error("--gains: expected at least two gains, the first the reference")
+    if args.variant:
+        settings = {}
+        for v in args.variant:
+            name, _, fields = v.partition("=")
+            settings[name] = json.loads(fields)
+    else:
+        settings = {f"{float(g):g}": {"cut_gain": float(g)} for g in args.gains.split(",")}
+    if len(settings) < 2:
+        parser.error("expected at least two gains or variants, the first the reference")
+    splits = set(args.splits.split(","))
+    if not splits <= {"train", "validation", "test"}:
+        parser.error(f"--splits: expected train, validation or test, got {args.splits}")
+    names = list(settings)
 
     import yaml
 
@@ -52,14 +70,18 @@ def main() -> None:
     paths = params["paths"]
     model = load_model("dreamshard", paths["dreamshard_model"])
     base = build(CutConfig, params["cut_search"], "cut_search")
-    sharders = [make_sharder("dreamshard_cut", model=model, cuts=replace(base, cut_gain=g)) for g in gains]
+    sharders = [make_sharder("dreamshard_cut", model=model, cuts=replace(base, **settings[n])) for n in names]
     seen: dict[str, int] = {}
     tasks = []
-    for t in read_tasks(Path(paths["tasks"]) / "train.parquet", paths["tables"]):
-        seen[t.family] = seen.get(t.family, 0) + 1
-        if seen[t.family] > 4:
-            tasks.append(("train", t))
-    tasks += [("validation", t) for t in validation_tasks(params)]
+    if "train" in splits:
+        for t in read_tasks(Path(paths["tasks"]) / "train.parquet", paths["tables"]):
+            seen[t.family] = seen.get(t.family, 0) + 1
+            if seen[t.family] > 4:
+                tasks.append(("train", t))
+    if "validation" in splits:
+        tasks += [("validation", t) for t in validation_tasks(params)]
+    if "test" in splits:
+        tasks += [("test", t) for t in read_tasks(Path(paths["tasks"]) / "test.parquet", paths["tables"])]
     backend = backend_of(params)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -69,7 +91,7 @@ def main() -> None:
             keys = [tuple(sorted(map(str, p.shards))) for p in plans]
             distinct = list(dict.fromkeys(keys))
             row = {"split": split, "family": task.family, "task": task.name,
-                   "plan_of_gain": [distinct.index(k) for k in keys]}
+                   "settings": names, "plan_of_gain": [distinct.index(k) for k in keys]}
             if len(distinct) > 1:
                 costs = measure_rounds(backend, task, [plans[keys.index(k)] for k in distinct], args.rounds,
                                        median_cost)
@@ -78,18 +100,20 @@ def main() -> None:
             rows.append(row)
             fh.write(json.dumps(row) + "\n")
             fh.flush()
-    lines = ["# `cut_gain`: plans with cuts rated a little cheaper, measured\n",
+    command = " ".join(f"--variant '{v}'" for v in args.variant) if args.variant else f"--gains {args.gains}"
+    lines = ["# `dreamshard_cut`'s settings: the plans they change, measured\n",
              f"{backend.device_name()}; {backend.versions()}; {sum(s == 'train' for s, _ in tasks)} training tasks "
-             f"(after each family's first four) and {sum(s == 'validation' for s, _ in tasks)} validation draws; "
-             f"{args.rounds} interleaved rounds (medians). Command:\n",
-             f"    python -m experiments.cut_gain --gains {args.gains} --rounds {args.rounds} --out {args.out}\n",
-             f"| cut_gain | tasks whose plan it changes (of {len(rows)}) | measured cost / cost at {gains[0]:g}, "
-             "each changed task | mean | cheaper |", "|---:|---:|---|---:|---:|"]
-    for i, g in enumerate(gains[1:], 1):
+             f"(after each family's first four), {sum(s == 'validation' for s, _ in tasks)} validation draws and "
+             f"{sum(s == 'test' for s, _ in tasks)} test tasks; {args.rounds} interleaved rounds (medians). Command:\n",
+             f"    python -m experiments.cut_gain {command} --splits {args.splits} --rounds {args.rounds} "
+             f"--out {args.out}\n",
+             f"| setting | tasks whose plan it changes (of {len(rows)}) | measured cost / cost at {names[0]}, "
+             "each changed task | mean | cheaper |", "|---|---:|---|---:|---:|"]
+    for i, g in enumerate(names[1:], 1):
         changed = [r for r in rows if r["plan_of_gain"][i] != 0]
         ratios = [r["cost_ms"][r["plan_of_gain"][i]] / r["cost_ms"][0] for r in changed]
         mean = f"{sum(ratios) / len(ratios):.3f}" if ratios else "-"
-        lines.append(f"| {g:g} | {len(changed)} | {', '.join(f'{x:.3f}' for x in ratios) or '-'} | {mean} | "
+        lines.append(f"| {g} | {len(changed)} | {', '.join(f'{x:.3f}' for x in ratios) or '-'} | {mean} | "
                      f"{sum(x < 1 for x in ratios)} |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -52,6 +52,10 @@ class CutConfig:
     # a plan with cuts is kept over the best plan of whole tables the search saw only where the cost network rates
     # it cheaper by at least this share: a smaller predicted gain is within the network's error per device
     cut_gain: float = 0.02
+    # a table the cost network rates costlier alone than this share of a device's fair share is not kept whole
+    # where a plan that cuts it exists (0: no such rule): whole, it alone sets its device's cost, and such a table
+    # lies beyond the tables the network learned from, where it rates too low
+    must_cut_share: float = 1.0
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0),
@@ -62,6 +66,9 @@ class CutConfig:
         if isinstance(self.dominant_share, bool) or not isinstance(self.dominant_share, (int, float)) \
                 or not 0 < self.dominant_share <= 1:
             raise ValueError(f"dominant_share: expected a number in (0, 1], got {self.dominant_share!r}")
+        if isinstance(self.must_cut_share, bool) or not isinstance(self.must_cut_share, (int, float)) \
+                or self.must_cut_share < 0:
+            raise ValueError(f"must_cut_share: expected a number >= 0 (0: off), got {self.must_cut_share!r}")
         for name in ("min_gain", "cut_gain"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -201,16 +208,18 @@ class CutSearchSharder(LearnedSharder):
                 return True
 
             can_row = [i for i in u.order if i < n and ROW_WISE in options[i]]  # whole tables, costliest first
-            for share in self.config.row_shares:
+            alone = np.zeros((n, task.num_devices, u.scorer.weights.shape[1]))
+            alone[:, 0] = u.scorer.weights[:n]
+            single = u.scorer.device_costs(alone)[:, 0, :2].sum(axis=-1) * u.scorer.speed[0]  # each table alone
+            fair = single.sum() / task.num_devices
+            share = self.config.must_cut_share
+            must_cut = {i for i in range(n) if share and len(options[i]) > 1 and single[i] > share * fair}
+            for part in self.config.row_shares:
                 rows = [1] * n
-                for i in can_row[:max(1, round(share * n))]:
+                for i in can_row[:max(1, round(part * n))]:
                     rows[i] = ROW_WISE
                 add_start(rows)
             if self.config.dominant_start and can_row:
-                alone = np.zeros((n, task.num_devices, u.scorer.weights.shape[1]))
-                alone[:, 0] = u.scorer.weights[:n]
-                single = u.scorer.device_costs(alone)[:, 0, :2].sum(axis=-1) * u.scorer.speed[0]
-                fair = single.sum() / task.num_devices
                 rowable = set(can_row)
                 rows = [ROW_WISE if i in rowable and single[i] > self.config.dominant_share * fair else 1
                         for i in range(n)]
@@ -231,10 +240,14 @@ class CutSearchSharder(LearnedSharder):
                     if again_cost < cost:
                         where, cost = again, again_cost
                 ends.append((cost, cuts, where))
-            whole = min((e for e in ends if all(k == 1 for k in e[1])), key=lambda e: e[0])
-            bar = whole[0] * (1 - self.config.cut_gain)
-            # the first of equals: the policy's plan
-            _, cuts, where = min((e for e in ends if e is whole or e[0] <= bar), key=lambda e: e[0])
+            # ends that cut every table that must be cut, where there are such ends
+            ends = [e for e in ends if all(e[1][i] != 1 for i in must_cut)] or ends
+            plain = [e for e in ends if all(k == 1 or i in must_cut for i, k in enumerate(e[1]))]
+            if plain:  # cuts beyond those must be rated cut_gain cheaper than the best end without them
+                whole = min(plain, key=lambda e: e[0])
+                bar = whole[0] * (1 - self.config.cut_gain)
+                ends = [e for e in ends if e is whole or e[0] <= bar]
+            _, cuts, where = min(ends, key=lambda e: e[0])  # the first of equals: the policy's plan
         cut, pieces = cut_task(task, cuts_of(task, cuts))
         plan = Plan.from_assignment(cut, [d for devices in where for d in devices])
         if pieces:

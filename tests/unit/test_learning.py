@@ -957,7 +957,9 @@ def test_cut_gain_keeps_whole_tables_unless_a_plan_with_cuts_is_rated_that_much_
     u = _Universe.build(task, cut_model, [cut_options(task, t, CutConfig()) for t in task.tables])
 
     def plan(gain: float) -> Plan:
-        out = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(cut_gain=gain)).shard(task)
+        # must_cut_share off: the hot table is costlier alone than a fair share (the next test)
+        out = make_sharder("dreamshard_cut", model=cut_model,
+                           cuts=CutConfig(cut_gain=gain, must_cut_share=0.0)).shard(task)
         validate_plan(task, out)
         return out
 
@@ -975,6 +977,37 @@ def test_cut_gain_keeps_whole_tables_unless_a_plan_with_cuts_is_rated_that_much_
     for bad in (-0.1, 1.0, True, "0.02"):
         with pytest.raises(ValueError, match="cut_gain: expected a number in"):
             CutConfig(cut_gain=bad)
+
+
+def test_a_table_costlier_alone_than_a_fair_share_is_cut_even_where_whole_tables_are_rated_cheaper(cut_model,
+                                                                                                monkeypatch):
+    """`must_cut_share`: on the one-hot-table task the hot table alone is rated costlier than a device's fair share.
+    With a cut_gain no plan with cuts can meet (0.99), the plan is of whole tables unless must_cut_share applies;
+    then the hot table is cut all the same, and only it. So too where every plan that cuts it is rated dearer
+    than any plan of whole tables (the network's rating of the search's ends made 1000 ms dearer when hot is cut)."""
+    from dreamshard.sharders.cuts import CutConfig
+
+    hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
+    small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(3)]
+    task = Task.uniform("one-hot-table", [hot, *small], 2, 1.0)
+
+    def devices_of(share: float) -> dict[str, set[int]]:
+        plan = make_sharder("dreamshard_cut", model=cut_model,
+                            cuts=CutConfig(cut_gain=0.99, must_cut_share=share)).shard(task)
+        validate_plan(task, plan)
+        return {t.name: {s.device for s in plan.shards if s.table == t.name} for t in task.tables}
+
+    assert all(len(d) == 1 for d in devices_of(0.0).values())  # off: whole tables
+    on = devices_of(1.0)
+    assert len(on["hot"]) == 2 and all(len(on[t.name]) == 1 for t in small)
+    assert all(len(d) == 1 for d in devices_of(50.0).values())  # no table is rated 50 fair shares
+    rated = _Universe.cost
+    monkeypatch.setattr(_Universe, "cost", lambda u, cuts, where: rated(u, cuts, where) + 1000.0 * (cuts[0] != 1))
+    assert all(len(d) == 1 for d in devices_of(0.0).values())
+    assert len(devices_of(1.0)["hot"]) == 2
+    for bad in (-1.0, True, "1"):
+        with pytest.raises(ValueError, match="must_cut_share: expected a number >= 0"):
+            CutConfig(must_cut_share=bad)
 
 
 def _rated(u, task: Task, plan: Plan) -> float:
