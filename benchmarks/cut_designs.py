@@ -37,6 +37,15 @@ VARIANTS: dict[str, dict] = {
 VALIDATION_SEED_OFFSET = 1000
 
 
+def parse_variants(items: list[str]) -> dict[str, dict]:
+    """NAME=JSON items (`--variant`) -> {name: CutConfig fields changed from params.yaml's cut_search}."""
+    variants = {}
+    for item in items:
+        name, _, fields = item.partition("=")
+        variants[name] = json.loads(fields)
+    return variants
+
+
 def validation_tasks(params: dict) -> list:
     """Each family's tasks drawn again from the test pool of tables (the tasks stage's pools, so no training
     table), with another seed: tasks like the test tasks, none of them the reported ones."""
@@ -88,12 +97,7 @@ def main() -> None:
         read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
     model = load_model("dreamshard", paths["dreamshard_model"])
     base = build(CutConfig, params["cut_search"], "cut_search")
-    variants = dict(VARIANTS)
-    if args.variant:
-        variants = {"params": {}}
-        for v in args.variant:
-            name, _, fields = v.partition("=")
-            variants[name] = json.loads(fields)
+    variants = {"params": {}, **parse_variants(args.variant)} if args.variant else dict(VARIANTS)
     sharders = {name: make_sharder("dreamshard_cut", model=model, cuts=replace(base, **fields))
                 for name, fields in variants.items()}
     sharders["dreamshard"] = make_sharder("dreamshard", model=model)

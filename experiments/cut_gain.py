@@ -6,9 +6,10 @@ search the same way (`--variant`).
     python -m experiments.cut_gain --variant 'off={"must_cut_share": 0}' --variant 'on={"must_cut_share": 1}' \
         [--splits train,validation,test] [--root .] [--out DIR]
 
-Tasks never reported (`--splits`, default train,validation): the training tasks after the first four of each
-family (the evaluate stage reports those four) and the validation draws of `benchmarks.cut_designs` (fresh tasks
-of the test pool's tables, seed tasks.seed + 1000); `test` adds the test tasks, for a check after the choice.
+Tasks never reported (`--splits`, default train,validation): the training tasks the evaluate stage does not
+report (it reports the first `evaluate.train_tasks_per_family` of each family) and the validation draws of
+`benchmarks.cut_designs` (fresh tasks of the test pool's tables, seed tasks.seed + 1000); `test` adds the test
+tasks, for a check after the choice.
 Each task is planned by `dreamshard_cut` with the project's `cut_search` at every gain (or with every
 `--variant`: CutConfig fields over the project's, the first the reference); where the plans differ, the distinct
 plans are measured in one interleaved pass (`measure_rounds`, `rounds` rounds, medians) on the project's
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,11 +35,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs/cut-gain"))
     args = parser.parse_args()
+    from benchmarks.cut_designs import parse_variants, validation_tasks
+
     if args.variant:
-        settings = {}
-        for v in args.variant:
-            name, _, fields = v.partition("=")
-            settings[name] = json.loads(fields)
+        settings = parse_variants(args.variant)
     else:
         settings = {f"{float(g):g}": {"cut_gain": float(g)} for g in args.gains.split(",")}
     if len(settings) < 2:
@@ -49,35 +48,33 @@ def main() -> None:
         parser.error(f"--splits: expected train, validation or test, got {args.splits}")
     names = list(settings)
 
-    import yaml
+    from pipeline.__main__ import huge_pages_from_params
 
-    params = yaml.safe_load((args.root / "params.yaml").read_text())
-    params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
-    if params["backend"].get("fbgemm", {}).get("huge_pages"):
-        os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # before torch's first allocation, as a stage does
+    huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
 
     import torch
+    import yaml
 
-    from benchmarks.cut_designs import validation_tasks
     from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.evaluation import evaluated_tasks
     from dreamshard.project.params import build
     from dreamshard.sharders import load_model, make_sharder
     from dreamshard.sharders.cuts import CutConfig
     from dreamshard.tasks import read_tasks
 
     torch.set_num_threads(1)
+    params = yaml.safe_load((args.root / "params.yaml").read_text())
+    params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
     paths = params["paths"]
     model = load_model("dreamshard", paths["dreamshard_model"])
     base = build(CutConfig, params["cut_search"], "cut_search")
     sharders = [make_sharder("dreamshard_cut", model=model, cuts=replace(base, **settings[n])) for n in names]
-    seen: dict[str, int] = {}
     tasks = []
-    if "train" in splits:
-        for t in read_tasks(Path(paths["tasks"]) / "train.parquet", paths["tables"]):
-            seen[t.family] = seen.get(t.family, 0) + 1
-            if seen[t.family] > 4:
-                tasks.append(("train", t))
+    if "train" in splits:  # the training tasks the evaluate stage does not report
+        reported = {t.name for split, t in evaluated_tasks(params)[1] if split == "train"}
+        tasks += [("train", t) for t in read_tasks(Path(paths["tasks"]) / "train.parquet", paths["tables"])
+                  if t.name not in reported]
     if "validation" in splits:
         tasks += [("validation", t) for t in validation_tasks(params)]
     if "test" in splits:
@@ -88,7 +85,7 @@ def main() -> None:
     with open(args.out / "rows.jsonl", "w") as fh:
         for split, task in tasks:
             plans = [s.shard(task) for s in sharders]
-            keys = [tuple(sorted(map(str, p.shards))) for p in plans]
+            keys = [p.key() for p in plans]
             distinct = list(dict.fromkeys(keys))
             row = {"split": split, "family": task.family, "task": task.name,
                    "settings": names, "plan_of_gain": [distinct.index(k) for k in keys]}
@@ -103,7 +100,7 @@ def main() -> None:
     command = " ".join(f"--variant '{v}'" for v in args.variant) if args.variant else f"--gains {args.gains}"
     lines = ["# `dreamshard_cut`'s settings: the plans they change, measured\n",
              f"{backend.device_name()}; {backend.versions()}; {sum(s == 'train' for s, _ in tasks)} training tasks "
-             f"(after each family's first four), {sum(s == 'validation' for s, _ in tasks)} validation draws and "
+             f"(those evaluate does not report), {sum(s == 'validation' for s, _ in tasks)} validation draws and "
              f"{sum(s == 'test' for s, _ in tasks)} test tasks; {args.rounds} interleaved rounds (medians). Command:\n",
              f"    python -m experiments.cut_gain {command} --splits {args.splits} --rounds {args.rounds} "
              f"--out {args.out}\n",
