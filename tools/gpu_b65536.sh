@@ -8,6 +8,9 @@
 # Bringing the parts there: results/gpu/README.md. Smoke test on a CPU (tiny params, seconds):
 #   OUT=/tmp/o DEVICE=cpu BATCH=64 PARAMS=tiny.yaml PY=.venv/bin/python SKIP_INSTALL=1 bash tools/gpu_b65536.sh 400
 # TEST_TASKS=N: N test tasks per family instead of params.yaml's (the same in both calls).
+# UVM=1: also tools/gpu_uvm.py (UVM caching against the model of it) right after the install, while the data stages
+#   still run on the host (UVM_S: its time cap, UVM_ARGS: its arguments).
+# RESUME=1 (a second call on the same warm machine): straight to evaluate, which continues from its journal.
 # The trainings run one after another: two torch fits side by side on the 16-core GPU host finished
 # nothing in 6 minutes (results/gpu/b65536_learned_attempt/).
 set -u
@@ -22,6 +25,7 @@ finish() {
   cp -r "$W/metrics" "$W/plots" "$G/" 2>/dev/null
   mkdir -p "$G/models" && cp "$W"/models/*.pt "$W"/models/*.json "$G/models/" 2>/dev/null
   cp -r "$W/data/eval_journal" "$G/" 2>/dev/null
+  mkdir -p "$G/measured" && cp -r "$W/data/costs" "$W/data/single_devices" "$G/measured/" 2>/dev/null  # the GPU's plan rows
   tar czf "$O/gpu_b65536.tgz" -C /tmp go
   exit 0
 }
@@ -53,8 +57,15 @@ fi
 # parts carried in earlier calls wait in /tmp/parts (a carried path is removed from the checkout by the next call)
 if ls /tmp/parts/part.* >/dev/null 2>&1; then mkdir -p .gpu/p00 && mv /tmp/parts/part.* .gpu/p00/; fi
 [ -n "${SKIP_INSTALL:-}" ] && INSTALL_CMD=true || INSTALL_CMD="bash .gpu/meta/install-on-device.sh"
+if [ -n "${RESUME:-}" ]; then  # a second call on the same warm machine: installed, collected and trained already
+  log "resuming evaluate"
+else
+rm -f "$G/installed"
+# the install, then (UVM=1) the UVM caching check while the GPU is otherwise idle (the data stages run on the host)
 ( $INSTALL_CMD \
-  && { [ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl; } ) \
+  && { [ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl; } \
+  && touch "$G/installed" && { [ -z "${UVM:-}" ] || timeout "${UVM_S:-90}" $PY -m tools.gpu_uvm --out "$G/uvm" --device $DEVICE \
+       ${UVM_ARGS:-} > "$G/uvm.log" 2>&1; true; } ) \
   > "$G/install.log" 2>&1 &
 INSTALL=$!
 if [ -f "$G/data.log" ]; then  # started by an earlier call: wait for it (collect needs it, so no time is lost)
@@ -66,25 +77,33 @@ else
   log "data (CPU) while fbgemm-gpu installs"
   run data --device cpu --steps data > "$G/data.log" 2>&1 || { log "data failed"; tail -20 "$G/data.log"; finish; }
 fi
-wait $INSTALL || { log "install failed"; cat "$G/install.log"; finish; }
-cat "$G/install.log"
+wait $INSTALL; [ -f "$G/installed" ] || { log "install failed"; cat "$G/install.log"; finish; }
+cat "$G/install.log"; [ -z "${UVM:-}" ] || log "uvm check: $(tail -c 300 "$G/uvm.log")"
 log "collect"
 # within the budget too: at 4 s a plan (results/gpu/b65536_learned_attempt2/) collect alone outlasted a 600 s call
 within "$(left)" collect || { log "collect failed or stopped"; tail -5 "$G/collect.log"; finish; }
-# each training within its cap and the time left; AutoShard (the least needed) only with EVAL_MIN s kept for evaluate
+# each training within its cap and the time left
 for item in train_cost:${CAP_COST:-120} train_policy:${CAP_POLICY:-150} train_neuroshard:${CAP_NEURO:-120} \
             train_autoshard:${CAP_AUTO:-90}; do
   stage=${item%%:*}; cap=${item##*:}; t=$(left); [ "$t" -lt "$cap" ] || t=$cap
-  if [ "$stage" = train_autoshard ] && [ $(( $(left) - cap )) -lt "${EVAL_MIN:-240}" ]; then log "$stage skipped"; continue; fi
+  case $stage in train_neuroshard|train_autoshard)  # the least needed: only with EVAL_MIN s kept for evaluate
+    if [ $(( $(left) - cap )) -lt "${EVAL_MIN:-240}" ]; then log "$stage skipped"; continue; fi; esac
   log "$stage (at most $t s)"
   OMP_NUM_THREADS=${TRAIN_THREADS:-4} within "$t" $stage || log "$stage stopped (rc $?)"
 done
 log "trained: $(ls $W/models)"
+fi  # RESUME
 S=${HEURISTICS:-random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy}
 [ -f "$W/models/dreamshard.pt" ] && S=$S,dreamshard,dreamshard_cut
 [ -f "$W/models/autoshard.pt" ] && S=$S,autoshard
 [ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard
-S=$S,torchrec_full
+# TorchRec's planner as carried (.whl) with this torch: one task planned before evaluate counts on it
+if timeout 60 $PY -c "import sys; from dreamshard.sharders import make_sharder; from dreamshard.plan import validate_plan
+from dreamshard.tasks import read_tasks
+task = read_tasks(sys.argv[1] + '/data/tasks/test.parquet', sys.argv[1] + '/data/tables.parquet')[0]
+validate_plan(task, make_sharder('torchrec_full', batch_size=int(sys.argv[2])).shard(task)); print('torchrec_full plans', task.name)" \
+   "$W" "$BATCH" > "$G/torchrec_check.log" 2>&1; then S=$S,torchrec_full; fi
+log "$(tail -1 "$G/torchrec_check.log")"
 log "evaluate [$S] within $(left) s"
 within "$(left)" evaluate --set "evaluate.sharders=[$S]" || log "evaluate stopped (rc $?)"
 grep -E "^evaluate|regime|bound" "$G/evaluate.log" | tail -5
