@@ -68,7 +68,7 @@ def rotating(table, requests, factor, device_name: str = "cuda", warm_passes: in
             times.append(start.elapsed_time(end))
     miss = None
     if factor is not None:
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import UVMCacheStatsIndex
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import UVMCacheStatsIndex
 
         stats = op.get_uvm_cache_stats().tolist()
         unique = stats[UVMCacheStatsIndex.num_unique_indices]
