@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from dreamshard.data.dlrm import TableProfile, generate_lookups
     from dreamshard.data.lookups import RecordedLookups
     from dreamshard.data.requests import TableRequests
+    from dreamshard.hardware.allocator import huge_pages_enabled
     from dreamshard.hardware.analytic import AnalyticConfig
     from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, fbgemm_version, pin_threads
     from dreamshard.plan import Shard
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         task = Task.uniform("uvm", [table], 1, 64.0)
         backend = FbgemmBackend(RecordedLookups({table.name: TableRequests(*requests[0])}),
                                 FbgemmConfig(batch_size=args.batch, device=args.device, warmup=5, iterations=15,
-                                             memory_budget_gb=64.0))
+                                             memory_budget_gb=64.0, huge_pages=huge_pages_enabled()))
         pin_threads(backend)
         for factor in factors:
             fixed = backend.compute_cost(task, [Shard(table.name, 0, 0, args.dim, cache=factor)]).total_ms

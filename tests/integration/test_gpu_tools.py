@@ -1,0 +1,56 @@
+"""tools/gpu_uvm.py and tools/journal_summary.py: the UVM check's smoke path on CPU (its CUDA rows need a GPU:
+results/gpu/) and the summary of a stopped evaluate's journal, on the journal an H200 run left."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tools import gpu_uvm, journal_summary
+
+H200_JOURNAL = Path("results/gpu/b65536_learned/eval_journal")
+
+
+def test_uvm_check_smoke_on_cpu_writes_its_rows_with_provenance(tmp_path):
+    gpu_uvm.main(["--out", str(tmp_path), "--device", "cpu", "--factors", ",", "--batch", "128", "--rows", "5000",
+                  "--batches", "2", "--alphas", "0.6,1.2"])
+    record = json.loads((tmp_path / "uvm.json").read_text())
+    assert record["batch"] == 128 and record["torch"] and record["fbgemm_gpu"] and "gpu_uvm" in record["command"]
+    assert [r["alpha"] for r in record["rows"]] == [0.6, 1.2]
+    for row in record["rows"]:  # HBM only on CPU: each row is its own reference
+        assert row["load_factor"] is None and row["fixed_over_hbm"] == row["rotating_over_hbm"] == 1.0
+        assert row["fixed_ms"] > 0 and math.isfinite(row["rotating_ms"])
+
+
+def test_uvm_check_refuses_cached_rows_on_cpu(tmp_path):
+    with pytest.raises(SystemExit):
+        gpu_uvm.main(["--out", str(tmp_path), "--device", "cpu", "--factors", "0.1"])
+    assert not (tmp_path / "uvm.json").exists()
+
+
+def test_journal_summary_reports_the_journaled_tasks_with_the_stages_paired_ratios(tmp_path):
+    journal_summary.main([str(H200_JOURNAL), str(tmp_path)])
+    metrics = json.loads((tmp_path / "eval_partial.json").read_text())
+    rows = pd.concat([pd.read_parquet(f) for f in sorted(H200_JOURNAL.glob("task-*.parquet"))])
+    assert metrics["device"] == ["NVIDIA H200"] and metrics["measured"]
+    assert metrics["tasks"]["test/dlrm-80-16"] == 6 and metrics["tasks"]["train/dlrm-20-4"] == 1
+    assert "train/dlrm-40-4" not in metrics["tasks"]  # the run stopped before it
+    # the paired ratio is the mean over tasks of cost / torchrec_full's cost on the same task
+    test = rows[(rows["split"] == "test") & (rows["family"] == "dlrm-40-8")].pivot(index="task", columns="algorithm",
+                                                                                  values="cost_ms")
+    expected = (test["dreamshard_cut"] / test["torchrec_full"]).mean()
+    got = metrics["families"]["dlrm-40-8"]["dreamshard_cut"]["vs_torchrec_full"]
+    assert got["mean_ratio"] == pytest.approx(expected) and got["ci_low"] <= expected <= got["ci_high"]
+    assert (tmp_path / "eval_cost_ratio.png").stat().st_size > 0
+    assert set(pd.read_csv(tmp_path / "eval_cost_ratio.csv")["family"]) >= {"dlrm-20-4", "dlrm-80-16"}
+
+
+def test_journal_summary_names_a_folder_without_task_files(tmp_path):
+    shutil.copytree(H200_JOURNAL, tmp_path / "j", ignore=shutil.ignore_patterns("task-*"))
+    with pytest.raises(SystemExit, match="no task-"):
+        journal_summary.main([str(tmp_path / "j"), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
