@@ -12,7 +12,7 @@ Reported per variant: the mean of the paired ratios to torchrec_full with a 95% 
 tasks, overall and per family, the tasks it cut tables in, and its median planning time. Needs `make run`'s
 data/ and models/ (or --root of a project that has them). --split train chooses settings on training tasks,
 --split validation checks them on fresh draws of test-pool tables; the reported test tasks are left to evaluate.
-Writes summary.json and README.md to --out.
+Writes summary.json, README.md and tasks.csv (every task's cost per sharder, for pooling passes) to --out.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 # variant -> CutConfig fields changed from params.yaml's cut_search
 VARIANTS: dict[str, dict] = {
@@ -159,6 +160,9 @@ def main() -> None:
                                      "planning_ms_p50": statistics.median(r["planning_ms"] for r in mine)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # every task's cost per sharder, so that passes over other tasks of a family can be pooled later
+    pd.DataFrame([{k: v for k, v in r.items() if k != "cost_ms_passes"} for r in rows]).to_csv(
+        args.out / "tasks.csv", index=False)
     lines = ["# Designs of the planner that cuts tables, against `torchrec_full`\n",
              f"{backend.device_name()}; {summary['versions']}; {args.tasks} {args.split} tasks per family of "
              f"{', '.join(summary['families'])}; {args.rounds} interleaved rounds (medians)"
