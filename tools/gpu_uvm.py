@@ -6,8 +6,12 @@
 For each Zipf skew, one table is measured in HBM (`fused`) and UVM-cached at each load factor, two ways:
   fixed     the backend's own protocol (`FbgemmBackend.compute_cost` of a shard with `cache=`): one batch,
             repeated, so that after the warm-up the cache holds the rows that batch reads;
-  rotating  `--batches` different batches of the same table in turn, FBGEMM's cache statistics gathered:
-            the cache then sees what a training job sends it, new rows every step.
+  rotating  `--batches` different batches of the same table in turn, FBGEMM's cache statistics gathered.
+            --draws one (the default): the batches are one draw of batches x batch samples, split, so that they
+            share the table's hot rows and differ in the rest, as a training job's steps do; --draws seeds: each
+            batch drawn with its own seed, which also moves the hot rows (generate_lookups scatters the ranks by
+            the seed), so that every step's hot rows are new to the cache: the worst case, and what the first
+            run of this check measured (results/gpu/README.md, 2026-11-27).
 Beside each: `caching.hit_rate` (the share of lookups the model says the cache serves, from the table's
 access-count bins) and the slowdown over HBM the analytic backend prices from it (`uvm_miss_factor`).
 Writes DIR/uvm.json (every row, with the device, versions and this command). CUDA only.
@@ -78,6 +82,18 @@ def rotating(table, requests, factor, device_name: str = "cuda", warm_passes: in
     return statistics.median(times), miss
 
 
+def batches_of(generate, profile, batch: int, count: int, draws: str):
+    """`count` batches of (indices, lengths): split from one draw of count x batch samples (seed 0), or one draw
+    per batch with seeds 0..count-1."""
+    import numpy as np
+
+    if draws == "seeds":
+        return [generate(profile, batch, seed) for seed in range(count)]
+    indices, lengths = generate(profile, count * batch, 0)
+    ends = np.concatenate([[0], np.cumsum(lengths)])[::batch]  # where each batch's ids start, and the last end
+    return [(indices[ends[i]:ends[i + 1]], lengths[i * batch:(i + 1) * batch]) for i in range(count)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.gpu_uvm", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -88,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alphas", default="0.6,1.0,1.2")
     ap.add_argument("--factors", default="0.01,0.05,0.2")
     ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--draws", default="one", choices=["one", "seeds"],
+                    help="one: the rotating batches split from one draw (shared hot rows); seeds: one draw each")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke test of this script, HBM rows only (--factors '')")
     args = ap.parse_args(argv)
@@ -113,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, t0 = [], time.time()
     for alpha in [float(a) for a in args.alphas.split(",")]:
         profile = TableProfile(args.rows, args.pooling, alpha)
-        requests = [generate_lookups(profile, args.batch, seed) for seed in range(args.batches)]
+        requests = batches_of(generate_lookups, profile, args.batch, args.batches, args.draws)
         _, counts = np.unique(requests[0][0], return_counts=True)
         table = Table(f"zipf{alpha}", args.rows, args.dim, args.pooling, bins=tuple(access_count_bins(counts)))
         task = Task.uniform("uvm", [table], 1, 64.0)
@@ -140,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor()
     record = {"device": name, "torch": torch.__version__, "fbgemm_gpu": fbgemm_version(),
               "python": platform.python_version(), "command": " ".join(["python -m tools.gpu_uvm", *sys.argv[1:]]),
-              "seconds": round(time.time() - t0, 1), "batch": args.batch, "table": {"rows": args.rows, "dim": args.dim,
+              "seconds": round(time.time() - t0, 1), "batch": args.batch, "draws": args.draws,
+              "table": {"rows": args.rows, "dim": args.dim,
               "pooling": args.pooling}, "rows": rows}
     (args.out / "uvm.json").write_text(json.dumps(record, indent=1))
     return 0

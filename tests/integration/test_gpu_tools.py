@@ -54,3 +54,28 @@ def test_journal_summary_names_a_folder_without_task_files(tmp_path):
     with pytest.raises(SystemExit, match="no task-"):
         journal_summary.main([str(tmp_path / "j"), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_rotating_batches_split_one_draw_unless_asked_for_a_draw_each():
+    """`one`: consecutive slices of one draw (the same hot rows, as a job's steps); `seeds`: a draw per batch."""
+    import numpy as np
+
+    from dreamshard.data.dlrm import TableProfile, generate_lookups
+
+    profile = TableProfile(50_000, 5.0, 1.2)
+    split = gpu_uvm.batches_of(generate_lookups, profile, 256, 4, "one")
+    whole_idx, whole_len = generate_lookups(profile, 4 * 256, 0)
+    assert [len(lengths) for _, lengths in split] == [256] * 4
+    assert all(int(lengths.sum()) == len(idx) for idx, lengths in split)
+    assert np.array_equal(np.concatenate([i for i, _ in split]), whole_idx)
+    assert np.array_equal(np.concatenate([n for _, n in split]), whole_len)
+    seeded = gpu_uvm.batches_of(generate_lookups, profile, 256, 4, "seeds")
+    assert all(np.array_equal(i, generate_lookups(profile, 256, s)[0]) for s, (i, _) in enumerate(seeded))
+
+    def hottest(idx):
+        values, counts = np.unique(idx, return_counts=True)
+        return int(values[counts.argmax()])
+
+    # one draw keeps the hottest row where it is; a new seed scatters the ranks anew
+    assert hottest(split[0][0]) == hottest(split[3][0])
+    assert hottest(seeded[0][0]) != hottest(seeded[3][0])
