@@ -1,9 +1,10 @@
-"""UVM caching (TorchRec's fused_uvm_caching kernel): a table's weights in host memory, its hottest rows in HBM.
+"""UVM caching (TorchRec's fused_uvm_caching kernel): a table's weights in host memory, a cache of rows in HBM.
 
 A cached table takes on its device a `load_factor` share of its weights and optimizer state, FBGEMM's cache
 bookkeeping (4 bytes a row and 16 a cache slot, as TorchRec's storage estimator counts it) and the usual
 buffers. The lookups the cache serves (its hit rate) are priced from the table's access-count bins: the cache
-holds the load_factor x rows most-accessed rows, and the hit rate is their share of the lookups. Which tables
+holds load_factor x rows rows, the ones the last steps read (LRU), and the hit rate is the share of a step's
+lookups it finds there (`hit_rate`). Which tables
 are cached, and how much: `choose_caching`, called by `with_pieces` for tasks whose kernels allow it.
 """
 from __future__ import annotations
@@ -24,15 +25,20 @@ DEFAULT_LOAD_FACTOR = 0.2  # TorchRec's default cache load factor (its planner's
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 HIT_TARGET = 0.9
 CACHE_FILL = 0.9  # choose_caching caches tables until they need at most this share of the devices' memory
-_BIN_COUNTS = [2.0**k for k in range(NUM_BINS)]  # a bin's representative access count (bin 0: once)
+# a bin's representative access count: bin 0 holds the rows read once, bin 1 those read twice, bin k >= 2 the
+# counts in (2^(k-1), 2^k], represented by their midpoint (the bin's upper end counted hot rows too hot)
+_BIN_COUNTS = [1.0, 2.0] + [0.75 * 2.0**k + 0.5 for k in range(2, NUM_BINS)]
 
 
 def hit_rate(table: Table, load_factor: float, batch_size: int) -> float:
-    """Share of `table`'s lookups served by a cache of its `load_factor` x rows most-accessed rows, with
-    `batch_size` samples a step. The bins say how a step's lookups fall on the rows it reads: rows read more than
-    once a step (bins 1..16) are the hot ones, cached first, hottest first; the lookups of rows read once (bin 0)
-    are the tail, spread evenly over every other row of the table, so the cache's remaining room serves its
-    share of them. Without bins every row is alike: the hit rate is the load factor."""
+    """Share of `table`'s lookups a step of `batch_size` samples finds in a cache of `load_factor` x rows rows,
+    as FBGEMM's LRU cache (its default, and TorchRec's) keeps them: each step brings the rows it reads into the
+    cache, evicting the least recently used, so the cache holds the rows of the last steps, not the hottest ones.
+    From the bins: a step reads U distinct rows (its lookups over their mean count); the share of its lookups
+    whose row the step before read too is 1 - N1 / lookups (Good-Turing: the rows read once estimate the mass of
+    rows not seen). A cache smaller than U holds that share of the last step's rows; a larger one holds them all
+    and spreads the rest over the other rows. Checked against a simulated LRU (tests/unit/test_caching.py; why:
+    results/gpu/README.md, 2026-11-27). Without bins every row is alike: the hit rate is the load factor."""
     if not 0 < load_factor <= 1:
         raise ValueError(f"table {table.name!r}: cache load factor must be in (0, 1], got {load_factor!r}")
     if table.bins is None or sum(table.bins) == 0 or table.pooling_factor == 0 or batch_size == 0:
@@ -40,18 +46,15 @@ def hit_rate(table: Table, load_factor: float, batch_size: int) -> float:
     total = sum(table.bins)
     shares = [b / total for b in table.bins]
     mean_count = sum(s * c for s, c in zip(shares, _BIN_COUNTS))
-    read = min(float(table.rows), table.pooling_factor * batch_size / mean_count)  # distinct rows read a step
-    lookups = read * mean_count
+    lookups = table.pooling_factor * batch_size
+    read = min(float(table.rows), lookups / mean_count)  # distinct rows a step reads
+    seen = max(0.0, 1.0 - shares[0] / mean_count)  # lookups of rows the step before read (N1 / lookups unseen)
     room = load_factor * table.rows
-    hits = 0.0
-    for share, count in sorted(zip(shares[1:], _BIN_COUNTS[1:]), key=lambda sc: -sc[1]):  # the hot rows
-        rows = share * read
-        hits += min(rows, room) * count
-        room = max(0.0, room - rows)
-    tail_rows = table.rows - read * (1 - shares[0])  # every row not hot, read once or not at all this step
-    if tail_rows > 0:
-        hits += shares[0] * read * min(1.0, room / tail_rows)
-    return min(1.0, hits / lookups)
+    if room >= table.rows:
+        return 1.0
+    if room <= read:
+        return room / read * seen
+    return min(1.0, seen + (room - read) / (table.rows - read) * (1.0 - seen))
 
 
 def load_factor_for(table: Table, batch_size: int) -> float:
