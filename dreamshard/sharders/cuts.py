@@ -56,10 +56,13 @@ class CutConfig:
     # where a plan that cuts it exists (0: no such rule): whole, it alone sets its device's cost, and such a table
     # lies beyond the tables the network learned from, where it rates too low
     must_cut_share: float = 1.0
+    # fewest rows a table cut row-wise has (0: any): each block of a small, hot table adds a whole table's share of
+    # per-sample work to its device (experiments.cut_gain measures it)
+    min_row_rows: int = 0
 
     def __post_init__(self) -> None:
         for name, least in (("max_slices", 1), ("depth", 0), ("candidates", 1), ("escapes", 0),
-                            ("dominant_room", 0)):
+                            ("dominant_room", 0), ("min_row_rows", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
@@ -94,7 +97,8 @@ def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
         while k <= top:
             out.append(k)
             k *= 2
-    if config.row_wise and "row" in task.sharding and table.name not in task.avoided() and table.rows >= 2:
+    if config.row_wise and "row" in task.sharding and table.name not in task.avoided() \
+            and table.rows >= max(2, config.min_row_rows):
         out.append(ROW_WISE)
     return out
 

@@ -1010,6 +1010,21 @@ def test_a_table_costlier_alone_than_a_fair_share_is_cut_even_where_whole_tables
             CutConfig(must_cut_share=bad)
 
 
+def test_min_row_rows_keeps_smaller_tables_from_row_wise_cuts():
+    """Off (0) by default: measured, a floor on the rows of a row-wise cut made more plans dearer than cheaper
+    (results/cut_designs/min-row-rows)."""
+    from dreamshard.sharders.cuts import CutConfig
+
+    small, big = Table("small", 3000, 32, 50.0), Table("big", 200_000, 32, 5.0)
+    task = Task.uniform("floor", [small, big], 4, 1.0)
+    assert all(ROW_WISE in cut_options(task, t, CutConfig()) for t in (small, big))
+    floor = CutConfig(min_row_rows=4096)
+    assert ROW_WISE not in cut_options(task, small, floor) and ROW_WISE in cut_options(task, big, floor)
+    assert cut_options(task, small, floor)[:2] == [1, 2]  # column slices stay
+    with pytest.raises(ValueError, match="min_row_rows: expected an integer >= 0"):
+        CutConfig(min_row_rows=-1)
+
+
 def _rated(u, task: Task, plan: Plan) -> float:
     """The cost network's device-max estimate of `plan`, through the universe's pieces (sharders/cuts.py)."""
     cuts, where = [], []
