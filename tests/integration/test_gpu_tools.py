@@ -1,5 +1,6 @@
-"""tools/gpu_uvm.py and tools/journal_summary.py: the UVM check's smoke path on CPU (its CUDA rows need a GPU:
-results/gpu/) and the summary of a stopped evaluate's journal, on the journal an H200 run left."""
+"""Tools that summarise kept runs, on the runs they were made for: tools/gpu_uvm.py's smoke path on CPU (its CUDA
+rows need a GPU: results/gpu/), tools/journal_summary.py on the journal an H200 run left, and
+benchmarks/pool_tasks.py on the paper-scale passes of dlrm-80-4."""
 from __future__ import annotations
 
 import json
@@ -79,3 +80,28 @@ def test_rotating_batches_split_one_draw_unless_asked_for_a_draw_each():
     # one draw keeps the hottest row where it is; a new seed scatters the ranks anew
     assert hottest(split[0][0]) == hottest(split[3][0])
     assert hottest(seeded[0][0]) != hottest(seeded[3][0])
+
+
+PAPER_80_4 = [Path("results/cut_designs/paper-tenth/80-4-first20"), Path("results/cut_designs/paper-tenth/80-4-next20")]
+
+
+def test_pooled_tasks_give_the_mean_of_every_tasks_paired_ratio(tmp_path):
+    from benchmarks import pool_tasks
+
+    pool_tasks.main([*map(str, PAPER_80_4), "--out", str(tmp_path)])
+    pooled = json.loads((tmp_path / "pooled.json").read_text())["families"]["dlrm-80-4"]
+    rows = pd.concat([pd.read_csv(d / "tasks.csv") for d in PAPER_80_4]).pivot(index="task", columns="sharder",
+                                                                               values="cost_ms")
+    ratios = rows["params"] / rows["torchrec_full"]
+    assert pooled["params"]["tasks"] == 40 == len(ratios)
+    assert pooled["params"]["mean"] == pytest.approx(ratios.mean())
+    assert pooled["params"]["ci_low"] < ratios.mean() < pooled["params"]["ci_high"]
+    assert pooled["torchrec_full"]["mean"] == 1.0
+
+
+def test_pooling_a_run_twice_is_refused(tmp_path):
+    from benchmarks import pool_tasks
+
+    with pytest.raises(SystemExit, match="more than one run"):
+        pool_tasks.main([str(PAPER_80_4[1]), str(PAPER_80_4[1]), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
