@@ -57,6 +57,21 @@ def validation_tasks(params: dict) -> list:
             for t in sample_family(stats, pools["test"], f, "test", dims, memory, seed + VALIDATION_SEED_OFFSET)]
 
 
+def project_at(root: Path) -> tuple[dict, object, object]:
+    """A project's params with every path under `root`, its dreamshard checkpoint and its cut_search settings
+    (call after huge_pages_from_params: this imports torch)."""
+    import yaml
+
+    from dreamshard.project.params import build
+    from dreamshard.sharders import load_model
+    from dreamshard.sharders.cuts import CutConfig
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["paths"] = {k: str(root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
+    return params, load_model("dreamshard", params["paths"]["dreamshard_model"]), \
+        build(CutConfig, params["cut_search"], "cut_search")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
@@ -79,25 +94,20 @@ def main() -> None:
     huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
 
     import torch
-    import yaml
 
     from dreamshard.evaluation.summary import bootstrap_ci
     from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.project.backend import backend_of
     from dreamshard.project.params import build
     from dreamshard.sharders import load_model, make_sharder
-    from dreamshard.sharders.cuts import CutConfig
     from dreamshard.sharders.search import SearchConfig
     from dreamshard.tasks import read_tasks
 
     torch.set_num_threads(1)
-    params = yaml.safe_load((args.root / "params.yaml").read_text())
-    params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
+    params, model, base = project_at(args.root)
     paths = params["paths"]
     tasks = validation_tasks(params) if args.split == "validation" else \
         read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
-    model = load_model("dreamshard", paths["dreamshard_model"])
-    base = build(CutConfig, params["cut_search"], "cut_search")
     variants = {"params": {}, **parse_variants(args.variant)} if args.variant else dict(VARIANTS)
     sharders = {name: make_sharder("dreamshard_cut", model=model, cuts=replace(base, **fields))
                 for name, fields in variants.items()}

@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs/cut-gain"))
     args = parser.parse_args()
-    from benchmarks.cut_designs import parse_variants, validation_tasks
+    from benchmarks.cut_designs import parse_variants, project_at, validation_tasks
 
     if args.variant:
         settings = parse_variants(args.variant)
@@ -53,22 +53,16 @@ def main() -> None:
     huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
 
     import torch
-    import yaml
 
     from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.project.backend import backend_of
     from dreamshard.project.evaluation import evaluated_tasks
-    from dreamshard.project.params import build
-    from dreamshard.sharders import load_model, make_sharder
-    from dreamshard.sharders.cuts import CutConfig
+    from dreamshard.sharders import make_sharder
     from dreamshard.tasks import read_tasks
 
     torch.set_num_threads(1)
-    params = yaml.safe_load((args.root / "params.yaml").read_text())
-    params["paths"] = {k: str(args.root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
+    params, model, base = project_at(args.root)
     paths = params["paths"]
-    model = load_model("dreamshard", paths["dreamshard_model"])
-    base = build(CutConfig, params["cut_search"], "cut_search")
     sharders = [make_sharder("dreamshard_cut", model=model, cuts=replace(base, **settings[n])) for n in names]
     tasks = []
     if "train" in splits:  # the training tasks the evaluate stage does not report

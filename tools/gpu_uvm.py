@@ -109,18 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke test of this script, HBM rows only (--factors '')")
     args = ap.parse_args(argv)
-    import numpy as np
     import torch
 
     from dreamshard.caching import hit_rate
-    from dreamshard.data.dlrm import TableProfile, generate_lookups
+    from dreamshard.data.dlrm import TableProfile, generate_lookups, table_statistics
     from dreamshard.data.lookups import RecordedLookups
     from dreamshard.data.requests import TableRequests
     from dreamshard.hardware.allocator import huge_pages_enabled
     from dreamshard.hardware.analytic import AnalyticConfig
     from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, fbgemm_version, pin_threads
     from dreamshard.plan import Shard
-    from dreamshard.tables import Table, access_count_bins
+    from dreamshard.tables import Table
     from dreamshard.tasks import Task
 
     factors = [None] + [float(f) for f in args.factors.split(",") if f]
@@ -132,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     for alpha in [float(a) for a in args.alphas.split(",")]:
         profile = TableProfile(args.rows, args.pooling, alpha)
         requests = batches_of(generate_lookups, profile, args.batch, args.batches, args.draws)
-        _, counts = np.unique(requests[0][0], return_counts=True)
-        table = Table(f"zipf{alpha}", args.rows, args.dim, args.pooling, bins=tuple(access_count_bins(counts)))
+        bins = tuple(table_statistics(*requests[0]).bins)  # the bins the process stage would record
+        table = Table(f"zipf{alpha}", args.rows, args.dim, args.pooling, bins=bins)
         task = Task.uniform("uvm", [table], 1, 64.0)
         backend = FbgemmBackend(RecordedLookups({table.name: TableRequests(*requests[0])}),
                                 FbgemmConfig(batch_size=args.batch, device=args.device, warmup=5, iterations=15,

@@ -152,14 +152,12 @@ def simulated_lru(batches: list[np.ndarray], rows: int, load_factor: float) -> f
 def test_hit_rates_follow_an_lru_cache_on_a_stream_of_batches(alpha):
     """The oracle: an LRU simulation of 8 batches split from one draw (the same hot rows, fresh draws). A cache that
     held a step's hottest rows (the model before) was 0.2-0.8 too high here at load factors 0.01-0.05."""
-    from dreamshard.data.dlrm import TableProfile, generate_lookups
-    from dreamshard.tables import access_count_bins
+    from dreamshard.data.dlrm import TableProfile, generate_lookups, table_statistics
 
     rows, pooling, batch = 200_000, 20.0, 8192
     ids, lengths = generate_lookups(TableProfile(rows, pooling, alpha), 8 * batch, 0)
     ends = np.concatenate([[0], np.cumsum(lengths)])[::batch]
     batches = [ids[ends[i]:ends[i + 1]] for i in range(8)]
-    _, counts = np.unique(batches[0], return_counts=True)
-    table = Table("t", rows, 64, pooling, tuple(access_count_bins(counts)))
+    table = Table("t", rows, 64, pooling, tuple(table_statistics(batches[0], lengths[:batch]).bins))
     for factor in (0.01, 0.05, 0.2):
         assert hit_rate(table, factor, batch) == pytest.approx(simulated_lru(batches, rows, factor), abs=0.05), factor
