@@ -27,7 +27,7 @@ ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 306795
 MULTI_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 DIM = 128
 OURS = ("size_lookup_greedy", "lookup_greedy", "size_greedy", "dim_greedy", "random", "neuroshard", "neuroshard_tw",
-        "dreamshard", "dreamshard_cut")
+        "dreamshard", "dreamshard_cut", "torchrec_model")
 
 
 def model():

@@ -53,7 +53,7 @@ class DreamShardPlanner(ShardingPlanner):
         from dreamshard.sharders import default_algo, load_model, spec
 
         if algo is None:
-            algo = default_algo(model is not None)
+            algo = default_algo(model is not None, torchrec=True)
 
         if topology is None:
             raise DreamShardError("DreamShardPlanner: topology is required (torchrec.distributed.planner.Topology)")

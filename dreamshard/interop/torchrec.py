@@ -482,16 +482,18 @@ def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
             "exact_adagrad": (torch.optim.Adagrad, trec_optim.Adagrad), "adam": (torch.optim.Adam, trec_optim.Adam)}
 
 
-def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
+def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: int,
+                    caches: Mapping[str, float] | None = None) -> list:
+    """TorchRec's `ShardingOption` of every table, its shards set to `slices` (table name -> its blocks, each on
+    its device, in TorchRec's layout), with TorchRec's perf and storage estimates filled in per shard. Memory is
+    not checked here: rating pieces before they are placed (sharders/torchrec_model.py) needs every layout priced."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.types import Shard as TRShard
 
-    slices = _table_shards(task, plan)
     topo = topology(task)
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
-    constraints = table_constraints(task, kinds, plan_caches(task, plan))
+    constraints = table_constraints(task, kinds, caches or {})
     enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True)
     module = meta_module(task)
     optimizer = torchrec_optimizer_classes()[task.memory.optimizer][0]
@@ -507,6 +509,13 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     for t in task.tables:
         for shard, s in zip(by_name[t.name].shards, slices[t.name]):
             shard.rank = s.device
+    return options
+
+
+def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+
+    options = shard_estimates(task, _table_shards(task, plan), batch_size, plan_caches(task, plan))
     fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
     totals = [0.0] * task.num_devices
@@ -518,5 +527,5 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
             totals[shard.rank] += float(shard.perf.total)
             hbm[shard.rank] += int(shard.storage.hbm)
             ddr[shard.rank] += int(shard.storage.ddr)
-    cost = float(NoopPerfModel(topo).rate(options))
+    cost = float(NoopPerfModel(topology(task)).rate(options))
     return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm), tuple(ddr))

@@ -127,6 +127,12 @@ def _neuroshard(name: str, table_wise: bool) -> Callable[..., Sharder]:
     return factory
 
 
+def _torchrec_model(batch_size: int | None = None, search: Any = None) -> Sharder:
+    from dreamshard.sharders.torchrec_model import make  # imports torchrec only when planning
+
+    return make(batch_size, search)
+
+
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
     def factory(batch_size: int = 2048, sharding_types: tuple[str, ...] | None = None) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
@@ -159,6 +165,9 @@ _SPECS = (
     SharderSpec("neuroshard_tw", "search", _neuroshard("neuroshard_tw", True), ("model", "search"), needs_model=True,
                 doc="NeuroShard table-wise: its greedy grid search on whole tables (the peer of the table-wise "
                     "learned sharders), the neuroshard model"),
+    SharderSpec("torchrec_model", "search", _torchrec_model, ("batch_size", "search"), splits_tables=True,
+                doc="no trained model: our search over cuts and placements rated by TorchRec's perf model "
+                    "(sharders/torchrec_model.py; needs TorchRec)"),
     SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size",),
                 doc="TorchRec's planner, table-wise (greedy: may give up on feasible tasks)"),
     SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True), ("batch_size", "sharding_types"),
@@ -166,13 +175,17 @@ _SPECS = (
 )
 SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}
 DEFAULT_LEARNED = "dreamshard_cut"  # what `dreamshard plan` and DreamShardPlanner use when given a model
-DEFAULT_HEURISTIC = "size_lookup_greedy"  # and without one
+DEFAULT_HEURISTIC = "size_lookup_greedy"  # and `dreamshard plan` without one
+DEFAULT_WITH_TORCHREC = "torchrec_model"  # and DreamShardPlanner without one: TorchRec is there
 
 
-def default_algo(has_model: bool) -> str:
+def default_algo(has_model: bool, torchrec: bool = False) -> str:
     """The sharder `dreamshard plan` and DreamShardPlanner use when none is named: our best learned one with a
-    model (a dreamshard checkpoint), the best heuristic without one."""
-    return DEFAULT_LEARNED if has_model else DEFAULT_HEURISTIC
+    model (a dreamshard checkpoint); without one, the search rated by TorchRec's perf model where TorchRec is
+    at hand (`torchrec`: DreamShardPlanner), else the best heuristic."""
+    if has_model:
+        return DEFAULT_LEARNED
+    return DEFAULT_WITH_TORCHREC if torchrec else DEFAULT_HEURISTIC
 
 
 HEURISTICS = tuple(n for n, s in SHARDERS.items() if s.kind == "heuristic")

@@ -295,8 +295,8 @@ def test_constructor_takes_torchrecs_arguments_in_torchrecs_order():
             DreamShardPlanner(topology(2, 40.0), **{name: object()})
     with pytest.raises(DreamShardError, match="topology is required"):
         DreamShardPlanner()
-    # no algo: our best with a model (dreamshard_cut), the best heuristic without one
-    assert DreamShardPlanner(topology(2, 40.0)).algo == "size_lookup_greedy"
+    # no algo: our best with a model (dreamshard_cut), our search rated by TorchRec's perf model without one
+    assert DreamShardPlanner(topology(2, 40.0)).algo == "torchrec_model"
 
 
 # the shard filler of the DMP scripts, prepended to each (they run as files of their own on the ranks)

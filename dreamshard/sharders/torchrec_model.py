@@ -1,0 +1,294 @@
+"""`torchrec_model`: our search over cuts and placements, rating plans by TorchRec's own perf model.
+
+For a user with no trained cost model, TorchRec's analytic `EmbeddingPerfEstimator` is the estimate TorchRec's
+planner already trusts; this sharder optimises that same rating with a wider search than TorchRec's proposers:
+every table whole, in 2, 4, ... column slices or row-wise (the cuts `dreamshard_cut` tries, `cuts.cut_options`),
+with or without the shared data-parallel rule (sharders/replicas.py). TorchRec rates a plan by its slowest rank,
+the sum of its shards' estimates, and a shard's estimate does not depend on what else its rank holds; so each
+table's pieces are priced once per cut (one TorchRec call per cut), and the search is placement only:
+
+1. start from every table whole (a table too large for any device at its first cut, `pieces.first_cut`);
+2. place the pieces largest estimate first onto the least-loaded device with room (`place_tables`);
+3. on the slowest rank, try each other cut of its `candidates` costliest tables; keep the best plan while it
+   lowers the slowest rank (at most `depth` moves).
+
+It is TorchRec's model, not a measurement: a plan it rates faster is faster by that model. Tasks whose tables do
+not fit in device memory (UVM caching) are planned through `with_pieces`, like every other sharder.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dreamshard.errors import InfeasibleTaskError
+from dreamshard.placement import by_least_load, place_tables
+from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
+from dreamshard.sharders.pieces import Cut, column_widths, cut_task, first_cut, merge_pieces, with_pieces
+from dreamshard.sharders.replicas import data_parallel_tables, with_replicas
+from dreamshard.tasks import Task
+
+
+@dataclass(frozen=True)
+class ModelSearchConfig:
+    depth: int = 64  # moves at most
+    candidates: int = 4  # costliest tables of the slowest rank whose cuts are tried per move
+    max_slices: int = 8  # most column slices of one table
+
+    def __post_init__(self) -> None:
+        for name, least in (("depth", 0), ("candidates", 1), ("max_slices", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"torchrec_model: {name}: expected an integer >= {least}, got {value!r}")
+
+
+def _cuts_of(task: Task, config: ModelSearchConfig) -> dict[str, list[Cut]]:
+    """Table name -> the cuts tried for it, whole first (cuts.cut_options, with its row and column rules)."""
+    from dreamshard.sharders.cuts import ROW_WISE, CutConfig, cut_options
+
+    rule = CutConfig(max_slices=config.max_slices)
+    return {t.name: [Cut(row_wise=True) if k == ROW_WISE else Cut(columns=k) for k in cut_options(task, t, rule)]
+            for t in task.tables}
+
+
+def _slices(task: Task, name: str, cut: Cut) -> list[Shard]:
+    """The blocks of table `name` at `cut`, in `table_pieces` order, on the devices TorchRec's layout puts them
+    (a row-wise block i on device i; column slices on devices 0, 1, ...: a shard's estimate ignores its device)."""
+    t = next(t for t in task.tables if t.name == name)
+    if cut.row_wise:
+        return [Shard(name, d, 0, t.dim, a, b) for d, (a, b) in enumerate(row_blocks(t.rows, task.num_devices))]
+    out, start = [], 0
+    for d, width in enumerate(column_widths(t.dim, cut.columns)):
+        out.append(Shard(name, d, start, start + width))
+        start += width
+    return out
+
+
+def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int) -> dict[tuple[str, Cut], list[float]]:
+    """(table, cut) -> TorchRec's estimate (ms, fwd + bwd, compute + comms) of each of its pieces, in
+    `table_pieces` order: one TorchRec call per distinct cut, every table at that cut where it has it."""
+    from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
+
+    caches = {t.name: t.cache_load_factor for t in task.tables if t.cache_load_factor is not None}
+    distinct = list(dict.fromkeys(c for cuts in options.values() for c in cuts))
+    prices: dict[tuple[str, Cut], list[float]] = {}
+    with quiet_torchrec():
+        for cut in distinct:
+            layout = {t.name: cut if cut in options[t.name] else Cut() for t in task.tables}
+            slices = {name: _slices(task, name, c) for name, c in layout.items()}
+            for option in shard_estimates(task, slices, batch_size, caches):
+                if layout[option.name] == cut:
+                    prices[(option.name, cut)] = [float(s.perf.total) for s in option.shards]
+    return prices
+
+
+def _first_fit(task: Task) -> dict[str, Cut]:
+    """The start: every table whole, or at its first cut when too large for a device (`pieces.first_cut`), cut
+    finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does."""
+    from dreamshard.sharders.pieces import _largest_refinable, _packs  # noqa: PLC2701
+
+    cuts = {t.name: first_cut(t, task) for t in task.tables}
+    while not _packs(cut_task(task, cuts)[0]):
+        finer_cut = _largest_refinable(task, cuts)
+        if finer_cut is None:
+            raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory "
+                                      f"({_cut_names(cuts)})")
+        cuts[finer_cut[0]] = finer_cut[1]
+    return {n: c for n, c in cuts.items() if not c.whole}
+
+
+def _row_wise_start(task: Task) -> dict[str, Cut]:
+    """The other start: TorchRec's usual layout, every table that may be cut row-wise (the rest whole or at its
+    first cut), from which the search takes tables back whole or into column slices."""
+    from dreamshard.sharders.pieces import _fits_row_wise  # noqa: PLC2701
+
+    uncut = task.never_cut()
+    cuts = {t.name: Cut(row_wise=True) if t.name not in uncut and _fits_row_wise(t, task) else first_cut(t, task)
+            for t in task.tables}
+    return {n: c for n, c in cuts.items() if not c.whole}
+
+
+def _cut_names(cuts: dict[str, Cut]) -> str:
+    shown = [f"{n}: {'row-wise' if c.row_wise else f'{c.columns} column slices'}" for n, c in cuts.items()
+             if not c.whole]
+    return ", ".join(shown) or "every table whole"
+
+
+@dataclass
+class _Placed:
+    cost: float  # TorchRec's rating: the slowest rank's sum of estimates
+    cuts: dict[str, Cut]
+    load: np.ndarray  # per device, its sum of estimates
+    assignment: list[int]  # device of each piece, in cut_task's order
+
+    def plan(self, task: Task) -> Plan:
+        cut, pieces = cut_task(task, self.cuts)
+        plan = Plan.from_assignment(cut, self.assignment)
+        return merge_pieces(cut, plan, pieces) if pieces else plan
+
+
+def _score(p: _Placed) -> float:
+    """What the descent lowers: the slowest rank plus the mean rank. The slowest alone cannot take a table from
+    row-wise to whole (its one rank grows by more than each rank's block saved) until every rank has done so."""
+    return p.cost + float(p.load.mean())
+
+
+class TorchRecModelSharder:
+    """The search of the module docstring."""
+
+    name = "torchrec_model"
+
+    def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None) -> None:
+        self.batch_size = batch_size
+        self.config = config or ModelSearchConfig()
+
+    def _batch(self, task: Task) -> int:
+        from dreamshard.interop.torchrec import DEFAULT_BATCH_SIZE
+
+        return self.batch_size or task.memory.batch_size or DEFAULT_BATCH_SIZE
+
+    def shard(self, task: Task) -> Plan:
+        from dreamshard.interop.torchrec import torchrec_perf_estimate
+
+        plans = []
+        replicated = data_parallel_tables(task)
+        for chosen in ([replicated] if replicated else []) + [[]]:  # the shared data-parallel rule, and none
+            try:
+                plans.append(with_replicas(task, chosen, self._search) if chosen else self._search(task))
+            except InfeasibleTaskError:
+                continue
+        if not plans:  # tables beyond device memory: cut and cached as every sharder's are
+            return with_pieces(task, self._search)
+        batch = self._batch(task)
+        return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch).cost_ms)
+
+    def _search(self, task: Task) -> Plan:
+        options = _cuts_of(task, self.config)
+        starts = [_first_fit(task), _row_wise_start(task)]
+        for start in starts:
+            for name, cut in start.items():
+                if cut not in options[name]:
+                    options[name].append(cut)
+        prices = piece_prices(task, options, self._batch(task))
+        ends = [self._descend(task, start, options, prices) for start in starts]
+        found = [e for e in ends if e is not None]
+        if not found:
+            raise InfeasibleTaskError(f"task {task.name!r}: torchrec_model found no placement of its tables at "
+                                      f"the cuts that pack ({_cut_names(starts[0])})")
+        plan = min(found, key=lambda p: p.cost).plan(task)
+        validate_plan(task, plan)
+        return plan
+
+    def _descend(self, task: Task, start: dict[str, Cut], options: dict[str, list[Cut]],
+                 prices: dict[tuple[str, Cut], list[float]]) -> _Placed | None:
+        """Step 3 of the module docstring from `start`: the plan TorchRec rates best among those placed."""
+        current = self._place(task, start, prices, backing_up=True)
+        if current is None:
+            return None
+        best = current
+        for _ in range(self.config.depth):
+            tried = [p for p in (self._place(task, cuts, prices) for cuts in self._moves(current, options, prices))
+                     if p is not None]
+            best = min([best, *tried], key=lambda p: p.cost)
+            step = min(tried, key=_score, default=None)
+            if step is None or _score(step) >= _score(current) * (1 - 1e-9):
+                break
+            current = step
+        return best
+
+    def _moves(self, at: _Placed, options: dict[str, list[Cut]],
+               prices: dict[tuple[str, Cut], list[float]]) -> list[dict[str, Cut]]:
+        """The cuts one change away: each other cut of the costliest tables on the slowest rank, and of the tables
+        whose pieces add the most work over their cheapest cut."""
+        def cut_of(name: str) -> Cut:
+            return at.cuts.get(name, Cut())
+
+        slowest = int(at.load.argmax())
+        on_it: dict[str, float] = {}
+        i = 0
+        for name in options:  # pieces in cut_task's order: each table's pieces in turn
+            piece_prices = prices[(name, cut_of(name))]
+            if slowest in at.assignment[i:i + len(piece_prices)]:
+                on_it[name] = max(piece_prices)
+            i += len(piece_prices)
+        excess = {n: sum(prices[(n, cut_of(n))]) - min(sum(prices[(n, c)]) for c in cuts)
+                  for n, cuts in options.items()}
+        k = self.config.candidates
+        names = sorted(on_it, key=lambda n: -on_it[n])[:k] + [n for n in sorted(excess, key=lambda n: -excess[n])[:k]
+                                                                 if excess[n] > 0]
+        out = []
+        for name in dict.fromkeys(names):
+            for cut in options[name]:
+                if cut != cut_of(name):
+                    cuts = {**at.cuts, name: cut}
+                    out.append({n: c for n, c in cuts.items() if not c.whole})
+        return out
+
+    @staticmethod
+    def _place(task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
+               backing_up: bool = False) -> _Placed | None:
+        """Pieces at `cuts` placed largest estimate first onto the least-loaded device with room, else largest in
+        bytes first (`place_tables`' rule, in a direct pass); None if neither places them. With `backing_up`
+        (the starts), `place_tables` itself searches where the direct passes fail: too slow for every move."""
+        weights: list[float] = []
+        for t in task.tables:
+            c = cuts.get(t.name, Cut())
+            if (t.name, c) not in prices:
+                return None  # an oversized table's first cut that the search does not try
+            weights += prices[(t.name, c)]
+        assignment = _direct_pass(task, cuts, weights) or _direct_pass(task, cuts, weights, by_size=True)
+        if assignment is None and backing_up:
+            cut, _ = cut_task(task, cuts)
+            order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+            try:
+                assignment = place_tables(cut, order, by_least_load, weights=weights)
+            except InfeasibleTaskError:
+                return None
+        if assignment is None:
+            return None
+        load = np.zeros(task.num_devices)
+        np.add.at(load, assignment, weights)
+        return _Placed(float(load.max()), cuts, load, assignment)
+
+
+def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], by_size: bool = False) -> list[int] | None:
+    """`place_tables`' first pass without backing up (pinned pieces first, then largest estimate first, or largest
+    in bytes first `by_size`, each onto the least-loaded device with room it may use; ties: less memory, lower
+    index): None where a piece finds no room, or where the task groups tables (left to `place_tables`)."""
+    if task.groups:
+        return None
+    pinned = task.pinned_device()
+    n = task.num_devices
+    sizes, devices = [], []
+    for t in task.tables:
+        cut = cuts.get(t.name, Cut())
+        allowed = task.allowed_devices(t.name) if t.name not in pinned else [pinned[t.name]]
+        if cut.row_wise:
+            for d, (a, b) in enumerate(row_blocks(t.rows, n)):
+                sizes.append(task.shard_bytes(t, b - a))
+                devices.append([d])
+        else:
+            for width in (column_widths(t.dim, cut.columns) if not cut.whole else [t.dim]):
+                sizes.append(task.shard_bytes(t, width=width))
+                devices.append(allowed)
+    key = sizes if by_size else weights
+    order = sorted(range(len(sizes)), key=lambda i: (len(devices[i]) > 1, -key[i], i))
+    load, used = np.zeros(n), np.zeros(n)
+    free = np.array(task.capacities(), dtype=np.float64)
+    speed = np.asarray(task.speeds(), dtype=np.float64)
+    assignment = [0] * len(sizes)
+    for i in order:
+        room = [d for d in devices[i] if used[d] + sizes[i] <= free[d]]
+        if not room:
+            return None
+        d = min(room, key=lambda d: (load[d] / speed[d], used[d], d))
+        assignment[i] = d
+        load[d] += weights[i]
+        used[d] += sizes[i]
+    return assignment
+
+
+def make(batch_size: int | None = None, search: ModelSearchConfig | None = None) -> TorchRecModelSharder:
+    if search is not None and not isinstance(search, ModelSearchConfig):
+        raise TypeError(f"sharder 'torchrec_model': search must be a ModelSearchConfig, got {type(search).__name__}")
+    return TorchRecModelSharder(batch_size, search)
