@@ -286,9 +286,3 @@ def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], by_size
         load[d] += weights[i]
         used[d] += sizes[i]
     return assignment
-
-
-def make(batch_size: int | None = None, search: ModelSearchConfig | None = None) -> TorchRecModelSharder:
-    if search is not None and not isinstance(search, ModelSearchConfig):
-        raise TypeError(f"sharder 'torchrec_model': search must be a ModelSearchConfig, got {type(search).__name__}")
-    return TorchRecModelSharder(batch_size, search)
