@@ -141,6 +141,7 @@ class TorchRecModelSharder:
     def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None) -> None:
         self.batch_size = batch_size
         self.config = config or ModelSearchConfig()
+        self._layouts: dict[tuple[str, Cut], _Layout] = {}  # the current search's pieces: bytes and devices
 
     def _batch(self, task: Task) -> int:
         from dreamshard.interop.torchrec import DEFAULT_BATCH_SIZE
@@ -163,6 +164,7 @@ class TorchRecModelSharder:
         return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch).cost_ms)
 
     def _search(self, task: Task) -> Plan:
+        self._layouts = {}
         options = _cuts_of(task, self.config)
         starts = [_first_fit(task), _row_wise_start(task)]
         for start in starts:
@@ -224,8 +226,7 @@ class TorchRecModelSharder:
                     out.append({n: c for n, c in cuts.items() if not c.whole})
         return out
 
-    @staticmethod
-    def _place(task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
+    def _place(self, task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
                backing_up: bool = False) -> _Placed | None:
         """Pieces at `cuts` placed largest estimate first onto the least-loaded device with room, else largest in
         bytes first (`place_tables`' rule, in a direct pass); None if neither places them. With `backing_up`
@@ -236,7 +237,8 @@ class TorchRecModelSharder:
             if (t.name, c) not in prices:
                 return None  # an oversized table's first cut that the search does not try
             weights += prices[(t.name, c)]
-        assignment = _direct_pass(task, cuts, weights) or _direct_pass(task, cuts, weights, by_size=True)
+        assignment = _direct_pass(task, cuts, weights, self._layouts) or \
+            _direct_pass(task, cuts, weights, self._layouts, by_size=True)
         if assignment is None and backing_up:
             cut, _ = cut_task(task, cuts)
             order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
@@ -251,31 +253,42 @@ class TorchRecModelSharder:
         return _Placed(float(load.max()), cuts, load, assignment)
 
 
-def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], by_size: bool = False) -> list[int] | None:
+_Layout = tuple[list[int], list[list[int]]]  # a table's pieces at one cut: bytes of each, devices each may use
+
+
+def _layout(task: Task, name: str, cut: Cut) -> _Layout:
+    t = next(t for t in task.tables if t.name == name)
+    pinned = task.pinned_device()
+    allowed = task.allowed_devices(name) if name not in pinned else [pinned[name]]
+    if cut.row_wise:
+        blocks = row_blocks(t.rows, task.num_devices)
+        return [task.shard_bytes(t, b - a) for a, b in blocks], [[d] for d in range(len(blocks))]
+    widths = column_widths(t.dim, cut.columns) if not cut.whole else [t.dim]
+    return [task.shard_bytes(t, width=w) for w in widths], [allowed] * len(widths)
+
+
+def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], layouts: dict[tuple[str, Cut], _Layout],
+                 by_size: bool = False) -> list[int] | None:
     """`place_tables`' first pass without backing up (pinned pieces first, then largest estimate first, or largest
     in bytes first `by_size`, each onto the least-loaded device with room it may use; ties: less memory, lower
-    index): None where a piece finds no room, or where the task groups tables (left to `place_tables`)."""
+    index): None where a piece finds no room, or where the task groups tables (left to `place_tables`).
+    `layouts` keeps each table's pieces per cut across the passes of one search."""
     if task.groups:
         return None
-    pinned = task.pinned_device()
     n = task.num_devices
-    sizes, devices = [], []
+    sizes: list[int] = []
+    devices: list[list[int]] = []
     for t in task.tables:
-        cut = cuts.get(t.name, Cut())
-        allowed = task.allowed_devices(t.name) if t.name not in pinned else [pinned[t.name]]
-        if cut.row_wise:
-            for d, (a, b) in enumerate(row_blocks(t.rows, n)):
-                sizes.append(task.shard_bytes(t, b - a))
-                devices.append([d])
-        else:
-            for width in (column_widths(t.dim, cut.columns) if not cut.whole else [t.dim]):
-                sizes.append(task.shard_bytes(t, width=width))
-                devices.append(allowed)
-    key = sizes if by_size else weights
-    order = sorted(range(len(sizes)), key=lambda i: (len(devices[i]) > 1, -key[i], i))
-    load, used = np.zeros(n), np.zeros(n)
-    free = np.array(task.capacities(), dtype=np.float64)
-    speed = np.asarray(task.speeds(), dtype=np.float64)
+        key = (t.name, cuts.get(t.name, Cut()))
+        if key not in layouts:
+            layouts[key] = _layout(task, *key)
+        sizes += layouts[key][0]
+        devices += layouts[key][1]
+    key_of = sizes if by_size else weights
+    order = sorted(range(len(sizes)), key=lambda i: (len(devices[i]) > 1, -key_of[i], i))
+    load, used = [0.0] * n, [0] * n
+    free = task.capacities()
+    speed = task.speeds()
     assignment = [0] * len(sizes)
     for i in order:
         room = [d for d in devices[i] if used[d] + sizes[i] <= free[d]]
