@@ -11,17 +11,21 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torchrec", reason="torchrec is not installed (see docs/torchrec.md)")
 
+from dreamshard.errors import InfeasibleTaskError  # noqa: E402
 from dreamshard.interop.torchrec import quiet_torchrec, table_layout, torchrec_perf_estimate  # noqa: E402
 from dreamshard.memory import MemoryModel  # noqa: E402
 from dreamshard.plan import validate_plan  # noqa: E402
 from dreamshard.sharders import make_sharder  # noqa: E402
-from dreamshard.sharders.pieces import Cut, cut_task  # noqa: E402
+from dreamshard.sharders.pieces import Cut, cut_oversized, cut_task  # noqa: E402
 from dreamshard.sharders.torchrec_model import ModelSearchConfig, _cuts_of, piece_prices  # noqa: E402
 from dreamshard.tables import Table  # noqa: E402
-from dreamshard.tasks import Task  # noqa: E402
+from dreamshard.tasks import Device, Task  # noqa: E402
+from helpers import brute_force_feasible  # noqa: E402
 
 BATCH = 512
 
@@ -101,3 +105,33 @@ def test_the_mlperf_model_on_8_ranks_of_16_gib_at_least_twice_as_fast_as_torchre
         ours = mlperf.ours_row(mlperf.topology(8, 16.0), BATCH, usable, "torchrec_model", None)
     assert ours["fits_usable"] and ours["seconds"] < 10
     assert theirs["max_rank_perf_ms"] / ours["max_rank_perf_ms"] >= 2.0, (ours, theirs)
+
+
+@st.composite
+def small_tasks(draw) -> Task:
+    n, devices = draw(st.integers(1, 6)), draw(st.integers(1, 3))
+    memory = draw(st.sampled_from([MemoryModel(), MemoryModel("fp16", "adam", batch_size=64)]))
+    tables = tuple(Table(f"t{i}", rows=draw(st.integers(1, 5000)), dim=4 * draw(st.integers(1, 16)),
+                         pooling_factor=draw(st.floats(0, 200, allow_nan=False))) for i in range(n))
+    sizes = [memory.shard_bytes(t.rows, t.dim) for t in tables]
+    scale = max(max(sizes), sum(sizes) / devices)  # capacities around the feasibility boundary
+    caps = tuple(Device(int(scale * draw(st.floats(0.7, 1.4)))) for _ in range(devices))
+    sharding = draw(st.sampled_from([("table", "column", "row"), ("table", "column", "row", "data"), ("table",)]))
+    return replace(Task("prop", tables, caps, memory), sharding=sharding)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(task=small_tasks())
+def test_its_plans_are_valid_whenever_the_pieces_of_the_first_cut_can_be_placed(task):
+    try:
+        feasible = brute_force_feasible(cut_oversized(task)[0])
+    except InfeasibleTaskError:  # a single row larger than every device
+        feasible = False
+    sharder = make_sharder("torchrec_model")
+    if feasible:
+        validate_plan(task, sharder.shard(task))
+    else:
+        try:
+            validate_plan(task, sharder.shard(task))  # cut finer, as every sharder may
+        except InfeasibleTaskError:
+            pass
