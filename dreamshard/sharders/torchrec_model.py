@@ -7,10 +7,13 @@ with or without the shared data-parallel rule (sharders/replicas.py). TorchRec r
 the sum of its shards' estimates, and a shard's estimate does not depend on what else its rank holds; so each
 table's pieces are priced once per cut (one TorchRec call per cut), and the search is placement only:
 
-1. start from every table whole (a table too large for any device at its first cut, `pieces.first_cut`);
-2. place the pieces largest estimate first onto the least-loaded device with room (`place_tables`);
-3. on the slowest rank, try each other cut of its `candidates` costliest tables; keep the best plan while it
-   lowers the slowest rank (at most `depth` moves).
+1. two starts: every table whole (one too large for a device at its first cut, cut finer while the pieces do
+   not pack: `pieces`' rule), and TorchRec's usual layout (every table row-wise that may be);
+2. a plan of given cuts: the pieces largest estimate first (else largest in bytes first) onto the least-loaded
+   device with room (`place_tables`' rule, in one pass; `place_tables` itself, backing up, for the starts);
+3. moves: each other cut of the `candidates` costliest tables on the slowest rank, and of the `candidates`
+   tables whose pieces add the most work over their cheapest cut; step to the move with the lowest slowest
+   rank plus mean rank (`_score`), at most `depth` steps; return the plan with the lowest slowest rank seen.
 
 It is TorchRec's model, not a measurement: a plan it rates faster is faster by that model. Tasks whose tables do
 not fit in device memory (UVM caching) are planned through `with_pieces`, like every other sharder.
@@ -32,7 +35,7 @@ from dreamshard.tasks import Task
 @dataclass(frozen=True)
 class ModelSearchConfig:
     depth: int = 64  # moves at most
-    candidates: int = 4  # costliest tables of the slowest rank whose cuts are tried per move
+    candidates: int = 4  # tables of each kind whose other cuts are tried per move (module docstring, step 3)
     max_slices: int = 8  # most column slices of one table
 
     def __post_init__(self) -> None:
