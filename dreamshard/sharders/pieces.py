@@ -68,6 +68,8 @@ def fewest_slices(dim: int, fits: Callable[[int], bool]) -> int | None:
 def _fits_row_wise(table: Table, task: Task) -> bool:
     if "row" not in task.sharding or task.num_devices < 2 or table.name in task.avoided():
         return False  # TorchRec's row-wise blocks go to every device
+    if table.rows < 2:
+        return False  # one block, the whole table: nothing cut (and its buffers would be counted as a block's)
     return all(task.shard_bytes(table, end - start) <= task.capacity(i)
                for i, (start, end) in enumerate(row_blocks(table.rows, task.num_devices)))
 
