@@ -11,6 +11,7 @@
 # UVM=1: also tools/gpu_uvm.py (UVM caching against the model of it) right after the install, while the data stages
 #   still run on the host (UVM_S: its time cap, UVM_ARGS: its arguments).
 # RESUME=1 (a second call on the same warm machine): straight to evaluate, which continues from its journal.
+# TORCHREC_MODEL=1: also evaluate torchrec_model (our search rated by TorchRec's perf model) where TorchRec plans.
 # The trainings run one after another: two torch fits side by side on the 16-core GPU host finished
 # nothing in 6 minutes (results/gpu/b65536_learned_attempt/).
 set -u
@@ -102,7 +103,7 @@ if timeout 60 $PY -c "import sys; from dreamshard.sharders import make_sharder; 
 from dreamshard.tasks import read_tasks
 task = read_tasks(sys.argv[1] + '/data/tasks/test.parquet', sys.argv[1] + '/data/tables.parquet')[0]
 validate_plan(task, make_sharder('torchrec_full', batch_size=int(sys.argv[2])).shard(task)); print('torchrec_full plans', task.name)" \
-   "$W" "$BATCH" > "$G/torchrec_check.log" 2>&1; then S=$S,torchrec_full; fi
+   "$W" "$BATCH" > "$G/torchrec_check.log" 2>&1; then S=$S,torchrec_full${TORCHREC_MODEL:+,torchrec_model}; fi
 log "$(tail -1 "$G/torchrec_check.log")"
 log "evaluate [$S] within $(left) s"
 within "$(left)" evaluate --set "evaluate.sharders=[$S]" || log "evaluate stopped (rc $?)"
