@@ -483,15 +483,16 @@ def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
 
 
 def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: int,
-                    caches: Mapping[str, float] | None = None) -> list:
+                    caches: Mapping[str, float] | None = None, topo=None) -> list:
     """TorchRec's `ShardingOption` of every table, its shards set to `slices` (table name -> its blocks, each on
     its device, in TorchRec's layout), with TorchRec's perf and storage estimates filled in per shard. Memory is
-    not checked here: rating pieces before they are placed (sharders/torchrec_model.py) needs every layout priced."""
+    not checked here: rating pieces before they are placed (sharders/torchrec_model.py) needs every layout priced.
+    `topo`: the task's TorchRec topology, when the caller has built it (`topology(task)`)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import Shard as TRShard
 
-    topo = topology(task)
+    topo = topology(task) if topo is None else topo
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
     constraints = table_constraints(task, kinds, caches or {})
     enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True)
@@ -515,7 +516,8 @@ def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: i
 def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     from torchrec.distributed.planner.perf_models import NoopPerfModel
 
-    options = shard_estimates(task, _table_shards(task, plan), batch_size, plan_caches(task, plan))
+    topo = topology(task)
+    options = shard_estimates(task, _table_shards(task, plan), batch_size, plan_caches(task, plan), topo)
     fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
     totals = [0.0] * task.num_devices
@@ -527,5 +529,5 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
             totals[shard.rank] += float(shard.perf.total)
             hbm[shard.rank] += int(shard.storage.hbm)
             ddr[shard.rank] += int(shard.storage.ddr)
-    cost = float(NoopPerfModel(topology(task)).rate(options))
+    cost = float(NoopPerfModel(topo).rate(options))
     return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm), tuple(ddr))

@@ -103,12 +103,12 @@ def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
     return out
 
 
-def _as_cut(k: int) -> Cut:
+def as_cut(k: int) -> Cut:
     return Cut(row_wise=True) if k == ROW_WISE else Cut(columns=k)
 
 
 def cuts_of(task: Task, cuts: list[int]) -> dict[str, Cut]:
-    return {t.name: _as_cut(k) for t, k in zip(task.tables, cuts) if k != 1}
+    return {t.name: as_cut(k) for t, k in zip(task.tables, cuts) if k != 1}
 
 
 @dataclass
@@ -127,7 +127,7 @@ class _Universe:
         for i, t in enumerate(task.tables):
             pieces[(i, 1)] = [i]
             for k in options[i][1:]:
-                one = [piece for piece, _, _ in table_pieces(t, _as_cut(k), task.num_devices)]
+                one = [piece for piece, _, _ in table_pieces(t, as_cut(k), task.num_devices)]
                 pieces[(i, k)] = list(range(len(tables), len(tables) + len(one)))
                 tables += one
         ctx = TaskContext.build(replace(task, tables=tuple(tables), pins=(), avoid=(), groups=(), whole=()),

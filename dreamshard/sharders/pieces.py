@@ -65,7 +65,7 @@ def fewest_slices(dim: int, fits: Callable[[int], bool]) -> int | None:
     return lo
 
 
-def _fits_row_wise(table: Table, task: Task) -> bool:
+def fits_row_wise(table: Table, task: Task) -> bool:
     if "row" not in task.sharding or task.num_devices < 2 or table.name in task.avoided():
         return False  # TorchRec's row-wise blocks go to every device
     if table.rows < 2:
@@ -91,7 +91,7 @@ def first_cut(table: Table, task: Task) -> Cut:
         k = fewest_slices(table.dim, lambda width: task.shard_bytes(table, width=width) <= capacity)
         if k is not None:
             return Cut(columns=k)
-    if _fits_row_wise(table, task):
+    if fits_row_wise(table, task):
         return Cut(row_wise=True)
     narrowest = 4 if "column" in task.sharding else table.dim
     row = task.shard_bytes(table, 1, narrowest)
@@ -121,7 +121,7 @@ def finer(table: Table, task: Task, cut: Cut) -> Cut | None:
     if "column" in task.sharding and cut.columns < units:
         k = min(units, 2 * cut.columns)
         return Cut(columns=k)
-    if _fits_row_wise(table, task):
+    if fits_row_wise(table, task):
         return Cut(row_wise=True)
     return None
 
@@ -234,8 +234,8 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
     while True:
         cut, pieces = cut_task(task, cuts)
-        finer_cut = _largest_refinable(task, cuts)  # None at the last cut
-        if pieces and finer_cut is not None and not _packs(cut):
+        finer_cut = largest_refinable(task, cuts)  # None at the last cut
+        if pieces and finer_cut is not None and not packs(cut):
             cuts[finer_cut[0]] = finer_cut[1]  # too coarse to pack quickly: cut finer before the sharder tries
             continue
         try:
@@ -258,7 +258,7 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
 FEASIBILITY_STEPS = 20_000  # placements the quick packing check tries before a cut counts as too coarse
 
 
-def _packs(task: Task) -> bool:
+def packs(task: Task) -> bool:
     """Whether a plain packing (largest pieces first, least-used device) places the cut task within
     FEASIBILITY_STEPS placements: the sharders' own searches, slower per step, are tried only then."""
     from dreamshard.placement import find_feasible_assignment
@@ -270,7 +270,7 @@ def _packs(task: Task) -> bool:
     return True
 
 
-def _largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:
+def largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:
     """(table, its finer cut) for the table whose largest piece is largest among those that can be cut finer."""
     best: tuple[int, str, Cut] | None = None
     uncut = task.never_cut()

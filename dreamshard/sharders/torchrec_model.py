@@ -26,9 +26,20 @@ import numpy as np
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.placement import by_least_load, place_tables
-from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
-from dreamshard.sharders.pieces import Cut, column_widths, cut_task, first_cut, merge_pieces, with_pieces
+from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.sharders.pieces import (
+    Cut,
+    cut_task,
+    first_cut,
+    fits_row_wise,
+    largest_refinable,
+    merge_pieces,
+    packs,
+    table_pieces,
+    with_pieces,
+)
 from dreamshard.sharders.replicas import data_parallel_tables, with_replicas
+from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 
@@ -47,24 +58,17 @@ class ModelSearchConfig:
 
 def _cuts_of(task: Task, config: ModelSearchConfig) -> dict[str, list[Cut]]:
     """Table name -> the cuts tried for it, whole first (cuts.cut_options, with its row and column rules)."""
-    from dreamshard.sharders.cuts import ROW_WISE, CutConfig, cut_options
+    from dreamshard.sharders.cuts import CutConfig, as_cut, cut_options
 
     rule = CutConfig(max_slices=config.max_slices)
-    return {t.name: [Cut(row_wise=True) if k == ROW_WISE else Cut(columns=k) for k in cut_options(task, t, rule)]
-            for t in task.tables}
+    return {t.name: [as_cut(k) for k in cut_options(task, t, rule)] for t in task.tables}
 
 
-def _slices(task: Task, name: str, cut: Cut) -> list[Shard]:
-    """The blocks of table `name` at `cut`, in `table_pieces` order, on the devices TorchRec's layout puts them
-    (a row-wise block i on device i; column slices on devices 0, 1, ...: a shard's estimate ignores its device)."""
-    t = next(t for t in task.tables if t.name == name)
-    if cut.row_wise:
-        return [Shard(name, d, 0, t.dim, a, b) for d, (a, b) in enumerate(row_blocks(t.rows, task.num_devices))]
-    out, start = [], 0
-    for d, width in enumerate(column_widths(t.dim, cut.columns)):
-        out.append(Shard(name, d, start, start + width))
-        start += width
-    return out
+def _slices(table: Table, cut: Cut, num_devices: int) -> list[Shard]:
+    """The blocks of `table` at `cut` (`table_pieces`), on the devices TorchRec's layout puts them: a row-wise
+    block on its device, column slices on devices 0, 1, ... (a shard's estimate ignores its device)."""
+    return [Shard(table.name, j if device is None else device, c0, c1, r0, r1)
+            for j, (_, (_, r0, r1, c0, c1), device) in enumerate(table_pieces(table, cut, num_devices))]
 
 
 def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int) -> dict[tuple[str, Cut], list[float]]:
@@ -78,7 +82,7 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int) -> 
     with quiet_torchrec():
         for cut in distinct:
             layout = {t.name: cut if cut in options[t.name] else Cut() for t in task.tables}
-            slices = {name: _slices(task, name, c) for name, c in layout.items()}
+            slices = {t.name: _slices(t, layout[t.name], task.num_devices) for t in task.tables}
             for option in shard_estimates(task, slices, batch_size, caches):
                 if layout[option.name] == cut:
                     prices[(option.name, cut)] = [float(s.perf.total) for s in option.shards]
@@ -88,11 +92,9 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int) -> 
 def _first_fit(task: Task) -> dict[str, Cut]:
     """The start: every table whole, or at its first cut when too large for a device (`pieces.first_cut`), cut
     finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does."""
-    from dreamshard.sharders.pieces import _largest_refinable, _packs  # noqa: PLC2701
-
     cuts = {t.name: first_cut(t, task) for t in task.tables}
-    while not _packs(cut_task(task, cuts)[0]):
-        finer_cut = _largest_refinable(task, cuts)
+    while not packs(cut_task(task, cuts)[0]):
+        finer_cut = largest_refinable(task, cuts)
         if finer_cut is None:
             raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory "
                                       f"({_cut_names(cuts)})")
@@ -103,10 +105,8 @@ def _first_fit(task: Task) -> dict[str, Cut]:
 def _row_wise_start(task: Task) -> dict[str, Cut]:
     """The other start: TorchRec's usual layout, every table that may be cut row-wise (the rest whole or at its
     first cut), from which the search takes tables back whole or into column slices."""
-    from dreamshard.sharders.pieces import _fits_row_wise  # noqa: PLC2701
-
     uncut = task.never_cut()
-    cuts = {t.name: Cut(row_wise=True) if t.name not in uncut and _fits_row_wise(t, task) else first_cut(t, task)
+    cuts = {t.name: Cut(row_wise=True) if t.name not in uncut and fits_row_wise(t, task) else first_cut(t, task)
             for t in task.tables}
     return {n: c for n, c in cuts.items() if not c.whole}
 
@@ -144,7 +144,6 @@ class TorchRecModelSharder:
     def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None) -> None:
         self.batch_size = batch_size
         self.config = config or ModelSearchConfig()
-        self._layouts: dict[tuple[str, Cut], _Layout] = {}  # the current search's pieces: bytes and devices
 
     def _batch(self, task: Task) -> int:
         from dreamshard.interop.torchrec import DEFAULT_BATCH_SIZE
@@ -167,7 +166,6 @@ class TorchRecModelSharder:
         return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch).cost_ms)
 
     def _search(self, task: Task) -> Plan:
-        self._layouts = {}
         options = _cuts_of(task, self.config)
         starts = [_first_fit(task), _row_wise_start(task)]
         for start in starts:
@@ -175,7 +173,8 @@ class TorchRecModelSharder:
                 if cut not in options[name]:
                     options[name].append(cut)
         prices = piece_prices(task, options, self._batch(task))
-        ends = [self._descend(task, start, options, prices) for start in starts]
+        layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in options[t.name]}
+        ends = [self._descend(task, start, options, prices, layouts) for start in starts]
         found = [e for e in ends if e is not None]
         if not found:
             raise InfeasibleTaskError(f"task {task.name!r}: torchrec_model found no placement of its tables at "
@@ -185,14 +184,14 @@ class TorchRecModelSharder:
         return plan
 
     def _descend(self, task: Task, start: dict[str, Cut], options: dict[str, list[Cut]],
-                 prices: dict[tuple[str, Cut], list[float]]) -> _Placed | None:
+                 prices: dict[tuple[str, Cut], list[float]], layouts: dict[tuple[str, Cut], _Layout]) -> _Placed | None:
         """Step 3 of the module docstring from `start`: the plan TorchRec rates best among those placed."""
-        current = self._place(task, start, prices, backing_up=True)
+        current = _place(task, start, prices, layouts, backing_up=True)
         if current is None:
             return None
         best = current
         for _ in range(self.config.depth):
-            tried = [p for p in (self._place(task, cuts, prices) for cuts in self._moves(current, options, prices))
+            tried = [p for p in (_place(task, cuts, prices, layouts) for cuts in self._moves(current, options, prices))
                      if p is not None]
             best = min([best, *tried], key=lambda p: p.cost)
             step = min(tried, key=_score, default=None)
@@ -229,64 +228,33 @@ class TorchRecModelSharder:
                     out.append({n: c for n, c in cuts.items() if not c.whole})
         return out
 
-    def _place(self, task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
-               backing_up: bool = False) -> _Placed | None:
-        """Pieces at `cuts` placed largest estimate first onto the least-loaded device with room, else largest in
-        bytes first (`place_tables`' rule, in a direct pass); None if neither places them. With `backing_up`
-        (the starts), `place_tables` itself searches where the direct passes fail: too slow for every move."""
-        weights: list[float] = []
-        for t in task.tables:
-            c = cuts.get(t.name, Cut())
-            if (t.name, c) not in prices:
-                return None  # an oversized table's first cut that the search does not try
-            weights += prices[(t.name, c)]
-        assignment = _direct_pass(task, cuts, weights, self._layouts) or \
-            _direct_pass(task, cuts, weights, self._layouts, by_size=True)
-        if assignment is None and backing_up:
-            cut, _ = cut_task(task, cuts)
-            order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
-            try:
-                assignment = place_tables(cut, order, by_least_load, weights=weights)
-            except InfeasibleTaskError:
-                return None
-        if assignment is None:
-            return None
-        load = np.zeros(task.num_devices)
-        np.add.at(load, assignment, weights)
-        return _Placed(float(load.max()), cuts, load, assignment)
-
 
 _Layout = tuple[list[int], list[list[int]]]  # a table's pieces at one cut: bytes of each, devices each may use
 
 
-def _layout(task: Task, name: str, cut: Cut) -> _Layout:
-    t = next(t for t in task.tables if t.name == name)
+def _layout(task: Task, table: Table, cut: Cut) -> _Layout:
+    """`table`'s pieces at `cut` (`table_pieces`): the bytes of each as `cut_task` counts them, and the devices
+    each may use (a row-wise block its own; a pinned table its pin; else the devices the table may use)."""
     pinned = task.pinned_device()
-    allowed = task.allowed_devices(name) if name not in pinned else [pinned[name]]
-    if cut.row_wise:
-        blocks = row_blocks(t.rows, task.num_devices)
-        return [task.shard_bytes(t, b - a) for a, b in blocks], [[d] for d in range(len(blocks))]
-    widths = column_widths(t.dim, cut.columns) if not cut.whole else [t.dim]
-    return [task.shard_bytes(t, width=w) for w in widths], [allowed] * len(widths)
+    allowed = [pinned[table.name]] if table.name in pinned else task.allowed_devices(table.name)
+    pieces = table_pieces(table, cut, task.num_devices)
+    return [task.shard_bytes(p) for p, _, _ in pieces], [allowed if d is None else [d] for _, _, d in pieces]
 
 
 def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], layouts: dict[tuple[str, Cut], _Layout],
                  by_size: bool = False) -> list[int] | None:
     """`place_tables`' first pass without backing up (pinned pieces first, then largest estimate first, or largest
     in bytes first `by_size`, each onto the least-loaded device with room it may use; ties: less memory, lower
-    index): None where a piece finds no room, or where the task groups tables (left to `place_tables`).
-    `layouts` keeps each table's pieces per cut across the passes of one search."""
+    index): None where a piece finds no room, or where the task groups tables (left to `place_tables`)."""
     if task.groups:
         return None
     n = task.num_devices
     sizes: list[int] = []
     devices: list[list[int]] = []
     for t in task.tables:
-        key = (t.name, cuts.get(t.name, Cut()))
-        if key not in layouts:
-            layouts[key] = _layout(task, *key)
-        sizes += layouts[key][0]
-        devices += layouts[key][1]
+        layout = layouts[(t.name, cuts.get(t.name, Cut()))]
+        sizes += layout[0]
+        devices += layout[1]
     key_of = sizes if by_size else weights
     order = sorted(range(len(sizes)), key=lambda i: (len(devices[i]) > 1, -key_of[i], i))
     load, used = [0.0] * n, [0] * n
@@ -302,3 +270,29 @@ def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], layouts
         load[d] += weights[i]
         used[d] += sizes[i]
     return assignment
+
+
+def _place(task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
+           layouts: dict[tuple[str, Cut], _Layout], backing_up: bool = False) -> _Placed | None:
+    """Pieces at `cuts` placed largest estimate first onto the least-loaded device with room, else largest in
+    bytes first (`place_tables`' rule, in a direct pass); None if neither places them. With `backing_up`
+    (the starts), `place_tables` itself searches where the direct passes fail: too slow for every move."""
+    weights: list[float] = []
+    for t in task.tables:
+        c = cuts.get(t.name, Cut())
+        if (t.name, c) not in prices:
+            return None  # an oversized table's first cut that the search does not try
+        weights += prices[(t.name, c)]
+    assignment = _direct_pass(task, cuts, weights, layouts) or _direct_pass(task, cuts, weights, layouts, by_size=True)
+    if assignment is None and backing_up:
+        cut, _ = cut_task(task, cuts)
+        order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+        try:
+            assignment = place_tables(cut, order, by_least_load, weights=weights)
+        except InfeasibleTaskError:
+            return None
+    if assignment is None:
+        return None
+    load = np.zeros(task.num_devices)
+    np.add.at(load, assignment, weights)
+    return _Placed(float(load.max()), cuts, load, assignment)
