@@ -82,15 +82,19 @@ def choose_caching(task: Task) -> dict[str, float]:
     lookups per byte first (the largest of equals first), each at `load_factor_for` (hit rates at the memory
     model's global batch), until they need no more; when all of them cached still need more, their caches shrink
     in the same order. Tables with constraints (pin, avoid, group, whole, uncached) and sequence tables are never
-    cached. (`with_pieces` asks only when the task cannot be planned in device memory.)"""
+    cached. Tables that must be cached (Task.must_cache) are, first; a load factor the task gives a table
+    (Task.cache_factors) is the one it is cached at. (`with_pieces` asks only when the task cannot be planned in
+    device memory, or when some table must be cached.)"""
     if "fused_uvm_caching" not in task.kernels:
         return {}
     have = CACHE_FILL * sum(task.capacities())
     need = sum(task.shard_bytes(t) for t in task.tables)
-    fixed = task.never_cut() | set(task.avoided()) | set(task.uncached)
+    given = dict(task.cache_factors)  # load factors the user's constraints fix: never shrunk
+    fixed = task.never_cut() | set(task.avoided()) | set(task.uncached) | set(task.must_cache)
     batch = task.memory.batch_size * task.num_devices
-    chosen: dict[str, float] = {}
     by_name = {t.name: t for t in task.tables}
+    # the tables whose kernels allow caching alone, whatever the room
+    chosen: dict[str, float] = {n: given.get(n) or load_factor_for(by_name[n], batch) for n in task.must_cache}
 
     def saving(t: Table, factor: float) -> int:
         return task.shard_bytes(t) - task.shard_bytes(replace(t, cache_load_factor=factor))
@@ -99,13 +103,14 @@ def choose_caching(task: Task) -> dict[str, float]:
         size = task.shard_bytes(t)
         return t.pooling_factor * t.features / size, -size, t.name
 
+    need -= sum(saving(by_name[n], f) for n, f in chosen.items())
     for t in sorted((t for t in task.tables if t.name not in fixed and not t.sequence), key=traffic):
         if need <= have:
             break
-        chosen[t.name] = load_factor_for(t, batch)
+        chosen[t.name] = given.get(t.name) or load_factor_for(t, batch)
         need -= saving(t, chosen[t.name])
     # still too much: smaller caches, in the same order, down the ladder of LOAD_FACTORS
-    for name in list(chosen):
+    for name in [n for n in chosen if n not in given]:
         for factor in reversed([f for f in LOAD_FACTORS if f < chosen[name]]):
             if need <= have:
                 return chosen

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,8 +130,9 @@ class Plan:
     def to_dict(self, **extra: Any) -> dict:
         return {"num_devices": self.num_devices, "shards": [s.to_dict() for s in self.shards], **extra}
 
-    def save_json(self, path: str | Path, **extra: Any) -> None:
-        write_text(json.dumps(self.to_dict(**extra), indent=2) + "\n", path)
+    def save_json(self, path: str | Path, option: str = "", **extra: Any) -> None:
+        """Write the plan and `extra` metadata as JSON (atomically; `-`: to standard output)."""
+        write_text(json.dumps(self.to_dict(**extra), indent=2) + "\n", path, option, stdout=True)
 
     @classmethod
     def load_json(cls, path: str | Path) -> Plan:
@@ -166,10 +168,32 @@ class Plan:
                                       or not 0 < cache <= 1):
                 raise DataFormatError(f"{origin}: shards[{i}].cache_load_factor: expected a share in (0, 1], "
                                       f"got {cache!r}")
-            shards.append(Shard(s["table"], s["device"], s["col_start"], s["col_end"],
+            if not 0 <= s["device"] < n:
+                raise DataFormatError(f"{origin}: shards[{i}]: table {s['table']!r}: device {s['device']} out of "
+                                      f"range 0..{n - 1} (the plan's num_devices is {n})")
+            shards.append(Shard(unicodedata.normalize("NFC", s["table"]), s["device"], s["col_start"], s["col_end"],
                                 s.get("row_start", 0), s.get("row_end"), s.get("replica", False),
                                 None if cache is None else float(cache)))
         return cls(n, tuple(shards))
+
+
+# what a plan file holds: the plan, and what `dreamshard plan` records beside it (the task, provenance, estimate)
+PLAN_KEYS = ("num_devices", "shards", "algorithm", "tables_file", "devices", "weights_precision", "optimizer",
+             "batch_size", "reservation", "sharding", "kernels", "memory_gb", "constraints", "table_shapes", "made_by",
+             "estimate", "replan")
+SHARD_KEYS = ("table", "device", "col_start", "col_end", "row_start", "row_end", "replica", "cache_load_factor")
+
+
+def unknown_plan_keys(obj: Any) -> list[str]:
+    """The keys of a plan file no plan has (a misspelling, another version's): `colour`, `shards[3].note`."""
+    if not isinstance(obj, dict):
+        return []
+    unknown = [str(k) for k in obj if k not in PLAN_KEYS]
+    shards = obj.get("shards")
+    for i, s in enumerate(shards if isinstance(shards, list) else []):
+        if isinstance(s, dict):
+            unknown += [f"shards[{i}].{k}" for k in s if k not in SHARD_KEYS]
+    return unknown
 
 
 def read_plan_json(path: str | Path) -> Any:
@@ -249,18 +273,10 @@ def validate_plan(task: Task, plan: Plan) -> None:
         _check_cache(task, t, placed)
         if any(s.replica for s in placed):
             _check_replicas(task, t, placed)
+            _check_kinds(task, t, placed)
             continue
-        for i, a in enumerate(placed):
-            for b in placed[i + 1:]:
-                (ra0, ra1), (rb0, rb1) = a.rows(t.rows), b.rows(t.rows)
-                if ra0 < rb1 and rb0 < ra1 and a.col_start < b.col_end and b.col_start < a.col_end:
-                    raise InvalidPlanError(f"table {name!r}: {a.label()} and {b.label()} overlap: cells placed more "
-                                           "than once")
-        covered = sum(s.num_rows(t.rows) * s.width for s in placed)  # no overlaps: the area placed
-        if covered != t.rows * t.dim:
-            r0, r1, c0, c1 = _first_gap(t.rows, t.dim, [(*s.rows(t.rows), s.col_start, s.col_end) for s in placed])
-            raise InvalidPlanError(f"table {name!r}: rows [{r0}, {r1}) x columns [{c0}, {c1}) not placed "
-                                   f"({t.rows} rows x dim {t.dim})")
+        _check_tiles(t, placed)
+        _check_kinds(task, t, placed)
     for name, device in task.pins:
         off = [s for s in blocks[name] if s.device != device]
         if off:
@@ -287,6 +303,46 @@ def validate_plan(task: Task, plan: Plan) -> None:
                                       "reservation)" if task.memory.reservation else ""))
 
 
+def check_cover(t: Table, placed: Sequence[Shard], num_devices: int) -> None:
+    """Raise InvalidPlanError unless `placed` place every cell of table `t` exactly once on devices
+    0..num_devices-1, or are a whole replica on each device (a data-parallel table): what a plan must be of each
+    table, whatever its task."""
+    for s in placed:
+        if not 0 <= s.device < num_devices:
+            raise InvalidPlanError(f"table {t.name!r}: device {s.device} out of range 0..{num_devices - 1}")
+        check_shard_block(s, t)
+    if any(s.replica for s in placed):
+        _check_whole_replicas(t, placed, num_devices)
+    else:
+        _check_tiles(t, placed)
+
+
+def _check_tiles(t: Table, placed: Sequence[Shard]) -> None:
+    """No two shards overlap, and together they cover the table."""
+    for i, a in enumerate(placed):
+        for b in placed[i + 1:]:
+            (ra0, ra1), (rb0, rb1) = a.rows(t.rows), b.rows(t.rows)
+            if ra0 < rb1 and rb0 < ra1 and a.col_start < b.col_end and b.col_start < a.col_end:
+                raise InvalidPlanError(f"table {t.name!r}: {a.label()} and {b.label()} overlap: cells placed more "
+                                       "than once")
+    covered = sum(s.num_rows(t.rows) * s.width for s in placed)  # no overlaps: the area placed
+    if covered != t.rows * t.dim:
+        r0, r1, c0, c1 = _first_gap(t.rows, t.dim, [(*s.rows(t.rows), s.col_start, s.col_end) for s in placed])
+        raise InvalidPlanError(f"table {t.name!r}: rows [{r0}, {r1}) x columns [{c0}, {c1}) not placed "
+                               f"({t.rows} rows x dim {t.dim})")
+
+
+def _check_whole_replicas(t: Table, placed: Sequence[Shard], num_devices: int) -> None:
+    cut = [s for s in placed if not s.replica or s.is_row_range or (s.col_start, s.col_end) != (0, t.dim)]
+    if cut:
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel, so every shard of it is a whole replica, but "
+                               f"{cut[0].label()} is not")
+    devices = sorted(s.device for s in placed)
+    if devices != list(range(num_devices)):
+        raise InvalidPlanError(f"table {t.name!r} is data-parallel: one replica on each of the {num_devices} "
+                               f"devices, got replicas on devices {devices}")
+
+
 def _check_cache(task: Task, t: Table, placed: list[Shard]) -> None:
     """UVM caching: allowed by the task's kernels, one load factor for every shard of a table, never a replica."""
     factors = {s.load_factor(t) for s in placed}
@@ -302,19 +358,45 @@ def _check_cache(task: Task, t: Table, placed: list[Shard]) -> None:
         raise InvalidPlanError(f"table {t.name!r} is data-parallel and UVM-cached; replicas use the dense kernel")
 
 
+def _check_kinds(task: Task, t: Table, placed: list[Shard]) -> None:
+    """The table's own limits (Task.table_kinds, min_widths, must_cache, cache_factors): its shards' kinds, the
+    width of its column slices, and its cache."""
+    if not placed:
+        return  # the coverage check says so
+    kinds = {s.kind(t.rows, t.dim) for s in placed}
+    kind = "data" if "data" in kinds else "row" if kinds & {"row", "row+column"} else \
+        "column" if "column" in kinds else "table"
+    needed = {"table": ["table"], "column": ["column"], "row": ["row"], "data": ["data"]}[kind]
+    if "row+column" in kinds:
+        needed.append("column")
+    allowed = task.kinds_of(t.name)
+    if task.num_devices == 1 and kind == "table":
+        allowed = ("table",)  # one device: the table whole is every layout
+    refused = [k for k in needed if k not in allowed]
+    if refused:
+        raise InvalidPlanError(f"table {t.name!r} is planned {'+'.join(needed)}, but it allows "
+                               f"{', '.join(allowed)} only")
+    if kinds & {"column", "row+column"}:
+        narrow = min(placed, key=lambda s: s.width)
+        if narrow.width < task.min_width(t.name):
+            raise InvalidPlanError(f"table {t.name!r}: column slice {narrow.label()} is {narrow.width} columns "
+                                   f"wide, narrower than its min_width {task.min_width(t.name)}")
+    factor = placed[0].load_factor(t)
+    if t.name in task.must_cache and factor is None:
+        raise InvalidPlanError(f"table {t.name!r} must be UVM-cached (its kernels allow no other), but is in "
+                               "device memory")
+    given = dict(task.cache_factors).get(t.name) if task.cache_factors else None
+    if given is not None and factor is not None and abs(factor - given) > 1e-12:
+        raise InvalidPlanError(f"table {t.name!r} is cached at load factor {factor:g}, but its constraint gives "
+                               f"{given:g}")
+
+
 def _check_replicas(task: Task, t: Table, placed: list[Shard]) -> None:
     """A data-parallel table: allowed by the task, a whole replica on every device and nothing else."""
     if "data" not in task.sharding:
         raise InvalidPlanError(f"table {t.name!r} is data-parallel (replicas), but task {task.name!r} allows "
                                f"sharding kinds {', '.join(task.sharding)} only")
-    cut = [s for s in placed if not s.replica or s.is_row_range or (s.col_start, s.col_end) != (0, t.dim)]
-    if cut:
-        raise InvalidPlanError(f"table {t.name!r} is data-parallel, so every shard of it is a whole replica, but "
-                               f"{cut[0].label()} is not")
-    devices = sorted(s.device for s in placed)
-    if devices != list(range(task.num_devices)):
-        raise InvalidPlanError(f"table {t.name!r} is data-parallel: one replica on each of the {task.num_devices} "
-                               f"devices, got replicas on devices {devices}")
+    _check_whole_replicas(t, placed, task.num_devices)
     fixed = task.pinned_device().keys() | task.avoided().keys() | set(task.group_of())
     if t.name in fixed:
         raise InvalidPlanError(f"table {t.name!r} is data-parallel (on every device), but its constraints pin it, "

@@ -6,6 +6,7 @@ checked by plan.validate_plan and honoured by every sharder of ours. Devices and
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ MAX_MEMORY_GB = 1e6  # keeps byte counts far inside int64
 SHARDING_KINDS = ("table", "column", "row")  # whole tables, column slices, row ranges (TorchRec's layouts)
 # and "data": data-parallel, a copy of a small table on every device (sharders/replicas.py); asked for, never a default
 ALL_SHARDING_KINDS = (*SHARDING_KINDS, "data")
+MIN_WIDTH = 4  # the narrowest column slice: FBGEMM aligns rows to 4 columns
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,16 @@ class Task:
     # bytes each device holds before any shard is placed (the data-parallel replicas planned beside the rest); ()
     # for none
     held: tuple[int, ...] = ()
+    # per-table limits, as TorchRec's ParameterConstraints give them (docs/torchrec.md):
+    # (table, kinds): the kinds that table allows, within `sharding` ("table": whole on one device); a table
+    # without "table" is cut row-wise or data-parallel
+    table_kinds: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # (table, columns): the narrowest column slice of that table (TorchRec's min_partition); MIN_WIDTH otherwise
+    min_widths: tuple[tuple[str, int], ...] = ()
+    # tables that must be UVM-cached (their compute kernels allow no other); needs "fused_uvm_caching" in kernels
+    must_cache: tuple[str, ...] = ()
+    # (table, load factor): the load factor a table is cached at when it is (TorchRec's cache_params.load_factor)
+    cache_factors: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -110,9 +122,28 @@ class Task:
         for g in self.groups:
             if len(g) < 2:
                 raise ValueError(f"task {self.name!r}: group {list(g)} needs at least two tables")
-        for t in grouped + list(self.whole) + list(self.model_parallel) + list(self.uncached):
+        limited = [t for t, _ in self.table_kinds] + [t for t, _ in self.min_widths] + list(self.must_cache) \
+            + [t for t, _ in self.cache_factors]
+        for t in grouped + list(self.whole) + list(self.model_parallel) + list(self.uncached) + limited:
             if t not in known:
                 raise ValueError(f"task {self.name!r}: constraint on unknown table {t!r}")
+        for t, kinds in self.table_kinds:
+            if not kinds or any(k not in ALL_SHARDING_KINDS for k in kinds):
+                raise ValueError(f"task {self.name!r}: table {t!r}: kinds must be among "
+                                 f"{', '.join(ALL_SHARDING_KINDS)}; got {', '.join(kinds) or 'none'}")
+        for t, width in self.min_widths:
+            if isinstance(width, bool) or not isinstance(width, int) or width < MIN_WIDTH:
+                raise ValueError(f"task {self.name!r}: table {t!r}: narrowest column slice must be an integer >= "
+                                 f"{MIN_WIDTH}, got {width!r}")
+        for t, factor in self.cache_factors:
+            if not 0 < factor <= 1:
+                raise ValueError(f"task {self.name!r}: table {t!r}: cache load factor must be in (0, 1], got {factor!r}")
+        if self.must_cache and "fused_uvm_caching" not in self.kernels:
+            raise ValueError(f"task {self.name!r}: table {self.must_cache[0]!r} must be UVM-cached, but the kernels "
+                             f"are {', '.join(self.kernels)}")
+        clash = set(self.must_cache) & set(self.uncached)
+        if clash:
+            raise ValueError(f"task {self.name!r}: table {sorted(clash)[0]!r} must be cached and never be")
         if len(set(grouped)) != len(grouped):
             twice = next(t for t in grouped if grouped.count(t) > 1)
             raise ValueError(f"task {self.name!r}: table {twice!r} is in two groups; merge them into one")
@@ -133,10 +164,40 @@ class Task:
         """Tables that stay whole: pinned, grouped or `whole`."""
         return {t for t, _ in self.pins} | {t for g in self.groups for t in g} | set(self.whole)
 
+    @functools.cached_property
+    def _limits(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int], frozenset[str]]:
+        return dict(self.table_kinds), dict(self.min_widths), frozenset(self.never_cut())
+
+    def kinds_of(self, table: str) -> tuple[str, ...]:
+        """The kinds `table` may take: the task's sharding, narrowed by its own (table_kinds)."""
+        own = self._limits[0].get(table)
+        return self.sharding if own is None else tuple(k for k in self.sharding if k in own)
+
+    def allows(self, table: str, kind: str) -> bool:
+        """May `table` take `kind` (table, column, row, data) by the task's sharding, its own kinds and its
+        constraints (pinned, grouped or whole tables are never cut; model_parallel ones never replicated)?"""
+        if kind not in self.kinds_of(table):
+            return False
+        if kind in ("column", "row"):
+            return table not in self._limits[2]
+        return kind != "data" or table not in self.model_parallel
+
+    def min_width(self, table: str) -> int:
+        """The narrowest column slice `table` may be cut into (min_widths; MIN_WIDTH by default)."""
+        return self._limits[1].get(table, MIN_WIDTH)
+
+    def max_slices(self, table: Table) -> int:
+        """The most column slices `table` may be cut into: multiples of 4 columns, each at least min_width wide
+        (1: none)."""
+        if not self.allows(table.name, "column"):
+            return 1
+        return max(1, (table.dim // 4) // -(-self.min_width(table.name) // 4))
+
     @property
     def constrained(self) -> bool:
         """Has placement constraints besides the pins of row-wise blocks (pins, avoid, groups, whole)?"""
-        return bool(self.pins or self.avoid or self.groups or self.whole)
+        return bool(self.pins or self.avoid or self.groups or self.whole or self.table_kinds or self.min_widths
+                    or self.must_cache or self.cache_factors)
 
     def allowed_devices(self, table: str) -> list[int]:
         """Devices a shard of `table` may be on, by its pin and avoid list (groups aside)."""
@@ -179,9 +240,18 @@ class Task:
         new_whole = [n for t in self.whole for n in derived_of.get(t, [])]
         new_model_parallel = [n for t in self.model_parallel for n in derived_of.get(t, [])]
         new_uncached = [n for t in self.uncached for n in derived_of.get(t, [])]
+        kinds = dict(self.table_kinds)
+        # a piece goes whole where its table went in pieces (a row-wise table's blocks)
+        new_kinds = [(n, tuple(dict.fromkeys(("table", *ks))) if n != t else ks)
+                     for t, ks in kinds.items() for n in derived_of.get(t, [])]
+        new_widths = [(n, w) for t, w in self.min_widths for n in derived_of.get(t, [])]
+        new_cache = [n for t in self.must_cache for n in derived_of.get(t, [])]
+        new_factors = [(n, f) for t, f in self.cache_factors for n in derived_of.get(t, [])]
         return replace(self, tables=tuple(tables), pins=tuple(new_pins), avoid=tuple(new_avoid),
                        groups=tuple(g for g in new_groups if len(g) > 1), whole=tuple(new_whole),
-                       model_parallel=tuple(new_model_parallel), uncached=tuple(new_uncached))
+                       model_parallel=tuple(new_model_parallel), uncached=tuple(new_uncached),
+                       table_kinds=tuple(new_kinds), min_widths=tuple(new_widths), must_cache=tuple(new_cache),
+                       cache_factors=tuple(new_factors))
 
     @property
     def num_devices(self) -> int:

@@ -87,19 +87,21 @@ class CutConfig:
 
 
 def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
-    """The cuts tried for `table`, whole first: 1, then 2, 4, ... column slices (each at least 4 columns wide, on
-    at most as many devices as it may use, at most `max_slices`), then ROW_WISE (every device holds a block)."""
+    """The cuts tried for `table`, whole first: 1, then 2, 4, ... column slices (each at least its min_width wide,
+    on at most as many devices as it may use, at most `max_slices`), then ROW_WISE (every device holds a block);
+    ROW_WISE alone for a table whose kinds allow no whole table."""
     if table.name in task.never_cut() or task.num_devices < 2:
         return [1]
     out, k = [1], 2
-    if "column" in task.sharding:
-        top = min(table.dim // 4, len(task.allowed_devices(table.name)), config.max_slices)
-        while k <= top:
-            out.append(k)
-            k *= 2
-    if config.row_wise and "row" in task.sharding and table.name not in task.avoided() \
+    top = min(task.max_slices(table), len(task.allowed_devices(table.name)), config.max_slices)
+    while k <= top:
+        out.append(k)
+        k *= 2
+    if config.row_wise and task.allows(table.name, "row") and table.name not in task.avoided() \
             and table.rows >= max(2, config.min_row_rows):
         out.append(ROW_WISE)
+    if not task.allows(table.name, "table") and ROW_WISE in out:
+        return [ROW_WISE]  # its constraint allows row-wise alone
     return out
 
 

@@ -16,7 +16,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import GB
 from dreamshard.placement import check_satisfiable, giving_up_early
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
-from dreamshard.sharders.replicas import data_parallel_tables, with_replicas
+from dreamshard.sharders.replicas import data_parallel_tables, must_replicate, with_replicas
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -48,12 +48,13 @@ def widest_column(dim: int, k: int) -> int:
     return 4 * -(-(dim // 4) // k)
 
 
-def fewest_slices(dim: int, fits: Callable[[int], bool]) -> int | None:
-    """The fewest k (2 <= k <= dim/4) column slices whose widest slice `fits`, None when even 4 columns do not.
+def fewest_slices(dim: int, fits: Callable[[int], bool], most: int | None = None) -> int | None:
+    """The fewest k (2 <= k <= `most`, by default dim/4) column slices whose widest slice `fits`, None when even
+    the narrowest do not.
 
     The widest slice shrinks as k grows, so a binary search over k finds it: logarithmic in dim, where trying
     every k in turn was quadratic (each try built the k widths)."""
-    lo, hi = 2, dim // 4
+    lo, hi = 2, dim // 4 if most is None else most
     if hi < lo or not fits(widest_column(dim, hi)):
         return None
     while lo < hi:
@@ -66,7 +67,7 @@ def fewest_slices(dim: int, fits: Callable[[int], bool]) -> int | None:
 
 
 def fits_row_wise(table: Table, task: Task) -> bool:
-    if "row" not in task.sharding or task.num_devices < 2 or table.name in task.avoided():
+    if not task.allows(table.name, "row") or task.num_devices < 2 or table.name in task.avoided():
         return False  # TorchRec's row-wise blocks go to every device
     if table.rows < 2:
         return False  # one block, the whole table: nothing cut (and its buffers would be counted as a block's)
@@ -82,18 +83,23 @@ def _capacity(task: Task, table: str) -> int:
 def first_cut(table: Table, task: Task) -> Cut:
     """The rule of the module docstring: no cut when the table fits the largest device it may use."""
     capacity = _capacity(task, table.name)
-    if task.shard_bytes(table) <= capacity:
+    must_cut = not task.allows(table.name, "table") and task.num_devices > 1
+    if must_cut and "row" in task.kinds_of(table.name):
+        if fits_row_wise(table, task):  # its constraint allows row-wise alone (or beside data-parallel)
+            return Cut(row_wise=True)
+    elif task.shard_bytes(table) <= capacity:
         return WHOLE
     if table.name in task.never_cut():
         raise InfeasibleTaskError(f"task {task.name!r}: table {table.name!r} must stay whole (pinned, grouped or "
                                   f"whole) but fits on no device it may use (largest {capacity / GB:.3f} GB)")
-    if "column" in task.sharding:
-        k = fewest_slices(table.dim, lambda width: task.shard_bytes(table, width=width) <= capacity)
+    columns = task.max_slices(table)
+    if columns > 1 and not must_cut:
+        k = fewest_slices(table.dim, lambda width: task.shard_bytes(table, width=width) <= capacity, columns)
         if k is not None:
             return Cut(columns=k)
     if fits_row_wise(table, task):
         return Cut(row_wise=True)
-    narrowest = 4 if "column" in task.sharding else table.dim
+    narrowest = min(column_widths(table.dim, columns)) if columns > 1 else table.dim
     row = task.shard_bytes(table, 1, narrowest)
     where = f"task {task.name!r}: table {table.name!r} ({table.rows} rows x {table.dim} dims, " \
             f"{task.shard_bytes(table) / GB:.3f} GB)"
@@ -101,14 +107,15 @@ def first_cut(table: Table, task: Task) -> Cut:
         raise InfeasibleTaskError(f"{where}: a single row of {narrowest} columns takes {row} bytes, more than any "
                                   f"device holds ({capacity} bytes, {capacity / GB:.3f} GB): no plan exists")
     tried = []
-    if "column" in task.sharding:
-        tried.append(f"its narrowest column slices (4 columns) need "
-                     f"{task.shard_bytes(table, width=4) / GB:.3f} GB")
-    if "row" in task.sharding and task.num_devices > 1:
+    if task.allows(table.name, "column"):
+        tried.append(f"its narrowest column slices ({narrowest} columns) need "
+                     f"{task.shard_bytes(table, width=narrowest) / GB:.3f} GB")
+    if task.allows(table.name, "row") and task.num_devices > 1:
         block = row_blocks(table.rows, task.num_devices)[0]
         tried.append(f"its row-wise blocks ({block[1]} rows on each device) need "
                      f"{task.shard_bytes(table, block[1]) / GB:.3f} GB")
-    reason = "; ".join(tried) if tried else f"the sharding kinds ({', '.join(task.sharding)}) allow no cut"
+    reason = "; ".join(tried) if tried else f"the sharding kinds ({', '.join(task.kinds_of(table.name))}) allow " \
+                                            "no cut"
     raise InfeasibleTaskError(f"{where} fits on no device (largest {capacity / GB:.3f} GB): {reason}; "
                               "no plan exists")
 
@@ -117,8 +124,8 @@ def finer(table: Table, task: Task, cut: Cut) -> Cut | None:
     """The next finer cut of `table` after `cut` (module docstring), None when there is none."""
     if cut.row_wise:
         return None
-    units = table.dim // 4
-    if "column" in task.sharding and cut.columns < units:
+    units = task.max_slices(table)
+    if cut.columns < units:
         k = min(units, 2 * cut.columns)
         return Cut(columns=k)
     if fits_row_wise(table, task):
@@ -197,23 +204,32 @@ def with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     task's kernels allow UVM caching and its tables need more than the devices hold, the largest cached
     (dreamshard.caching)."""
     replicated = data_parallel_tables(task)
+    forced = must_replicate(task)
     if replicated:
         try:
             return with_replicas(task, replicated, lambda rest: _with_caching(rest, shard_whole))
         except InfeasibleTaskError:
-            pass  # the copies leave too little: every table model-parallel, as below
+            if not forced or len(forced) == len(replicated):
+                if forced:
+                    raise
+                # the copies leave too little: every table model-parallel, as below
+            else:  # those whose constraints ask for it alone
+                return with_replicas(task, forced, lambda rest: _with_caching(rest, shard_whole))
     return _with_caching(task, shard_whole)
 
 
 def _with_caching(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     """The plan with the tables `choose_caching` picks kept in host memory, UVM-cached (each shard says its load
     factor), when the task's kernels allow it and no plan keeps every table in device memory."""
-    try:
-        return _with_pieces(task, shard_whole)  # all in device memory when it fits
-    except InfeasibleTaskError:
-        factors = choose_caching(task)  # none when the kernels do not allow caching
-        if not factors:
-            raise
+    error: InfeasibleTaskError | None = None
+    if not task.must_cache:  # all in device memory when it fits
+        try:
+            return _with_pieces(task, shard_whole)
+        except InfeasibleTaskError as exc:
+            error = exc
+    factors = choose_caching(task)  # none when the kernels do not allow caching
+    if not factors:
+        raise error or InfeasibleTaskError(f"task {task.name!r}: no table may be UVM-cached")
     cached = replace(task, tables=tuple(replace(t, cache_load_factor=factors[t.name]) if t.name in factors else t
                                         for t in task.tables))
     plan = _with_pieces(cached, shard_whole)

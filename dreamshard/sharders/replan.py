@@ -91,11 +91,13 @@ def _tiles(t: Table, shards: Sequence[Shard], num_devices: int) -> bool:
     return sum((b[1] - b[0]) * (b[3] - b[2]) for b in blocks) == t.rows * t.dim
 
 
-def _cut_allowed(t: Table, shards: Sequence[Shard], kinds: Sequence[str]) -> bool:
-    """Are the shards' cuts (row ranges, column slices) of kinds the task allows?"""
+def _cut_allowed(t: Table, shards: Sequence[Shard], task: Task) -> bool:
+    """Are the shards' cuts (row ranges, column slices at least the table's min_width wide) of kinds the task
+    allows the table?"""
     rows_cut = any(s.rows(t.rows) != (0, t.rows) for s in shards)
     cols_cut = any((s.col_start, s.col_end) != (0, t.dim) for s in shards)
-    return (not rows_cut or "row" in kinds) and (not cols_cut or "column" in kinds)
+    return (not rows_cut or task.allows(t.name, "row")) and (not cols_cut or (
+        task.allows(t.name, "column") and all(s.width >= task.min_width(t.name) for s in shards)))
 
 
 def _shard_bytes(task: Task, t: Table, s: Shard) -> int:
@@ -191,7 +193,7 @@ class PiecesTask:
             if shards is None:  # new or changed: free
                 self.tables.append(t)
                 continue
-            if len(shards) == 1 or t.name in uncut or not _cut_allowed(t, shards, task.sharding):
+            if len(shards) == 1 or t.name in uncut or not _cut_allowed(t, shards, task):
                 # whole before, or must be whole now (constraints, or its cuts are of a kind the task disallows)
                 self.tables.append(t)
                 if t.name in user_pins:

@@ -213,12 +213,13 @@ def backtracking_plan(ev: _Evaluator, shards: ShardSet) -> tuple[float, list[int
 
 
 def can_halve_columns(ev: _Evaluator, b: Block) -> bool:
-    return "column" in ev.task.sharding and b.width >= 8 and b.width % 8 == 0 and not ev.uncut[b.table]
+    name = ev.task.tables[b.table].name
+    return ev.task.allows(name, "column") and b.width % 8 == 0 and b.width // 2 >= ev.task.min_width(name)
 
 
 def can_halve_rows(ev: _Evaluator, shards: ShardSet, i: int, cfg: SearchConfig) -> bool:
     b = shards[i]
-    if not (cfg.row_splits and "row" in ev.task.sharding and b.rows >= 2 * cfg.min_rows and not ev.uncut[b.table]):
+    if not (cfg.row_splits and ev.task.allows(ev.task.tables[b.table].name, "row") and b.rows >= 2 * cfg.min_rows):
         return False
     limit = ev.task.num_devices if cfg.max_row_ranges is None else cfg.max_row_ranges
     ranges = {(c.row_start, c.row_end) for j, c in enumerate(shards) if c.table == b.table and j != i}

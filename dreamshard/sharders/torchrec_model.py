@@ -38,7 +38,7 @@ from dreamshard.sharders.pieces import (
     table_pieces,
     with_pieces,
 )
-from dreamshard.sharders.replicas import data_parallel_tables, with_replicas
+from dreamshard.sharders.replicas import data_parallel_tables, must_replicate, with_replicas
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -153,9 +153,15 @@ class TorchRecModelSharder:
     def shard(self, task: Task) -> Plan:
         from dreamshard.interop.torchrec import torchrec_perf_estimate
 
+        if task.must_cache:  # tables whose kernels allow UVM caching alone: cached as every sharder's are
+            return with_pieces(task, self._search)
         plans = []
-        replicated = data_parallel_tables(task)
-        for chosen in ([replicated] if replicated else []) + [[]]:  # the shared data-parallel rule, and none
+        replicated, forced = data_parallel_tables(task), must_replicate(task)
+        # the shared data-parallel rule, and none (those whose constraints ask for data-parallel alone)
+        choices = [replicated] if replicated else []
+        if forced != replicated or not choices:
+            choices.append(forced)
+        for chosen in choices:
             try:
                 plans.append(with_replicas(task, chosen, self._search) if chosen else self._search(task))
             except InfeasibleTaskError:
