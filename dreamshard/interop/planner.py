@@ -7,13 +7,15 @@ What it reads, its arguments and a complete script: docs/torchrec.md.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dreamshard.data.cluster import Constraints
-from dreamshard.errors import DreamShardError
+from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.interop.torchrec import require_torchrec
 from dreamshard.memory import DEFAULT_BATCH_SIZE, DEFAULT_RESERVATION, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, validate_plan
@@ -34,7 +36,36 @@ class ModuleTables:
 
 require_torchrec()  # this module is TorchRec's planner interface: importing it needs TorchRec
 
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType  # noqa: E402
 from torchrec.distributed.types import ShardingPlanner  # noqa: E402
+
+
+class DreamShardPlannerError(DreamShardError, PlannerError):
+    """A planning failure as TorchRec's planner reports one: a `PlannerError` with TorchRec's `error_type`
+    (INSUFFICIENT_STORAGE, STRICT_CONSTRAINTS, INPUT_VALIDATION, OTHER), and a DreamShardError."""
+
+    def __init__(self, message: str, error_type: PlannerErrorType = PlannerErrorType.OTHER) -> None:
+        PlannerError.__init__(self, message, error_type)
+
+
+# TorchRec's sharding types -> our kinds (Task.table_kinds): a whole table is table_wise, or column_wise in one
+# slice; table_row_wise is row-wise over one host, TorchRec's row-wise layout when the topology has one host
+KINDS_OF_TYPE = {"table_wise": ("table",), "column_wise": ("table", "column"), "row_wise": ("row",),
+                 "table_row_wise": ("row",), "data_parallel": ("data",)}
+# how a whole table is written, in order of preference, and on one rank (every layout holds a whole table there)
+WHOLE_TYPES = ("table_wise", "column_wise")
+ONE_RANK_TYPES = ("row_wise", "table_row_wise", "data_parallel")
+MODEL_PARALLEL_KERNELS = ("fused", "fused_uvm_caching")
+
+
+@dataclass(frozen=True)
+class TableTypes:
+    """TorchRec's sharding types one table may take, after its constraint and its module's sharder, and how each
+    of our layouts of it is written: a whole table (`whole_as`), row-wise blocks (`row_as`)."""
+
+    kinds: tuple[str, ...]
+    whole_as: str | None
+    row_as: str | None
 
 
 class DreamShardPlanner(ShardingPlanner):
@@ -103,25 +134,78 @@ class DreamShardPlanner(ShardingPlanner):
         from dreamshard.sharders import make_sharder
 
         start = time.perf_counter()
-        task, modules = self.task(module, sharders)
-        offered = self._offered([(m.fqn, m.module) for m in modules], sharders)
-        if self._row_wise_only(offered):
-            plan = self._all_row_wise(task)  # TorchRec's one row-wise layout: nothing for a sharder to choose
-        else:
-            plan = make_sharder(self.algo, **self.options).shard(task)
-        validate_plan(task, plan)
-        self._check_torchrec_storage(task, plan)
+        self._num_proposals, self._best_plan = 0, None
+        if not _embedding_modules(module, sharders):  # no collection with a sharder: nothing to plan, as TorchRec
+            return ShardingPlan({})
+        try:
+            task, modules = self.task(module, sharders)
+            with _torch_threads(1):
+                plan = make_sharder(self.algo, **self.options).shard(task)
+            self._num_proposals = 1
+            validate_plan(task, plan)
+            self._check_torchrec_storage(task, plan)
+        except PlannerError:
+            raise
+        except DreamShardError as exc:
+            raise DreamShardPlannerError(f"{exc}", self._error_type(exc, locals().get("task"))) from exc
         elapsed = time.perf_counter() - start
         if self.timeout_seconds is not None and elapsed > self.timeout_seconds:
-            raise DreamShardError(f"DreamShardPlanner: planning took {elapsed:.1f} s, over timeout_seconds="
-                                  f"{self.timeout_seconds}")
+            raise DreamShardPlannerError(f"DreamShardPlanner: planning took {elapsed:.1f} s, over timeout_seconds="
+                                         f"{self.timeout_seconds}", PlannerErrorType.OTHER)
         self.last_task, self.last_plan = task, plan
         # every table's sharding, once for all modules
-        generators = table_generators(task, plan, self._whole_as(offered))
+        generators = table_generators(task, plan, {k: t.whole_as for k, t in self._types.items() if t.whole_as},
+                                      {k: t.row_as for k, t in self._types.items() if t.row_as})
         sharding_plan = ShardingPlan({m.fqn: self._module_plan(task, plan, generators, m, sharders) for m in modules})
+        self._best_plan = self._sharding_options(task, modules, sharding_plan)
         if self.debug:
             self._print_summary(task, plan, elapsed)
         return sharding_plan
+
+    @staticmethod
+    def _error_type(exc: Exception, task: Task | None) -> PlannerErrorType:
+        """TorchRec's class of a failure: INSUFFICIENT_STORAGE when the tables, each in its smallest form, need
+        more than the ranks hold (as TorchRec's planner decides it), else STRICT_CONSTRAINTS for a task with no
+        plan, INPUT_VALIDATION for what was given."""
+        from dreamshard.errors import InfeasibleTaskError, InvalidPlanError
+
+        if task is None or not isinstance(exc, (InfeasibleTaskError, InvalidPlanError)):
+            return PlannerErrorType.INPUT_VALIDATION if task is None else PlannerErrorType.OTHER
+        smallest = sum(task.shard_bytes(t) for t in task.tables)  # whole: no cut makes a table smaller
+        if smallest > sum(task.capacities()):
+            return PlannerErrorType.INSUFFICIENT_STORAGE
+        return PlannerErrorType.STRICT_CONSTRAINTS
+
+    def _sharding_options(self, task: Task, modules: list[ModuleTables], sharding_plan) -> list:
+        """The plan as TorchRec's planner keeps its best plan (`_best_plan`): a ShardingOption per table, in the
+        modules' table order, with its shards and what its constraint passes through."""
+        from torchrec.distributed.planner.types import Shard as TorchRecShard
+        from torchrec.distributed.planner.types import ShardingOption
+        from torchrec.distributed.planner.enumerators import get_partition_by_type
+
+        pooling = {t.name: t.pooling_factor for t in task.tables}
+        options = []
+        for m in modules:
+            params = dict(_ebc_of(m.module).named_parameters()) if not _is_sequence(m.module) else \
+                dict(m.module.named_parameters())
+            configs = {c.name: c for c in _configs_of(m.module)}
+            for key, name in m.names:
+                ps = sharding_plan.plan[m.fqn][name]
+                c = self.constraints.get(name)
+                tensor = next((p for n, p in params.items() if n.endswith(f"{name}.weight")), None)
+                shards = [TorchRecShard(size=list(md.shard_sizes), offset=list(md.shard_offsets), rank=r)
+                          for md, r in zip(ps.sharding_spec.shards, ps.ranks)] if ps.sharding_spec is not None \
+                    else [TorchRecShard(size=[configs[name].num_embeddings, configs[name].embedding_dim],
+                                        offset=[0, 0], rank=r) for r in ps.ranks or []]
+                options.append(ShardingOption(
+                    name=name, tensor=tensor, module=(m.fqn, m.module), input_lengths=[pooling[key]],
+                    batch_size=self.batch_size, sharding_type=ps.sharding_type,
+                    partition_by=get_partition_by_type(ps.sharding_type), compute_kernel=ps.compute_kernel,
+                    shards=shards, cache_params=ps.cache_params, enforce_hbm=ps.enforce_hbm,
+                    stochastic_rounding=ps.stochastic_rounding, bounds_check_mode=ps.bounds_check_mode,
+                    is_pooled=not _is_sequence(m.module), feature_names=list(configs[name].feature_names),
+                    num_poolings=list(c.num_poolings) if c is not None and c.num_poolings else None))
+        return options
 
     def _check_torchrec_storage(self, task: Task, plan: Plan) -> None:
         """TorchRec's own storage estimate of the plan, rank by rank, within what its reservation leaves."""
@@ -165,15 +249,19 @@ class DreamShardPlanner(ShardingPlanner):
         counts it (the module's optimizer, buffers at batch_size, each rank's HBM less TorchRec's reservation)."""
         from torchrec.modules.embedding_configs import DataType
 
-        found = _embedding_modules(module)
-        if not found:
-            raise DreamShardError("DreamShardPlanner: the module holds no EmbeddingBagCollection or "
-                                  "EmbeddingCollection to plan")
         sharders = sharders if sharders is not None else _default_sharders()
-        _check_sharders_cover(found, sharders)
+        found = _embedding_modules(module, sharders)
+        if not found:
+            raise DreamShardPlannerError("DreamShardPlanner: the module holds no EmbeddingBagCollection or "
+                                         "EmbeddingCollection that the sharders shard", PlannerErrorType.OTHER)
         all_names = [c.name for _, m in found for c in _configs_of(m)]
         clash = {n for n in all_names if all_names.count(n) > 1}
+        kinds = self._kinds_allowed(found, sharders)
+        kernels = self._kernels_allowed(found, sharders)
+        offered = {False: self._offered(found, sharders), True: self._sequence_offered(found, sharders)}
         tables, modules, precisions, whole, model_parallel, uncached = [], [], set(), [], [], []
+        table_kinds, min_widths, must_cache, cache_factors = [], [], [], []
+        self._types: dict[str, TableTypes] = {}
         for fqn, m in found:
             names = []
             sequence = _is_sequence(m)
@@ -182,27 +270,46 @@ class DreamShardPlanner(ShardingPlanner):
                 if c.data_type not in (DataType.FP32, DataType.FP16):
                     raise DreamShardError(f"DreamShardPlanner: table {c.name!r} ({fqn or 'module'}): data type "
                                           f"{c.data_type} is not planned; fp32 or fp16 weights are")
-                if c.name in self.constraints:
-                    _check_constraint_fields(c, self.constraints[c.name])
+                constraint = self.constraints.get(c.name)
+                if constraint is not None:
+                    _check_constraint_fields(c, constraint)
                 precision = "fp16" if c.data_type == DataType.FP16 else "fp32"
                 precisions.add(precision)
-                tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), self._pooling(c),
-                                    features=max(1, len(c.feature_names)), precision=precision, sequence=sequence))
+                pooling, features = self._pooling(c)
+                tables.append(Table(key, int(c.num_embeddings), int(c.embedding_dim), pooling,
+                                    features=features, precision=precision, sequence=sequence))
                 names.append((key, c.name))
-                if self._table_wise_only(c.name):
-                    whole.append(key)  # its constraint allows table_wise only: never cut
-                if not self._data_parallel_allowed(c.name):
+                types = self._table_types(c, offered[sequence], kinds, kernels, sequence)
+                self._types[key] = types
+                if types.kinds != kinds:
+                    table_kinds.append((key, types.kinds))
+                if types.kinds == ("table",) and self.topology.world_size > 1:
+                    whole.append(key)  # its constraint allows a whole table only: never cut
+                if "data" not in types.kinds:
                     model_parallel.append(key)
-                if not self._cache_allowed(c.name):
+                ck = None if constraint is None else constraint.compute_kernels
+                if ck is not None and "fused_uvm_caching" not in ck:
                     uncached.append(key)
+                if ck is not None and "fused" not in ck and "fused_uvm_caching" in ck and types.kinds != ("data",):
+                    must_cache.append(key)
+                params = None if constraint is None else getattr(constraint, "cache_params", None)
+                if params is not None and params.load_factor is not None:
+                    cache_factors.append((key, float(params.load_factor)))
+                if constraint is not None and constraint.min_partition is not None:
+                    min_widths.append((key, max(4, int(constraint.min_partition))))
             modules.append(ModuleTables(fqn, m, tuple(names)))
+        if must_cache and "fused_uvm_caching" not in kernels:
+            raise DreamShardPlannerError(
+                f"DreamShardPlanner: table {must_cache[0]!r}: its constraint's compute_kernels allow "
+                f"fused_uvm_caching alone, which the sharders do not offer on {self.topology.compute_device}",
+                PlannerErrorType.STRICT_CONSTRAINTS)
         # each table at its own precision (Table.precision); the model's is the widest, for what has none
         memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
                              self.batch_size)
         task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
-                    sharding=self._kinds_allowed(found, sharders), whole=tuple(whole),
-                    model_parallel=tuple(model_parallel), kernels=self._kernels_allowed(found, sharders),
-                    uncached=tuple(uncached))
+                    sharding=kinds, whole=tuple(whole), model_parallel=tuple(model_parallel), kernels=kernels,
+                    uncached=tuple(uncached), table_kinds=tuple(table_kinds), min_widths=tuple(min_widths),
+                    must_cache=tuple(must_cache), cache_factors=tuple(cache_factors))
         if self.placement:
             try:
                 task = self.placement.apply(task)
@@ -250,45 +357,29 @@ class DreamShardPlanner(ShardingPlanner):
                                   "among table_wise, column_wise and row_wise with the fused kernel")
         return offered
 
-    @staticmethod
-    def _row_wise_only(offered: list[str] | None) -> bool:
-        """Does the EBC sharder offer row_wise and neither table_wise nor column_wise (as TorchRec's tests restrict
-        one)? Then every table is row-wise."""
-        return offered is not None and "row_wise" in offered and not {"table_wise", "column_wise"} & set(offered)
+    def _sequence_offered(self, found, sharders) -> list[str] | None:
+        """The sharding types the EmbeddingCollections' sharders all offer with the fused kernel (None: none
+        given)."""
+        offered: list[str] | None = None
+        for _, types in self._offers(found, sharders, sequence=True):
+            offered = types if offered is None else [t for t in offered if t in types]
+        return offered
 
-    def _all_row_wise(self, task: Task) -> Plan:
-        """Every table in TorchRec's row-wise layout (plan.row_wise_shards: block i on rank i), for a sharder that offers
-        row_wise alone; a table that must stay whole, or sharding kinds without "row", is an error naming it."""
-        from dreamshard.plan import row_wise_shards
-
-        if "row" not in self.sharding:
-            raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, but sharding="
-                                  f"{self.sharding} leaves out 'row'; allow 'row' or give a sharder with table_wise")
-        whole = sorted(task.never_cut() | set(task.avoided()))
-        if whole:
-            raise DreamShardError(f"DreamShardPlanner: the sharder offers row_wise alone, which puts a block of every "
-                                  f"table on every rank, but table {whole[0]!r} must stay whole or avoid ranks "
-                                  "(its constraints); give a sharder with table_wise")
-        return Plan(task.num_devices, tuple(s for t in task.tables for s in row_wise_shards(t, task.num_devices)))
-
-    @staticmethod
-    def _whole_as(offered: list[str] | None) -> str:
-        """TorchRec's sharding type of a whole table: table_wise, or one column slice for a sharder offering
-        column_wise and not table_wise (as TorchRec's tests restrict one)."""
-        return "column_wise" if offered is not None and "table_wise" not in offered else "table_wise"
+    @property
+    def _one_host(self) -> bool:
+        return self.topology.local_world_size >= self.topology.world_size
 
     def _kinds_allowed(self, found, sharders) -> tuple[str, ...]:
         """`sharding` narrowed to what the sharder of every planned module offers: the bag collections' (`_offered`)
         and the EmbeddingCollections'; "data" (data-parallel bag tables) only when every bag collection's sharder
-        offers data_parallel with the dense kernel. A restricted sharder is honoured."""
+        offers data_parallel with the dense kernel. "table" stays: each table's own types (`_table_types`) say
+        whether it may be whole. A restricted sharder is honoured."""
         offered = self._offered(found, sharders)
         kinds = self.sharding
+        rows = ("row_wise", "table_row_wise") if self._one_host else ("row_wise",)
         if offered is not None:
-            if self._row_wise_only(offered):  # every table row-wise (_all_row_wise); the task keeps "table"
-                kinds = tuple(k for k in kinds if k in ("table", "row"))
-            else:
-                by_kind = {"table": self._whole_as(offered), "column": "column_wise", "row": "row_wise"}
-                kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in offered)
+            kinds = tuple(k for k in kinds if k in ("table", "data") or (k == "column" and "column_wise" in offered)
+                          or (k == "row" and set(rows) & set(offered)))
         device = self.topology.compute_device
         if not all("data_parallel" in s.sharding_types(device) and "dense" in s.compute_kernels("data_parallel", device)
                    for s in _bag_sharders(found, sharders)):
@@ -301,6 +392,41 @@ class DreamShardPlanner(ShardingPlanner):
             kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in ec)  # sequence tables: never replicas
         return kinds
 
+    def _table_types(self, config, offered: list[str] | None, kinds: tuple[str, ...], kernels: tuple[str, ...],
+                     sequence: bool) -> TableTypes:
+        """The TorchRec sharding types table `config` may take: what its module's sharder offers (`offered`, with
+        a fused kernel; data_parallel where `kinds` allow "data"), narrowed by its constraint's sharding_types and
+        compute_kernels; our kinds of them, and how a whole table and row-wise blocks are written. None left is an
+        error naming the table, before any planning."""
+        c = self.constraints.get(config.name)
+        asked = None if c is None or c.sharding_types is None else list(c.sharding_types)
+        ck = None if c is None or c.compute_kernels is None else list(c.compute_kernels)
+        avail = list(offered) if offered is not None else ["table_wise", "column_wise", "row_wise", "table_row_wise"]
+        if "data" in kinds and not sequence:
+            avail.append("data_parallel")
+        types = [t for t in avail if t in KINDS_OF_TYPE and (asked is None or t in asked)]
+        if ck is not None:
+            model_parallel = any(k in ck for k in MODEL_PARALLEL_KERNELS)
+            types = [t for t in types if (t == "data_parallel" and "dense" in ck)
+                     or (t != "data_parallel" and model_parallel)]
+        if not self._one_host:  # table_row_wise spans one host: TorchRec's row-wise layout only on one host
+            types = [t for t in types if t != "table_row_wise"]
+        if self.topology.world_size == 1:  # one rank: every layout is the whole table
+            ours: tuple[str, ...] = ("table",) if types else ()
+        else:
+            ours = tuple(k for k in kinds if any(k in KINDS_OF_TYPE[t] for t in types))
+        if not ours:
+            raise DreamShardPlannerError(
+                f"DreamShardPlanner: table {config.name!r}: its constraint allows sharding types "
+                f"{asked or 'any'} with compute kernels {ck or 'any'}, its sharder offers {avail} on "
+                f"{self.topology.compute_device}{'' if self._one_host else ' across hosts'}, and `sharding` allows "
+                f"{list(kinds)}: none in common that DreamShard plans (table_wise, column_wise, row_wise, "
+                "table_row_wise within one host, data_parallel)", PlannerErrorType.STRICT_CONSTRAINTS)
+        whole_types = WHOLE_TYPES + (ONE_RANK_TYPES if self.topology.world_size == 1 else ())
+        whole_as = next((t for t in whole_types if t in types), None)
+        row_as = next((t for t in ("row_wise", "table_row_wise") if t in types), None)
+        return TableTypes(ours, whole_as, row_as)
+
     def _kernels_allowed(self, found, sharders) -> tuple[str, ...]:
         """fused, and fused_uvm_caching when the sharder of every planned bag collection offers it with table_wise,
         column_wise and row_wise on this compute device (TorchRec's do on cuda): tables that HBM cannot hold are
@@ -311,20 +437,6 @@ class DreamShardPlanner(ShardingPlanner):
             "fused_uvm_caching" in s.compute_kernels(t, device)
             for s in bag_sharders for t in ("table_wise", "column_wise", "row_wise") if t in s.sharding_types(device))
         return ("fused", "fused_uvm_caching") if offered else ("fused",)
-
-    def _cache_allowed(self, name: str) -> bool:
-        """May table `name` be UVM-cached by its constraint's compute kernels?"""
-        c = self.constraints.get(name)
-        return c is None or c.compute_kernels is None or "fused_uvm_caching" in c.compute_kernels
-
-    def _data_parallel_allowed(self, name: str) -> bool:
-        """May table `name` be data-parallel by its constraint (sharding types and kernels)?"""
-        c = self.constraints.get(name)
-        if c is None:
-            return True
-        types_ok = c.sharding_types is None or "data_parallel" in c.sharding_types
-        kernels_ok = c.compute_kernels is None or "dense" in c.compute_kernels
-        return types_ok and kernels_ok
 
     def _offers(self, found, sharders, sequence: bool) -> list[tuple[Any, list[str]]]:
         """(sharder, the sharding types it offers with the fused kernel on this compute device) of every planned
@@ -339,19 +451,26 @@ class DreamShardPlanner(ShardingPlanner):
         return [(s, [t for t in s.sharding_types(device) if "fused" in s.compute_kernels(t, device)])
                 for s in picked.values()]
 
-    def _table_wise_only(self, name: str) -> bool:
-        c = self.constraints.get(name)
-        return c is not None and c.sharding_types is not None and "table_wise" in c.sharding_types and not (
-            {"column_wise", "row_wise"} & set(c.sharding_types))
-
-    def _pooling(self, config) -> float:
+    def _pooling(self, config) -> tuple[float, int]:
+        """(lookups per sample, pooled outputs per sample) of a table: its constraint's pooling_factors (else
+        default_pooling_factor) times its num_poolings, summed over its features, as TorchRec's estimators count
+        them; outputs: the num_poolings' sum, else one per feature."""
         c = self.constraints.get(config.name)
-        if c is not None and c.compute_kernels is not None and "fused" not in c.compute_kernels:
-            raise DreamShardError(f"DreamShardPlanner: table {config.name!r}: constraint compute_kernels "
-                                  f"{c.compute_kernels} exclude 'fused', the kernel DreamShard plans for")
-        if c is None or not c.pooling_factors:
-            return self.default_pooling_factor
-        return float(sum(c.pooling_factors))
+        features = max(1, len(config.feature_names))
+        given = list(c.pooling_factors) if c is not None and c.pooling_factors else None
+        if c is None or not c.num_poolings:
+            return (float(sum(given)) if given else self.default_pooling_factor), features
+        counts = [float(x) for x in c.num_poolings]
+        lengths = given or [self.default_pooling_factor] * len(counts)
+        where = f"DreamShardPlanner: table {config.name!r}: constraint num_poolings={c.num_poolings}"
+        total = sum(counts)
+        if len(lengths) != len(counts):
+            raise DreamShardPlannerError(f"{where}: {len(counts)} entries for {len(lengths)} pooling_factors; TorchRec "
+                                         "pairs them feature by feature", PlannerErrorType.INPUT_VALIDATION)
+        if any(not x > 0 for x in counts) or abs(total - round(total)) > 1e-9:
+            raise DreamShardPlannerError(f"{where}: expected positive counts of pooled outputs summing to a whole "
+                                         "number", PlannerErrorType.INPUT_VALIDATION)
+        return float(sum(x * n for x, n in zip(lengths, counts))), int(round(total))
 
     def _devices(self, module, sharders) -> tuple[Device, ...]:
         """Per rank, the memory TorchRec's storage reservation leaves (`storage_reservation`, TorchRec's default
@@ -362,8 +481,9 @@ class DreamShardPlanner(ShardingPlanner):
         try:
             reserved = reservation.reserve(self.topology, self.batch_size, module, sharders, self.constraints)
         except Exception as exc:  # TorchRec raises PlannerError when the reservation leaves no HBM
-            raise DreamShardError(f"DreamShardPlanner: TorchRec's storage reservation: {' '.join(str(exc).split())}") \
-                from None
+            kind = exc.error_type if isinstance(exc, PlannerError) else PlannerErrorType.OTHER
+            raise DreamShardPlannerError(f"DreamShardPlanner: TorchRec's storage reservation: "
+                                         f"{' '.join(str(exc).split())}", kind) from None
         kind = self.topology.compute_device
         devices = []
         for d in reserved.devices:
@@ -396,13 +516,16 @@ class DreamShardPlanner(ShardingPlanner):
         check_module_plan(task, plan, module_plan, dict(m.names))  # TorchRec builds some shardings itself
         for _, name in m.names:
             c = self.constraints.get(name)
-            kind = module_plan[name].sharding_type
-            if c is not None and c.sharding_types is not None and kind not in c.sharding_types:
-                raise DreamShardError(f"DreamShardPlanner: table {name!r}: planned {kind!r}, but its constraint "
-                                      f"allows only {c.sharding_types}; restrict `sharding` instead")
+            ps = module_plan[name]
+            if c is not None and c.sharding_types is not None and ps.sharding_type not in c.sharding_types:
+                raise InvalidPlanError(f"DreamShardPlanner: table {name!r}: planned {ps.sharding_type!r}, outside its "
+                                       f"constraint's {c.sharding_types} (a bug: the search works within them)")
             if c is not None:  # written into the plan as TorchRec's planner writes them
                 for field in WRITTEN_FIELDS:
-                    setattr(module_plan[name], field, getattr(c, field))
+                    setattr(ps, field, getattr(c, field))
+                if c.cache_params is not None:  # the constraint's, at the load factor the plan caches it at
+                    factor = ps.cache_params.load_factor if ps.cache_params is not None else c.cache_params.load_factor
+                    ps.cache_params = dataclasses.replace(c.cache_params, load_factor=factor)
         if isinstance(m.module, FeatureProcessedEmbeddingBagCollection):
             rows = [name for _, name in m.names if module_plan[name].sharding_type == "row_wise"]
             if rows:  # TorchRec guards row-wise sharding of feature-processed tables
@@ -410,6 +533,20 @@ class DreamShardPlanner(ShardingPlanner):
                                       "row-wise, which TorchRec runs for feature-processed modules only when a "
                                       "constraint asks for it; restrict `sharding` to table and column")
         return module_plan
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to `n` while planning (the learned sharders' small networks run fastest on one;
+    a training script's own setting comes back after)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _default_sharders() -> list:
@@ -448,41 +585,31 @@ def _check_constraint_fields(config, c) -> None:
     """Every ParameterConstraints field is honoured (sharding_types, compute_kernels, pooling_factors, is_weighted,
     the WRITTEN_FIELDS) or, when set to something DreamShard does not plan for, an error naming it."""
     where = f"DreamShardPlanner: table {config.name!r}: constraint"
-    if c.min_partition is not None:
-        raise DreamShardError(f"{where} min_partition={c.min_partition}: DreamShard chooses column slice widths "
-                              "itself (multiples of 4); leave it out, or restrict sharding_types")
-    if c.num_poolings is not None and any(float(n) != 1.0 for n in c.num_poolings):
-        raise DreamShardError(f"{where} num_poolings={c.num_poolings}: planned are one pooling per sample and "
-                              "feature; fold them into pooling_factors")
+    if c.min_partition is not None and (isinstance(c.min_partition, bool) or not isinstance(c.min_partition, int)
+                                        or c.min_partition < 1):
+        raise DreamShardPlannerError(f"{where} min_partition={c.min_partition!r}: expected a positive whole number of "
+                                     "columns (the narrowest column slice)", PlannerErrorType.INPUT_VALIDATION)
     if c.batch_sizes is not None:
         raise DreamShardError(f"{where} batch_sizes={c.batch_sizes}: per-feature batch sizes are not planned; "
                               "give the planner's batch_size")
     if c.feature_names is not None and list(c.feature_names) != list(config.feature_names):
         raise DreamShardError(f"{where} feature_names={c.feature_names}: the table's features are "
                               f"{list(config.feature_names)}; planned are all of them")
-    if getattr(c, "cache_params", None) is not None:
-        raise DreamShardError(f"{where} cache_params: DreamShard chooses a cached table's load factor from its access "
-                              "counts (dreamshard.caching); leave it out, or restrict compute_kernels to 'fused'")
+    params = getattr(c, "cache_params", None)
+    if params is not None and params.load_factor is not None and not 0 < params.load_factor <= 1:
+        raise DreamShardPlannerError(f"{where} cache_params.load_factor={params.load_factor!r}: expected a share of "
+                                     "the table's rows in (0, 1]", PlannerErrorType.INPUT_VALIDATION)
+    if params is not None and params.precision is not None and config.data_type.name == "FP16" \
+            and params.precision.name not in ("FP16", "FP8", "INT8", "INT4", "INT2"):
+        raise DreamShardPlannerError(f"{where} cache_params.precision={params.precision.name}: a cache wider than its "
+                                     "fp16 table is not counted; leave it out or make it fp16",
+                                     PlannerErrorType.INPUT_VALIDATION)
     for name in ("key_value_params", "output_dtype", "device_group"):
         if getattr(c, name, None) is not None:
             raise DreamShardError(f"{where} {name}: not planned (key-value tables, other output types and device "
                                   "groups are not DreamShard's choices); leave it out")
     if getattr(c, "use_virtual_table", False):
         raise DreamShardError(f"{where} use_virtual_table: virtual tables are not planned")
-
-
-def _check_sharders_cover(found, sharders) -> None:
-    """An EmbeddingCollection or a FusedEmbeddingBagCollection needs its own sharder among the sharders, or
-    DistributedModelParallel leaves it unsharded: an error naming the module."""
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    for fqn, m in found:
-        kind = _sharder_class(m)
-        if kind is not EmbeddingBagCollectionSharder and _sharder_of(m, sharders) is None:
-            raise DreamShardError(f"DreamShardPlanner: module {fqn or '(root)'!r} is a{'n' if _is_sequence(m) else ''} "
-                                  f"{type(m).__name__}, but the sharders hold no {kind.__name__}: "
-                                  "DistributedModelParallel would leave it unsharded; pass one (TorchRec's default "
-                                  "sharders include it)")
 
 
 def _sharder_of(m, sharders):
@@ -524,10 +651,13 @@ def _configs_of(m) -> list:
     return m.embedding_configs() if _is_sequence(m) else _ebc_of(m).embedding_bag_configs()
 
 
-def _embedding_modules(module) -> list:
+def _embedding_modules(module, sharders=None) -> list:
     """(fqn, module) of every collection to plan: a FeatureProcessedEmbeddingBagCollection as one unit (its sharder
     shards the EBC inside it, keyed by its own fqn), every other EBC, FusedEmbeddingBagCollection and
-    EmbeddingCollection on its own."""
+    EmbeddingCollection on its own; with `sharders`, only those one of them shards (as TorchRec's planner, a
+    collection without a sharder is left unplanned, and DistributedModelParallel leaves it unsharded)."""
+    if sharders is not None:
+        return [(fqn, m) for fqn, m in _embedding_modules(module) if _sharder_of(m, sharders) is not None]
     from torchrec import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
     from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection

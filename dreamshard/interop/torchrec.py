@@ -255,23 +255,38 @@ def _column_slices_generator(slices: list[Shard], kernel: str = COMPUTE_KERNEL):
     return generate
 
 
-def table_generators(task: Task, plan: Plan, whole_as: str = TABLE_WISE) -> dict[str, Any]:
+def table_generators(task: Task, plan: Plan, whole_as: str | Mapping[str, str] = TABLE_WISE,
+                     row_as: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Table name -> TorchRec's ParameterShardingGenerator placing it as `plan` does; a whole table as
-    `whole_as`: table_wise, or column_wise with one slice (for a sharder that offers column_wise only)."""
+    `whole_as` (for all tables, or per table; table_wise for those absent): table_wise, or column_wise with one
+    slice (for a table allowed column_wise and not table_wise), or on one rank row_wise, table_row_wise or
+    data_parallel; row-wise blocks as `row_as` says per table (row_wise for those absent; table_row_wise: the
+    same blocks, on a topology of one host)."""
     require_torchrec()
-    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_wise
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_row_wise, table_wise
 
     shards = _table_shards(task, plan)
     caches = plan_caches(task, plan)
+    wholes = {} if isinstance(whole_as, str) else whole_as
+    rows_as = row_as or {}
     per_table = {}
     for i, t in enumerate(task.tables):
         blocks = shards[t.name]
         layout = table_layout(task, i, blocks)
         kernel = UVM_KERNEL if t.name in caches else COMPUTE_KERNEL
-        if layout == TABLE_WISE and whole_as == COLUMN_WISE:
+        whole = whole_as if isinstance(whole_as, str) else wholes.get(t.name, TABLE_WISE)
+        if layout == TABLE_WISE and whole == COLUMN_WISE:
             per_table[t.name] = column_wise(ranks=[blocks[0].device], compute_kernel=kernel)
+        elif layout == TABLE_WISE and whole == ROW_WISE:
+            per_table[t.name] = row_wise(compute_kernel=kernel)
+        elif layout == TABLE_WISE and whole == "table_row_wise":
+            per_table[t.name] = _with_kernel(table_row_wise(host_index=0), kernel)
+        elif layout == TABLE_WISE and whole == DATA_PARALLEL:
+            per_table[t.name] = data_parallel()
         elif layout == TABLE_WISE:
             per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=kernel)
+        elif layout == ROW_WISE and rows_as.get(t.name) == "table_row_wise":
+            per_table[t.name] = _with_kernel(table_row_wise(host_index=0), kernel)
         elif layout == ROW_WISE:
             per_table[t.name] = row_wise(compute_kernel=kernel)
         elif layout == DATA_PARALLEL:
@@ -283,6 +298,16 @@ def table_generators(task: Task, plan: Plan, whole_as: str = TABLE_WISE) -> dict
         if t.name in caches:
             per_table[t.name] = _cached(per_table[t.name], caches[t.name])
     return per_table
+
+
+def _with_kernel(generate, kernel: str):
+    """The sharding `generate` makes, run by `kernel` (for TorchRec's generators that take no kernel)."""
+    def with_kernel(*args, **kwargs) -> Any:
+        sharding = generate(*args, **kwargs)
+        sharding.compute_kernel = kernel
+        return sharding
+
+    return with_kernel
 
 
 def _cached(generate, load_factor: float):

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
 from torchrec.distributed.planner import ParameterConstraints, Topology  # noqa: E402
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType  # noqa: E402
 from torchrec.distributed.planner.storage_reservations import (  # noqa: E402
     FixedPercentageStorageReservation,
     HeuristicalStorageReservation,
@@ -74,18 +75,22 @@ def test_plans_every_collection_with_pooling_from_constraints_and_memory_from_th
     assert [list(m.shard_sizes) for m in ps.sharding_spec.shards] == [[25_000, 64], [25_000, 64]]
 
 
-def test_constraints_it_cannot_honour_are_errors():
-    bad_kernel = {"big": ParameterConstraints(compute_kernels=["dense"])}
-    with pytest.raises(DreamShardError, match=r"table 'big': constraint compute_kernels \['dense'\] exclude 'fused'"):
-        DreamShardPlanner(topology(2, 100.0), constraints=bad_kernel).plan(TwoCollections(), [])
+def test_constraints_it_cannot_honour_are_planner_errors():
+    ebc = [EmbeddingBagCollectionSharder()]
+    # dense alone: data-parallel, which the sharder offers only on ranks of one host... here none offers it
+    no_kernel = {"big": ParameterConstraints(compute_kernels=["key_value"])}
+    with pytest.raises(PlannerError, match=r"table 'big': its constraint allows .* compute kernels \['key_value'\]") \
+            as caught:
+        DreamShardPlanner(topology(2, 100.0), constraints=no_kernel).plan(TwoCollections(), ebc)
+    assert caught.value.error_type == PlannerErrorType.STRICT_CONSTRAINTS and isinstance(caught.value, DreamShardError)
     tw_only = {"big": ParameterConstraints(sharding_types=["table_wise"])}
-    with pytest.raises(DreamShardError, match=r"table 'big' \(whole\) needs 0\.012 GB on one device"):
+    with pytest.raises(PlannerError, match=r"table 'big' \(whole\) needs 0\.012 GB on one device") as caught:
         DreamShardPlanner(topology(2, 10.0), constraints=tw_only, storage_reservation=NO_RESERVATION).plan(
-            TwoCollections(), [])  # table_wise only: never cut, so it fits nowhere
-    with pytest.raises(DreamShardError, match="no EmbeddingBagCollection"):
-        DreamShardPlanner(topology(2, 10.0)).plan(torch.nn.Linear(2, 2), [])
+            TwoCollections(), ebc)  # table_wise only: never cut, so it fits nowhere
+    assert caught.value.error_type == PlannerErrorType.STRICT_CONSTRAINTS  # both ranks hold it, not one
+    assert DreamShardPlanner(topology(2, 10.0)).plan(torch.nn.Linear(2, 2), ebc) == ShardingPlan({})  # as TorchRec
     with pytest.raises(DreamShardError, match="initialised process group"):
-        DreamShardPlanner(topology(2, 10.0)).collective_plan(TwoCollections(), [])
+        DreamShardPlanner(topology(2, 10.0)).collective_plan(TwoCollections(), ebc)
 
 
 class RestrictedSharder(EmbeddingBagCollectionSharder):
@@ -122,10 +127,11 @@ def test_sharders_restrictions_are_honoured_or_refused():
     rows = {t.name: t.rows for t in planner.last_task.tables}
     for name, blocks in by_table.items():
         assert sorted(blocks) == [(d, a, b) for d, (a, b) in enumerate(row_blocks(rows[name], 2))]
-    with pytest.raises(DreamShardError, match="row_wise alone.*'row'"):
+    with pytest.raises(PlannerError, match=r"offers \['row_wise'\].*`sharding` allows \['table'\]"):
         DreamShardPlanner(topology(2, 100.0), sharding=("table", "column"), **roomy).plan(TwoCollections(), [row_wise])
     table_wise_only = {"thin": ParameterConstraints(sharding_types=["table_wise"])}
-    with pytest.raises(DreamShardError, match="row_wise alone.*'thin' must stay whole"):
+    with pytest.raises(PlannerError, match=r"'thin': its constraint allows sharding types \['table_wise'\].*"
+                                           r"offers \['row_wise'\]"):
         DreamShardPlanner(topology(2, 100.0), constraints=table_wise_only, **roomy).plan(TwoCollections(), [row_wise])
     for sharder, said in ((RestrictedSharder(["data_parallel"]), r"offers \['data_parallel'\]"),
                           (RestrictedSharder(["table_wise"], kernels=("dense",)), "fused kernel none")):
@@ -134,18 +140,23 @@ def test_sharders_restrictions_are_honoured_or_refused():
 
 
 def test_every_constraint_field_is_honoured_or_refused():
-    from torchrec.distributed.planner.types import CacheParams
-
     roomy = {"storage_reservation": NO_RESERVATION, "debug": False}
+    ebc = [EmbeddingBagCollectionSharder()]
     written = {"big": ParameterConstraints(pooling_factors=[2.0], enforce_hbm=True, stochastic_rounding=False)}
-    plan = DreamShardPlanner(topology(2, 100.0), constraints=written, **roomy).plan(TwoCollections(), [])
+    plan = DreamShardPlanner(topology(2, 100.0), constraints=written, **roomy).plan(TwoCollections(), ebc)
     big = plan.plan["sparse.ebc"]["big"]
     assert big.enforce_hbm is True and big.stochastic_rounding is False  # written as TorchRec writes them
-    for field, value in (("min_partition", 64), ("num_poolings", [2.0]), ("batch_sizes", [64]),
-                         ("feature_names", ["other"]), ("cache_params", CacheParams(load_factor=0.2))):
-        with pytest.raises(DreamShardError, match=f"table 'big': constraint {field}"):
+    for field, value in (("batch_sizes", [64]), ("feature_names", ["other"]), ("min_partition", 0)):
+        with pytest.raises(PlannerError, match=f"table 'big': constraint {field}") as caught:
             DreamShardPlanner(topology(2, 100.0), constraints={"big": ParameterConstraints(**{field: value})},
-                              **roomy).plan(TwoCollections(), [])
+                              **roomy).plan(TwoCollections(), ebc)
+        assert caught.value.error_type == PlannerErrorType.INPUT_VALIDATION
+    # num_poolings multiplies a table's lookups and its pooled outputs, as TorchRec's estimators count them
+    planner = DreamShardPlanner(topology(2, 100.0), constraints={"small": ParameterConstraints(
+        pooling_factors=[2.0, 3.0], num_poolings=[2.0, 1.0])}, **roomy)
+    planner.plan(TwoCollections(), ebc)
+    small = next(t for t in planner.last_task.tables if t.name == "small")
+    assert (small.pooling_factor, small.features) == (7.0, 3)
 
 
 def test_embedding_and_fused_collections_are_planned_beside_bags():
@@ -175,9 +186,8 @@ def test_embedding_and_fused_collections_are_planned_beside_bags():
     # a sequence table's buffers: a row per id it receives, where a pooled one has a row per sample
     pooled = replace(seq, sequence=False)
     assert task.shard_bytes(seq) - task.shard_bytes(pooled) == (8 - 1) * 512 * 2 * 16 * 4
-    with pytest.raises(DreamShardError, match="module 'seq' is an EmbeddingCollection, but the sharders hold no "
-                                              "EmbeddingCollectionSharder"):
-        planner.plan(model, [EmbeddingBagCollectionSharder()])
+    # no sharder for the EmbeddingCollection: left unplanned, as TorchRec's planner leaves it
+    assert sorted(planner.plan(model, [EmbeddingBagCollectionSharder()]).plan) == ["other", "sparse.ebc"]
 
     class TableWiseOnly(EmbeddingCollectionSharder):  # a restricted EC sharder is honoured
         def sharding_types(self, compute_device_type):
@@ -215,9 +225,8 @@ def test_embedding_and_fused_collections_are_planned_beside_bags():
     whole = roomy.plan(fused, [EmbeddingBagCollectionSharder(), FusedTableWise()])
     assert roomy.last_task.sharding == ("table",)
     assert {p.sharding_type for m in whole.plan.values() for p in m.values()} == {"table_wise"}
-    with pytest.raises(DreamShardError, match="module 'fused' is a FusedEmbeddingBagCollection, but the sharders "
-                                              "hold no FusedEmbeddingBagCollectionSharder"):
-        roomy.plan(fused, [EmbeddingBagCollectionSharder()])
+    # no FusedEmbeddingBagCollectionSharder: the fused collection is left unplanned, as TorchRec's planner leaves it
+    assert "fused" not in roomy.plan(fused, [EmbeddingBagCollectionSharder()]).plan
 
 
 def test_memory_is_what_torchrec_allocates():
