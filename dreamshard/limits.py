@@ -13,6 +13,7 @@ from dreamshard.errors import DreamShardError
 MAX_DIM = 2**16  # columns of one table: FBGEMM's kernels take far fewer, and column cuts scale with dim / 4
 MAX_ROWS = 2**40  # rows of one table: rows x dim x bytes per cell stays inside int64, beyond any cluster's memory
 MAX_DEVICES = 2**17  # devices of one plan: per-device loops and the all-to-all model's N x N links scale with it
+MAX_POOLING_FACTOR = 2**20  # mean lookups per sample of one table: sequence features have thousands, not millions
 MAX_BATCH_SIZE = 2**24  # samples per device: far above any training batch; keeps buffer bytes inside int64
 MAX_SAMPLES = 10_000  # --samples: each decodes a whole plan with the policy network; more hardly changes the best
 

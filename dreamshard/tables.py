@@ -9,6 +9,7 @@ than 2^15 times. Its dimension is chosen per task.
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,13 @@ import pyarrow as pa
 
 from dreamshard.errors import DataFormatError
 from dreamshard.io import check_names, read_csv_cells
-from dreamshard.limits import MAX_DIM, MAX_ROWS
+from dreamshard.limits import MAX_DIM, MAX_POOLING_FACTOR, MAX_ROWS
 
 NUM_BINS = 17
 BIN_COLUMNS = [f"bin_{i}" for i in range(NUM_BINS)]
+# a table's bins are fractions of its accessed rows: they sum to 1 within this (two-decimal rounding passes), or
+# are all 0 (a table nobody looked up, as `dreamshard profile` writes it)
+BINS_SUM_TOLERANCE = 0.01
 # a user's tables file: its columns, required and optional
 REQUIRED_COLUMNS = ("name", "rows", "dim", "pooling_factor")
 CONSTRAINT_COLUMNS = ("group", "pin", "avoid", "whole")  # placement constraints, read by dreamshard.data.cluster
@@ -162,6 +166,7 @@ def read_tables_frame(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
     else:
         raise DataFormatError(f"{path}: expected a .csv or .parquet tables file")
     if "name" in df.columns:
+        spelt: dict[str, tuple[str, str]] = {}  # NFC name -> the first spelling of it, and where
         for name, place in zip(df["name"], places):
             if not isinstance(name, str) and not missing_number(name):
                 raise DataFormatError(f"{path}: {place}: column 'name': expected a string (a table name), got "
@@ -169,6 +174,11 @@ def read_tables_frame(path: str | Path) -> tuple[pd.DataFrame, list[str]]:
             if not isinstance(name, str) or not name.strip():
                 raise DataFormatError(f"{path}: {place}: column 'name': the table name is empty; every table needs "
                                       "one")
+            first = spelt.setdefault(unicodedata.normalize("NFC", name), (name, place))
+            if first[0] != name:
+                raise DataFormatError(f"{path}: column 'name': {first[0]!r} ({first[1]}) and {name!r} ({place}) are "
+                                      "one name in two Unicode spellings (NFC, NFD); rename one of the tables")
+        df = df.assign(name=[unicodedata.normalize("NFC", n) for n in df["name"]])  # one spelling everywhere
     return df, places
 
 
@@ -194,31 +204,33 @@ def tables_from_frame(df: pd.DataFrame, origin: str, places: list[str] | None = 
     for place, rec in zip(places, df.to_dict("records")):
         where = f"{origin}: table {rec['name']!r} ({place})"
         try:
-            rows = _as_int(rec["rows"], "rows")
-            dim = _as_int(rec["dim"], "dim")
+            rows = _as_int(rec["rows"], "rows", MAX_ROWS)
+            dim = _as_int(rec["dim"], "dim", MAX_DIM)
             pooling = _as_float(rec["pooling_factor"], "pooling_factor")
+            if not 0 <= pooling <= MAX_POOLING_FACTOR:  # NaN too
+                raise ValueError(f"column 'pooling_factor': expected a mean number of lookups per sample in "
+                                 f"[0, {MAX_POOLING_FACTOR}], got {pooling:g}")
             bins = tuple(math.nan if missing_number(rec[c]) else _as_float(rec[c], c) for c in BIN_COLUMNS) \
                 if present_bins else None
         except (TypeError, ValueError) as exc:
             raise DataFormatError(f"{where}: {exc}") from None
-        if dim > MAX_DIM:  # rows beyond MAX_ROWS were refused by _as_int
-            raise DataFormatError(f"{where}: column 'dim': {dim} is more than {MAX_DIM}, the most this tool accepts "
-                                  "(dreamshard.limits)")
         if bins is not None and all(math.isnan(b) for b in bins):
             bins = None  # this table's bins left empty: unknown, like a file without bin columns
         if bins is not None and any(math.isnan(b) for b in bins):
             empty = [c for c, b in zip(BIN_COLUMNS, bins) if math.isnan(b)]
             raise DataFormatError(f"{where}: access-count bins {', '.join(empty)} empty; give all 17 or leave all empty")
         if bins is not None and any(not (0.0 <= b <= 1.0) for b in bins):
-            raise DataFormatError(f"{where}: access-count bins must be fractions in [0, 1]")
+            bad = next(f"{c} = {b:g}" for c, b in zip(BIN_COLUMNS, bins) if not 0.0 <= b <= 1.0)
+            raise DataFormatError(f"{where}: access-count bins must be fractions in [0, 1], got {bad}")
+        if bins is not None and abs(sum(bins) - 1) > BINS_SUM_TOLERANCE and any(bins):
+            raise DataFormatError(f"{where}: access-count bins sum to {sum(bins):g}; expected fractions of the "
+                                  f"table's accessed rows that sum to 1 (within {BINS_SUM_TOLERANCE:g}), or all 0 "
+                                  "for a table never looked up")
         try:
             tables.append(Table(str(rec["name"]), rows, dim, pooling, bins))
         except ValueError as exc:
             raise DataFormatError(f"{origin}: {exc}") from None
     return tables
-
-
-MAX_INT_FIELD = MAX_ROWS  # rows or dims beyond this are no embedding table, and would overflow byte counts
 
 
 def _as_float(value: Any, field: str) -> float:
@@ -230,10 +242,12 @@ def _as_float(value: Any, field: str) -> float:
         raise ValueError(f"column {field!r}: expected a number, got {value!r}") from None
 
 
-def _as_int(value: Any, field: str) -> int:
+def _as_int(value: Any, field: str, limit: int) -> int:
+    """An integer cell of column `field`, at most `limit` (dreamshard.limits: each column its own)."""
     f = _as_float(value, field)
+    if abs(f) > limit:  # before is_integer: inf is no integer, but the limit is what to say
+        raise ValueError(f"column {field!r}: {f:g} is more than {limit}, the most this tool accepts "
+                         "(dreamshard.limits)")
     if not f.is_integer():
         raise ValueError(f"column {field!r}: expected an integer, got {value!r}")
-    if abs(f) > MAX_INT_FIELD:
-        raise ValueError(f"column {field!r}: {value!r} is out of range (at most {MAX_INT_FIELD})")
     return int(f)

@@ -241,9 +241,11 @@ class Task:
         new_model_parallel = [n for t in self.model_parallel for n in derived_of.get(t, [])]
         new_uncached = [n for t in self.uncached for n in derived_of.get(t, [])]
         kinds = dict(self.table_kinds)
-        # a piece goes whole where its table went in pieces (a row-wise table's blocks)
-        new_kinds = [(n, tuple(dict.fromkeys(("table", *ks))) if n != t else ks)
-                     for t, ks in kinds.items() for n in derived_of.get(t, [])]
+        # a piece is placed whole, or cut into narrower column slices where its table may be: never into row ranges
+        # (rows of a column slice are no layout TorchRec runs) nor replicated
+        new_kinds = [(n, ks) for t, ks in kinds.items() for n in derived_of.get(t, []) if n == t]
+        new_kinds += [(n, ("table", "column") if "column" in self.kinds_of(t) else ("table",))
+                      for n, t in source.items() if n != t]
         new_widths = [(n, w) for t, w in self.min_widths for n in derived_of.get(t, [])]
         new_cache = [n for t in self.must_cache for n in derived_of.get(t, [])]
         new_factors = [(n, f) for t, f in self.cache_factors for n in derived_of.get(t, [])]

@@ -20,17 +20,22 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dreamshard.provenance import tool_version
+
     parser = OneLineErrorParser(prog="dreamshard", description="Place embedding tables on devices.")
+    parser.add_argument("--version", action="version", version=f"dreamshard {tool_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineErrorParser)
     for module in SUBCOMMANDS:
         module.add_parser(sub)
     return parser
 
 
+INTERRUPTED = 130  # the shell's exit status for a command ended by Ctrl-C (128 + SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
     except BrokenPipeError:
@@ -41,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, AttributeError):
             pass  # stdout is no file (captured): nothing will flush to it at exit
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: outputs are written whole or not at all (dreamshard.io.atomic_path)
+        print("dreamshard: interrupted (Ctrl-C); no partial output was written", file=sys.stderr)
+        return INTERRUPTED
     except (DreamShardError, ValueError, OSError, OverflowError) as exc:
         print(f"dreamshard: error: {exc}", file=sys.stderr)
         return 1

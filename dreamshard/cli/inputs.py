@@ -3,22 +3,36 @@
 Both read a tables file and a plan file, rebuild the task the plan was made for (the devices, memory model,
 sharding kinds and constraints the plan records: dreamshard.data.cluster.task_from_plan, or the devices given
 instead), check the plan against it, and cost it with a backend built from the same options.
-`dreamshard plan --previous` reads its plan file with the same `read_plan_file` and `previous_shapes`.
+`dreamshard plan --previous` reads its plan file with the same `read_plan_meta` (warnings, batch_size) and
+`previous_shapes`, and checks it with `check_previous_plan`.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+import unicodedata
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dreamshard.data.cluster import read_devices_file, task_from_plan
 from dreamshard.errors import DataFormatError, DreamShardError, InvalidPlanError
-from dreamshard.limits import MAX_DEVICES, check_limit, check_memory, cost_memory_bytes
-from dreamshard.plan import Plan, device_memory_bytes, read_plan_json, validate_plan
+from dreamshard.limits import MAX_BATCH_SIZE, MAX_DEVICES, check_limit, check_memory, cost_memory_bytes
+from dreamshard.plan import (
+    PLAN_KEYS,
+    SHARD_KEYS,
+    Plan,
+    Shard,
+    check_cover,
+    device_memory_bytes,
+    read_plan_json,
+    unknown_plan_keys,
+    validate_plan,
+)
+from dreamshard.provenance import tool_version
 from dreamshard.tables import Table, read_tables_file
-from dreamshard.tasks import Task
+from dreamshard.tasks import MAX_MEMORY_GB, Task
 
 UNRECORDED_BATCH_SIZE = 2048  # what plans that record no batch size are measured at
 
@@ -41,8 +55,9 @@ def add_plan_measure_arguments(p: argparse.ArgumentParser, regime_help: str) -> 
 
 
 REGIMES = ("super_additive", "sub_additive")
-EVAL_METRICS = Path("metrics/eval.json")  # where the evaluate stage records the fusion regime it measured
-PARAMS = Path("params.yaml")  # the pipeline's parameters: backend.analytic.regime
+# the regime the analytic backend models when none is chosen or recorded: the one this project measured with the
+# real kernels (fbgemm on CPU: metrics/eval.json's additivity), and the one params.yaml gives the pipeline
+DEFAULT_REGIME = "super_additive"
 
 
 def check_regime(args: argparse.Namespace) -> None:
@@ -50,60 +65,69 @@ def check_regime(args: argparse.Namespace) -> None:
         raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
 
 
-def default_regime(args: argparse.Namespace) -> str | None:
-    """--backend analytic without --regime: set args.regime to the regime the evaluate stage measured
-    (metrics/eval.json in the current directory), else to params.yaml's backend.analytic.regime there, and return
-    the line saying which and why; neither there is an error. None when nothing was chosen."""
+def default_regime(args: argparse.Namespace, meta: Any) -> str | None:
+    """--backend analytic without --regime: set args.regime to the regime of the estimate the plan file records
+    (`dreamshard plan` costs every plan it writes), else to DEFAULT_REGIME, and return the line saying which: the
+    same wherever the command runs. None when nothing was chosen."""
     if args.backend != "analytic" or args.regime is not None:
         return None
-    measured = _measured_regime(EVAL_METRICS)
-    if measured is not None and measured[0] in REGIMES:
-        args.regime = measured[0]
-        return f"regime {args.regime}: measured with {measured[1]} ({EVAL_METRICS}); --regime to choose"
-    aside = f"; {EVAL_METRICS} records {measured[0]}, measured with {measured[1]}" if measured is not None else ""
-    default = _params_regime(PARAMS)
-    if default is None:
-        raise DreamShardError(f"--backend analytic needs --regime super_additive or sub_additive: no {EVAL_METRICS} "
-                              f"or {PARAMS} here to take it from{aside} (`python -m benchmarks.cpu_kernels` "
-                              "measures it on this machine)")
-    args.regime = default
-    return f"regime {args.regime}: {PARAMS}'s backend.analytic.regime, not measured{aside}; --regime to choose"
+    recorded = meta.get("estimate") if isinstance(meta, dict) else None
+    regime = recorded.get("regime") if isinstance(recorded, dict) else None
+    if regime in REGIMES:
+        args.regime = regime
+        return f"regime {regime}: the one {args.plan}'s estimate used; --regime to choose"
+    args.regime = DEFAULT_REGIME
+    return (f"regime {DEFAULT_REGIME}: the default ({args.plan} records no estimate); --regime to choose "
+            "(`python -m benchmarks.cpu_kernels` measures yours)")
 
 
-def _measured_regime(path: Path) -> tuple[str, str] | None:
-    """(regime, the backend and device that measured it) as the evaluate stage records them, if it measured one
-    (real kernels: a regime the analytic backend was given is no measurement)."""
-    if not path.is_file():
-        return None
-    try:
-        metrics = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataFormatError(f"{path}: not valid JSON ({exc}); give --regime") from None
-    additivity = metrics.get("additivity") if isinstance(metrics, dict) else None
-    regime = additivity.get("regime") if isinstance(additivity, dict) else None
-    if not isinstance(regime, str) or metrics.get("measured") is not True:
-        return None
-    return regime, f"{metrics.get('backend', 'an unnamed backend')} on {metrics.get('device', 'an unnamed device')}"
+def read_plan_meta(path: Path, option: str) -> tuple[Any, Plan]:
+    """The plan file at `path`, given as `option`: its JSON and its plan, the plan's batch_size checked. Keys no
+    plan has, and a plan written by another version of the tool, are a warning on stderr that names them."""
+    meta = read_plan_file(path, option)
+    plan = Plan.from_dict(meta, f"{option} {path}")
+    unknown = unknown_plan_keys(meta)
+    if unknown:
+        warn(f"{option} {path}: unknown key(s) {_names(unknown)} ignored; a plan file has "
+             f"{', '.join(PLAN_KEYS)}, and its shards {', '.join(SHARD_KEYS)}")
+    made_by = meta.get("made_by")
+    written = made_by.get("version") if isinstance(made_by, dict) else None
+    mine = tool_version()
+    if isinstance(written, str) and written != mine and "unknown" not in (written + mine):
+        warn(f"{option} {path}: written by dreamshard {written}, read by {mine}; if it is misread, re-plan with "
+             "this version")
+    batch = meta.get("batch_size")
+    if "batch_size" in meta and (isinstance(batch, bool) or not isinstance(batch, int)
+                                 or not 1 <= batch <= MAX_BATCH_SIZE):
+        raise DataFormatError(f"{option} {path}: batch_size: expected an integer in [1, {MAX_BATCH_SIZE}] (the "
+                              f"samples per device it was planned for), got {batch!r}")
+    return meta, plan
 
 
-def _params_regime(path: Path) -> str | None:
-    """backend.analytic.regime of a params file, if it has one; a value not among REGIMES is an error."""
-    import yaml
+def warn(message: str) -> None:
+    """A warning: one line on stderr, the command goes on."""
+    print(f"dreamshard: warning: {message}", file=sys.stderr)
 
-    if not path.is_file():
-        return None
-    try:
-        params = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise DataFormatError(f"{path}: not valid YAML ({' '.join(str(exc).split())}); give --regime") from None
-    node: Any = params
-    for key in ("backend", "analytic", "regime"):
-        node = node.get(key) if isinstance(node, dict) else None
-    if node is None:
-        return None
-    if node not in REGIMES:
-        raise DataFormatError(f"{path}: backend.analytic.regime: expected one of {', '.join(REGIMES)}, got {node!r}")
-    return str(node)
+
+def check_previous_plan(previous: Plan, meta: Any, origin: str) -> None:
+    """A --previous plan is a plan of the tables it records (table_shapes): every shard of one of them, each
+    placed exactly once (plans written before table_shapes: shards are checked against the tables they meet)."""
+    shapes = previous_shapes(meta, origin)
+    if shapes is None:
+        return
+    placed: dict[str, list[Shard]] = defaultdict(list)
+    for s in previous.shards:
+        if s.table not in shapes:
+            raise DataFormatError(f"{origin}: a shard of table {s.table!r}, which the plan's table_shapes does not "
+                                  "record; not a plan `dreamshard plan` wrote")
+        placed[s.table].append(s)
+    for name, (rows, dim) in shapes.items():
+        if name not in placed:
+            raise DataFormatError(f"{origin}: table {name!r} (table_shapes) has no shard; not a whole plan")
+        try:
+            check_cover(Table(name, rows, dim, 0.0), placed[name], previous.num_devices)
+        except (InvalidPlanError, ValueError) as exc:
+            raise DataFormatError(f"{origin}: {exc}") from None
 
 
 def read_plan_file(path: Path, option: str) -> Any:
@@ -128,7 +152,14 @@ def previous_shapes(meta: Any, origin: str) -> dict[str, tuple[int, int]] | None
             isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
             for v in shapes.values()):
         raise DataFormatError(f"{origin}: table_shapes: expected an object table -> [rows, dim], got {shapes!r}")
-    return {str(k): (v[0], v[1]) for k, v in shapes.items()}
+    out: dict[str, tuple[int, int]] = {}
+    for k, v in shapes.items():
+        name = unicodedata.normalize("NFC", str(k))
+        if name in out:
+            raise DataFormatError(f"{origin}: table_shapes: {k!r} and another key are the same name in two Unicode "
+                                  "spellings (NFC and NFD)")
+        out[name] = (v[0], v[1])
+    return out
 
 
 def _names(names: list[str]) -> str:
@@ -155,18 +186,21 @@ def check_same_tables(tables: Sequence[Table], meta: Any, args: argparse.Namespa
         raise DataFormatError(f"{args.tables}: other tables than the plan {args.plan} was made for ({which}); {redo}")
 
 
-def planned_task(args: argparse.Namespace) -> tuple[Task, Plan]:
-    """The task the plan file was made for and the plan, checked against it; refused before costing when costing
-    it would need more memory than the machine has."""
+def planned_task(args: argparse.Namespace) -> tuple[Task, Plan, str | None]:
+    """The task the plan file was made for and the plan, checked against it, and the line saying which regime the
+    analytic backend models (default_regime; None when given); refused before costing when costing it would need
+    more memory than the machine has."""
+    if args.devices_file is not None and args.memory_gb is not None:
+        raise DreamShardError("--devices-file replaces --memory-gb; give one or the other")
+    if args.memory_gb is not None and not 0 < args.memory_gb <= MAX_MEMORY_GB:
+        raise DreamShardError(f"--memory-gb: expected a number in (0, {MAX_MEMORY_GB:g}], got {args.memory_gb}")
     tables = read_tables_file(args.tables)
-    meta = read_plan_file(args.plan, "--plan")  # the plan and the settings it was made under
-    plan = Plan.from_dict(meta, str(args.plan))
+    meta, plan = read_plan_meta(args.plan, "--plan")  # the plan and the settings it was made under
+    regime_line = default_regime(args, meta)
     if args.batch_size is None:  # measure at the batch the plan was made to train with
-        recorded = meta.get("batch_size") if isinstance(meta, dict) else None
-        args.batch_size = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0 \
-            else UNRECORDED_BATCH_SIZE
-    if args.batch_size < 1:
-        raise DreamShardError(f"--batch-size: expected a positive integer, got {args.batch_size}")
+        args.batch_size = meta.get("batch_size", UNRECORDED_BATCH_SIZE)
+    if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise DreamShardError(f"--batch-size: expected an integer in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     check_limit(plan.num_devices, MAX_DEVICES, f"{args.plan}: num_devices")
     check_same_tables(tables, meta, args)
     task = task_from_plan(args.tables.stem, tables, meta, plan.num_devices, str(args.plan), args.memory_gb,
@@ -178,7 +212,7 @@ def planned_task(args: argparse.Namespace) -> tuple[Task, Plan]:
                                "re-plan with `dreamshard plan`") from None
     check_memory(costing_bytes(task, plan, args), f"costing {args.plan} ({plan.num_devices} devices, "
                                                   f"{len(task.tables)} tables)")
-    return task, plan
+    return task, plan, regime_line
 
 
 def costing_bytes(task: Task, plan: Plan, args: argparse.Namespace) -> int:

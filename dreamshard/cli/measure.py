@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreamshard.cli.inputs import add_plan_measure_arguments, default_regime, measuring_backend, planned_task
+from dreamshard.cli.inputs import DEFAULT_REGIME, add_plan_measure_arguments, measuring_backend, planned_task
 from dreamshard.errors import DreamShardError
 
 
@@ -12,8 +12,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the `measure` subcommand to `sub` (the `add_subparsers` of the dreamshard command)."""
     p = sub.add_parser("measure", help="measure a plan of a tables file with a cost backend")
     add_plan_measure_arguments(p, "analytic: what fusing tables does to their cost; real kernels differ between "
-                                  "processors (default: the regime metrics/eval.json in the current directory records "
-                                  "as measured, else params.yaml's backend.analytic.regime there)")
+                                  "processors (default: the regime of the estimate the plan file records, else "
+                                  f"{DEFAULT_REGIME})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_measure)
     return p
@@ -27,8 +27,7 @@ def cmd_measure(args: argparse.Namespace) -> None:
     if args.backend != "analytic" and args.regime is not None:
         raise DreamShardError(f"--regime: only with --backend analytic (the {args.backend} backend measures; it has "
                               "no regime to choose)")
-    regime_line = default_regime(args)
-    task, plan_obj = planned_task(args)
+    task, plan_obj, regime_line = planned_task(args)
     cost = measuring_backend(args).plan_cost(task, plan_obj)
     # the modelled forward all-to-all waits for the slowest device's forward compute: that wait, apart from transfer
     waits = forward_wait_ms([d.fwd_ms for d in cost.devices]) if cost.comm == "model" else None

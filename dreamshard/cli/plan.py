@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dreamshard.cli.inputs import previous_shapes, read_plan_file
+from dreamshard.cli.inputs import DEFAULT_REGIME, REGIMES, check_previous_plan, previous_shapes, read_plan_meta
 from dreamshard.data.cluster import (
     plan_metadata,
     read_constraints_file,
@@ -15,8 +16,15 @@ from dreamshard.data.cluster import (
     uniform_devices,
 )
 from dreamshard.errors import DreamShardError
-from dreamshard.io import check_output_file
-from dreamshard.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_SAMPLES, check_limit
+from dreamshard.io import check_output_file, is_stdout, output_argument
+from dreamshard.limits import (
+    MAX_BATCH_SIZE,
+    MAX_DEVICES,
+    MAX_SAMPLES,
+    available_memory_bytes,
+    check_limit,
+    cost_memory_bytes,
+)
 from dreamshard.memory import (
     BYTES_PER_WEIGHT,
     DEFAULT_BATCH_SIZE,
@@ -25,7 +33,7 @@ from dreamshard.memory import (
     OPTIMIZER_STATE_BYTES,
     MemoryModel,
 )
-from dreamshard.plan import Plan, device_memory_breakdown, validate_plan
+from dreamshard.plan import Plan, Shard, device_memory_breakdown, validate_plan
 from dreamshard.provenance import provenance
 from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, default_algo, load_model, make_sharder, spec
 from dreamshard.sharders.replan_changes import changed_tables, describe_changes
@@ -47,7 +55,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--algo", choices=sorted(SHARDERS),
                    help=f"sharder; default: {DEFAULT_LEARNED} with --model (a dreamshard checkpoint), else "
                         f"{DEFAULT_HEURISTIC}")
-    p.add_argument("-o", "--output", required=True, type=Path, help="plan JSON to write")
+    p.add_argument("-o", "--output", required=True, type=output_argument,
+                   help="plan JSON to write (- : standard output, the summary then on stderr); with --format "
+                        "torchrec, a file")
     p.add_argument("--seed", type=int, help="seed of randomised sharders (random, dreamshard, autoshard)")
     p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard, neuroshard)")
     p.add_argument("--samples", type=int,
@@ -81,8 +91,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="with --previous (required there): move at most this many GB of the previous plan's shards")
     p.add_argument("--backend", choices=["analytic", "fbgemm"],
                    help="with --previous (required there): the cost that decides what is worth moving")
-    p.add_argument("--regime", choices=["super_additive", "sub_additive"],
-                   help="--backend analytic (required there): what fusing tables does to their cost")
+    p.add_argument("--regime", choices=REGIMES,
+                   help="what fusing tables does to their cost, for the estimated cost `plan` prints and records "
+                        f"(default {DEFAULT_REGIME}); with --previous --backend analytic (required there), also the "
+                        "cost that decides what is worth moving")
     p.add_argument("--allow-new-tables", action="store_true",
                    help="with --previous: the tables changed on purpose (added, removed, resized); without it a "
                         "previous plan of other tables is an error")
@@ -111,6 +123,9 @@ def sharder_options(args: argparse.Namespace) -> dict:
             raise DreamShardError(f"--{name}: sharder {args.algo!r} takes no {name}")
         if name == "samples":
             check_limit(value, MAX_SAMPLES, "--samples")
+        if name == "model" and value.is_dir():
+            raise DreamShardError(f"--model {value}: is a directory; expected a checkpoint file that training wrote "
+                                  f"for {args.algo}, e.g. models/{spec(args.algo).trained_as}.pt")
         options[name] = load_model(args.algo, value) if name == "model" else value
     if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at
         options["batch_size"] = args.batch_size
@@ -162,7 +177,7 @@ def describe_devices(task: Task) -> str:
         f"{task.num_devices} devices of {parts[0].split(' x ', 1)[1]}"
 
 
-REPLAN_FLAGS = ("max_moved_gb", "backend", "regime")
+REPLAN_FLAGS = ("max_moved_gb", "backend")
 
 
 def check_replan_args(args: argparse.Namespace) -> None:
@@ -183,7 +198,7 @@ def check_replan_args(args: argparse.Namespace) -> None:
     if args.backend == "analytic" and args.regime is None:
         raise DreamShardError("--backend analytic needs --regime super_additive or sub_additive")
     if args.backend != "analytic" and args.regime is not None:
-        raise DreamShardError("--regime: only with --backend analytic")
+        raise DreamShardError("--regime: with --previous, only with --backend analytic (the fbgemm backend measures)")
 
 
 def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan, dict[str, Any], str]:
@@ -192,8 +207,8 @@ def replan_of(args: argparse.Namespace, task: Task, sharder: Any) -> tuple[Plan,
     from dreamshard.hardware import make_backend  # imports torch: only when re-planning
     from dreamshard.sharders.replan import replan
 
-    meta = read_plan_file(args.previous, "--previous")
-    previous = Plan.from_dict(meta, str(args.previous))
+    meta, previous = read_plan_meta(args.previous, "--previous")
+    check_previous_plan(previous, meta, f"--previous {args.previous}")
     if previous.num_devices > task.num_devices:
         raise DreamShardError(f"--previous {args.previous}: the plan is for {previous.num_devices} devices, but "
                               f"{task.num_devices} are given; re-planning may add devices, not remove them")
@@ -246,13 +261,45 @@ def table_changes(task: Task, previous: Plan, meta: Any, args: argparse.Namespac
     return changes
 
 
+ESTIMATE_MAX_BYTES = 2**30  # plan's estimate costs plans whose costing takes at most this (limits.cost_memory_bytes)
+
+
+def estimate(task: Task, plan: Plan, regime: str) -> tuple[dict[str, Any] | None, str]:
+    """The plan's cost as the analytic backend models it at the plan's batch (what `dreamshard measure --backend
+    analytic` prints for it), as the plan file records it, and the line saying it; None for a plan too large to cost
+    here in a moment."""
+    from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
+
+    batch = max(task.memory.batch_size, 1)
+    needed = cost_memory_bytes(task.num_devices, len(task.tables), batch)
+    if needed > min(ESTIMATE_MAX_BYTES, available_memory_bytes()):
+        return None, (f"estimated cost: not computed for {task.num_devices} devices x {len(task.tables)} tables "
+                      f"(costing takes about {needed / 2**30:.1f} GiB); `dreamshard measure` costs it")
+    backend = AnalyticBackend(AnalyticConfig(regime=regime, batch_size=batch))
+    on: list[list[Shard]] = [[] for _ in range(plan.num_devices)]
+    for s in plan.shards:
+        on[s.device].append(s)
+    cost = backend.plan_cost_from(task, plan, [backend.compute_cost(task, shards) for shards in on])
+    record = {"backend": "analytic", "regime": regime, "batch_size": batch, "measured": False,
+              "cost_ms": cost.cost_ms, "device_ms": [d.total_ms for d in cost.devices]}
+    return record, (f"estimated cost: {cost.cost_ms:.3f} ms per step, the slowest device's (analytic model, {regime} "
+                    f"regime, batch {batch}: not measured; `dreamshard measure --backend fbgemm` measures)")
+
+
+def plan_inputs(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The files `plan` reads, by option: none may be its output."""
+    return [("--tables", args.tables), ("--devices-file", args.devices_file), ("--constraints", args.constraints),
+            ("--previous", args.previous), ("--model", args.model)]
+
+
 def cmd_plan(args: argparse.Namespace) -> None:
     if args.algo is None:
         args.algo = default_algo(args.model is not None)
     if args.placement is not None and args.format != "torchrec":
         raise DreamShardError("--placement: only with --format torchrec (where the plan places its ranks)")
     check_replan_args(args)
-    check_output_file(args.output, "-o")
+    check_output_file(args.output, "-o", plan_inputs(args), stdout=args.format == "json")
+    say = sys.stderr if is_stdout(args.output) else sys.stdout  # `-o -`: stdout holds the plan, the summary goes aside
     task = task_of(args)
     tables = list(task.tables)
     options = sharder_options(args)
@@ -260,6 +307,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     replanned = replan_of(args, task, sharder) if args.previous is not None else None
     plan = sharder.shard(task) if replanned is None else replanned[0]
     validate_plan(task, plan)
+    cost, cost_line = estimate(task, plan, args.regime or DEFAULT_REGIME)
     if args.format == "torchrec":
         from dreamshard.interop.torchrec import save_torchrec_plan  # imports torchrec: only for this format
 
@@ -267,25 +315,30 @@ def cmd_plan(args: argparse.Namespace) -> None:
     else:
         shapes = {t.name: [t.rows, t.dim] for t in tables}  # what a later re-plan (--previous) tells changes by
         made_by = provenance(args.algo, args.model, options.get("model"), task, sharder)
-        plan.save_json(args.output, algorithm=args.algo, tables_file=str(args.tables), **plan_metadata(task),
-                       table_shapes=shapes, made_by=made_by, **({} if replanned is None else {"replan": replanned[1]}))
+        plan.save_json(args.output, option="-o", algorithm=args.algo, tables_file=str(args.tables),
+                       **plan_metadata(task), table_shapes=shapes, made_by=made_by,
+                       **({} if cost is None else {"estimate": cost}),
+                       **({} if replanned is None else {"replan": replanned[1]}))
     memory = device_memory_breakdown(task, plan)
-    print(f"{args.algo}: {len(tables)} tables on {describe_devices(task)} -> {args.output}")
+    print(f"{args.algo}: {len(tables)} tables on {describe_devices(task)} -> {args.output}", file=say)
     if replanned is not None:
-        print(replanned[2])
+        print(replanned[2], file=say)
+    print(cost_line, file=say)
     lacking = [t.name for t in tables if t.bins is None]
     estimator = getattr(sharder, "bins", None)  # learned sharders: the BinEstimator of tables without bins
     if lacking and estimator is not None:
         print(f"access-count bins ESTIMATED for {len(lacking)} of {len(tables)} tables (no bin_* in the tables "
               f"file): Zipf exponent {estimator.zipf_exponent:.3f} fitted on {estimator.fitted_on} (mean L1 error "
-              f"{estimator.l1_error:.3f}); measure them with `dreamshard profile` for better plans")
+              f"{estimator.l1_error:.3f}); measure them with `dreamshard profile` for better plans", file=say)
     by_name = {t.name: t for t in tables}
     print(f"memory (GB) as TorchRec allocates it: {task.memory.optimizer} state, buffers at batch "
-          f"{task.memory.batch_size} per device, {task.memory.reservation:.0%} of each device reserved")
+          f"{task.memory.batch_size} per device, {task.memory.reservation:.0%} of each device reserved", file=say)
     print(f"{'device':>6} {'shards':>6} {'dim_sum':>8} {'weights':>9} {'optimizer':>9} {'buffers':>9} {'headroom':>9} "
-          f"{'usable':>9}  kinds")
-    for d in range(task.num_devices):
-        shards = plan.device_shards(d)
+          f"{'usable':>9}  kinds", file=say)
+    on: list[list[Shard]] = [[] for _ in range(plan.num_devices)]
+    for s in plan.shards:
+        on[s.device].append(s)
+    for d, shards in enumerate(on):
         dim_sum = sum(s.width for s in shards if not s.replica)  # what the all-to-all sends
         kinds = Counter(s.kind(by_name[s.table].rows, by_name[s.table].dim) for s in shards)
         cached = sum(1 for s in shards if s.cache is not None)
@@ -294,4 +347,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         m = memory[d]
         print(f"{d:>6} {len(shards):>6} {dim_sum:>8} {m.weights / GB:>9.4f} {m.optimizer / GB:>9.4f} "
               f"{m.buffers / GB:>9.4f} {m.headroom / GB:>9.4f} {m.capacity / GB:>9.4f}  "
-              + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+              + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), file=say)
+    print("dim_sum: the columns of the device's shards, what its forward all-to-all sends per sample (replicas send "
+          "none); kinds: how many shards of each kind (table: whole tables, column, row, row+column: cut pieces, "
+          "data: data-parallel replicas, cached: UVM-cached); docs/cli.md", file=say)

@@ -3,6 +3,7 @@ computes them; docs/profile.md)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pandas as pd
 
 from dreamshard.data.profile import ProfileConfig, check_dims, check_output_suffix, profile_lookups, write_profile
 from dreamshard.errors import DataFormatError, DreamShardError
+from dreamshard.io import check_output_file, is_stdout, output_argument
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -25,7 +27,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="embedding dimension: one integer for every table, or a CSV file with columns name,dim")
     p.add_argument("--rows", help="hash size: one integer for every table, or a CSV file with columns name,rows "
                                   "(default: max(100, max index + 1) of each table)")
-    p.add_argument("-o", "--output", required=True, type=Path, help="tables file to write: .csv or .parquet")
+    p.add_argument("-o", "--output", required=True, type=output_argument,
+                   help="tables file to write: .csv or .parquet, or - (CSV on standard output, the summary on stderr)")
     p.add_argument("--max-memory-gb", type=float, default=ProfileConfig.max_memory_gb,
                    help="bound on the per-table count arrays (16 bytes a distinct row); default %(default)s")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -35,6 +38,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     check_output_suffix(args.output)
+    inputs = [("--lookups", args.lookups), ("--dim", args.dim), ("--rows", args.rows)]
+    check_output_file(args.output, "-o", [(o, p) for o, p in inputs if p is not None], stdout=True)
     dims = per_table_int(args.dim, "--dim", "dim")
     check_dims(dims)  # before the work, not after it
     rows = None if args.rows is None else per_table_int(args.rows, "--rows", "rows")
@@ -46,7 +51,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     write_profile(tables, dims, args.output)
     samples = sorted({t.batch_size for t in tables})
     shown = ", ".join(map(str, samples[:5])) + (", ..." if len(samples) > 5 else "")
-    print(f"profile: {len(tables)} tables from {len(args.lookups)} file(s), {shown} samples per table -> {args.output}")
+    print(f"profile: {len(tables)} tables from {len(args.lookups)} file(s), {shown} samples per table -> {args.output}",
+          file=sys.stderr if is_stdout(args.output) else sys.stdout)
 
 
 def per_table_int(text: str, option: str, column: str) -> int | dict[str, int]:

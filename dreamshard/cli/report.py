@@ -3,13 +3,13 @@ page and a PNG (dreamshard.evaluation.plan_report makes them; docs/report.md).""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 from typing import Any
 
-from dreamshard.cli.inputs import add_plan_measure_arguments, check_regime, default_regime, measuring_backend, planned_task
+from dreamshard.cli.inputs import DEFAULT_REGIME, add_plan_measure_arguments, measuring_backend, planned_task
 from dreamshard.errors import DreamShardError
 from dreamshard.evaluation.plan_report import EITHER_REGIME, build_report, write_report
-from dreamshard.io import check_output_file
+from dreamshard.io import check_output_file, is_stdout, output_argument, same_file
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -19,12 +19,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                    "and a PNG: per-device forward, backward and communication time against the "
                                    "plan's lower bound, memory used against capacity, the shards of each device. "
                                    "See docs/report.md.")
-    add_plan_measure_arguments(p, "analytic: what fusing tables does to their cost (default: the regime "
-                                  "metrics/eval.json in the current directory records as measured, else params.yaml's "
-                                  "backend.analytic.regime there). fbgemm: the regime measured on this machine, for "
-                                  "the lower bound (default: the bound valid in either regime)")
-    p.add_argument("-o", "--output", required=True, type=Path, help="HTML file to write")
-    p.add_argument("--png", type=Path, help="PNG file to write (default: the HTML file's name with .png)")
+    add_plan_measure_arguments(p, "analytic: what fusing tables does to their cost (default: the regime of the "
+                                  f"estimate the plan file records, else {DEFAULT_REGIME}). fbgemm: the regime "
+                                  "measured on this machine, for the lower bound (default: the bound valid in either "
+                                  "regime)")
+    p.add_argument("-o", "--output", required=True, type=output_argument,
+                   help="HTML file to write (- : standard output, with --png naming the PNG's file)")
+    p.add_argument("--png", type=output_argument,
+                   help="PNG file to write (default: the HTML file's name with .png); a file, never -")
     p.set_defaults(func=cmd_report)
     return p
 
@@ -33,14 +35,15 @@ def cmd_report(args: argparse.Namespace) -> None:
     from dreamshard.evaluation.bounds import EITHER, column_splits_in, lower_bound, row_splits_of
     from dreamshard.hardware import Topology  # imports torch: only when reporting
 
+    if is_stdout(args.output) and args.png is None:
+        raise DreamShardError("-o -: the page goes to standard output; give --png FILE for its figure")
     png_path = args.png if args.png is not None else args.output.with_suffix(".png")
-    check_output_file(args.output, "-o")
-    check_output_file(png_path, "--png")
-    if args.output.resolve() == png_path.resolve():
+    inputs = [("--tables", args.tables), ("--plan", args.plan), ("--devices-file", args.devices_file)]
+    check_output_file(args.output, "-o", inputs, stdout=True)
+    check_output_file(png_path, "--png", inputs)
+    if not is_stdout(args.output) and same_file(args.output, png_path):
         raise DreamShardError(f"-o {args.output}: the page would overwrite the PNG; give an .html name or --png")
-    regime_line = default_regime(args)
-    check_regime(args)
-    task, plan = planned_task(args)  # the task and plan as `dreamshard measure` rebuilds them
+    task, plan, regime_line = planned_task(args)  # the task and plan as `dreamshard measure` rebuilds them
     topology = Topology()
     backend = measuring_backend(args, topology)
     cost = backend.plan_cost(task, plan)
@@ -55,7 +58,8 @@ def cmd_report(args: argparse.Namespace) -> None:
         sources.append(("devices file", str(args.devices_file)))
     report = build_report(task, plan, cost, bound, args.batch_size, described, sources)
     write_report(report, args.output, png_path)
+    say = sys.stderr if is_stdout(args.output) else sys.stdout  # `-o -`: stdout holds the page
     if regime_line is not None:
-        print(regime_line)
+        print(regime_line, file=say)
     print(f"report: {cost.backend} ({report.measured_label}), cost {report.cost_ms:.3f} ms, lower bound "
-          f"{bound.total_ms:.3f} ms ({report.cost_over_bound:.2f}x) -> {args.output}, {png_path}")
+          f"{bound.total_ms:.3f} ms ({report.cost_over_bound:.2f}x) -> {args.output}, {png_path}", file=say)

@@ -6,8 +6,10 @@ be rebuilt. Formats and how each part honours them: docs/clusters.md.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -217,7 +219,9 @@ def constraints_from_json(obj: Any, origin: str) -> Constraints:
     whole = obj.get("whole", [])
     if not isinstance(whole, list) or not all(isinstance(t, str) for t in whole):
         raise DataFormatError(f"{origin}: whole: expected a list of table names, got {whole!r}")
-    return Constraints(pin, avoid, tuple(tuple(g) for g in groups_raw), tuple(whole))
+    nfc = functools.partial(unicodedata.normalize, "NFC")  # table names as the tables file's are read
+    return Constraints({nfc(t): d for t, d in pin.items()}, {nfc(t): d for t, d in avoid.items()},
+                       tuple(tuple(map(nfc, g)) for g in groups_raw), tuple(map(nfc, whole)))
 
 
 def read_constraints_file(path: str | Path) -> Constraints:

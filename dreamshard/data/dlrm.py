@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import gzip
 import math
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import IO, cast
 
 import numpy as np
@@ -65,13 +65,16 @@ def load_dlrm_file(path: str | Path) -> EmbeddingBagBatch:
     if not is_dataset_file(path):
         raise DataFormatError(f"{path}: expected a .pt or .pt.gz file")
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                obj = torch.load(cast(IO[bytes], fh), weights_only=True)
-        else:
-            obj = torch.load(path, weights_only=True)
-    except Exception as exc:  # corrupt gzip, pickle, truncated file, ...
-        raise DataFormatError(f"{path}: cannot be read as a torch.save file: {exc}") from exc
+        with warnings.catch_warnings():  # torch warns of a foreign pickle's protocol: the error below says more
+            warnings.simplefilter("ignore")
+            if path.name.endswith(".gz"):
+                with gzip.open(path, "rb") as fh:
+                    obj = torch.load(cast(IO[bytes], fh), weights_only=True)
+            else:
+                obj = torch.load(path, weights_only=True)
+    except Exception as exc:  # corrupt gzip, pickle, truncated file, ...: torch's advice on weights_only is no help
+        raise DataFormatError(f"{path}: cannot be read as a torch.save file ({type(exc).__name__}); expected a DLRM "
+                              "lookups file: a tuple (indices, offsets, lengths) of integer tensors") from None
     if not isinstance(obj, (tuple, list)) or len(obj) != 3:
         what = f"{type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else type(obj).__name__
         raise DataFormatError(f"{path}: expected a tuple of 3 (indices, offsets, lengths), got {what}")

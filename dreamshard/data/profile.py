@@ -20,11 +20,11 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from dreamshard.errors import DataFormatError, DreamShardError
-from dreamshard.io import atomic_path
+from dreamshard.io import atomic_path, is_stdout
+from dreamshard.limits import MAX_ROWS
 from dreamshard.memory import GB
 from dreamshard.tables import (
     BIN_COLUMNS,
-    MAX_INT_FIELD,
     PROFILE_COLUMNS,
     REQUIRED_COLUMNS,
     Table,
@@ -88,8 +88,8 @@ class LookupCounter:
     def __init__(self, config: ProfileConfig, rows: int | dict[str, int] | None = None) -> None:
         given = rows.items() if isinstance(rows, dict) else [("every table", rows)] if rows is not None else []
         for name, value in given:
-            if not 1 <= value <= MAX_INT_FIELD:
-                raise DataFormatError(f"--rows: {name}: expected an integer in [1, {MAX_INT_FIELD}], got {value}")
+            if not 1 <= value <= MAX_ROWS:
+                raise DataFormatError(f"--rows: {name}: expected an integer in [1, {MAX_ROWS}], got {value}")
         self.config = config
         self.rows = rows
         self.max_tracked = int(config.max_memory_gb * GB) // BYTES_PER_DISTINCT_ROW
@@ -137,9 +137,9 @@ class LookupCounter:
                                   "its pooling factor is undefined")
         given = self._given_rows(name, origin)
         seen = int(c.ids[-1]) + 1 if c.ids.size else 0
-        if seen > MAX_INT_FIELD:
+        if seen > MAX_ROWS:
             raise DataFormatError(f"{origin}: table {name!r}: indices: row id {seen - 1} is beyond any embedding "
-                                  f"table (at most {MAX_INT_FIELD} rows)")
+                                  f"table (at most {MAX_ROWS} rows)")
         from dreamshard.data.dlrm import MIN_ROWS  # imports torch: only when profiling
 
         table = ProfiledTable(
@@ -369,8 +369,8 @@ def write_profile(tables: Sequence[ProfiledTable], dims: int | dict[str, int], p
         if unused:
             raise DataFormatError(f"--dim: table(s) {', '.join(map(repr, unused[:5]))} not in the lookups")
     frame = pd.DataFrame.from_records(records, columns=list(OUTPUT_COLUMNS))
-    with atomic_path(path) as tmp:
-        if path.suffix == ".csv":
+    with atomic_path(path, "-o", stdout=True) as tmp:  # `-`: CSV on standard output
+        if path.suffix == ".csv" or is_stdout(path):
             frame.to_csv(tmp, index=False)
         else:
             frame.to_parquet(tmp, index=False)
@@ -378,6 +378,6 @@ def write_profile(tables: Sequence[ProfiledTable], dims: int | dict[str, int], p
 
 
 def check_output_suffix(path: Path) -> None:
-    """The output is a tables file: .csv or .parquet."""
-    if path.suffix not in OUTPUT_SUFFIXES:
+    """The output is a tables file: .csv or .parquet, or `-` (CSV on standard output)."""
+    if path.suffix not in OUTPUT_SUFFIXES and not is_stdout(path):
         raise DreamShardError(f"-o/--output {path}: expected a .csv or .parquet tables file")

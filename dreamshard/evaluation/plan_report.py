@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dreamshard.errors import DreamShardError
-from dreamshard.io import atomic_path, write_text
+from dreamshard.io import atomic_path, same_file, write_text
 from dreamshard.memory import GB
 from dreamshard.plan import Plan, device_memory_bytes
 from dreamshard.tasks import Task
@@ -321,10 +321,11 @@ of this task that cuts tables no finer than this one (<code>dreamshard/evaluatio
 
 
 def write_report(report: PlanReport, html_path: str | Path, png_path: str | Path) -> None:
-    """The PNG and the page that inlines the same PNG, each written atomically."""
-    if Path(html_path).resolve() == Path(png_path).resolve():
+    """The PNG and the page that inlines the same PNG, each written atomically (the page may go to standard
+    output, `-`; the PNG, binary, may not)."""
+    if same_file(html_path, png_path):
         raise DreamShardError(f"{html_path}: the page and the PNG must be different files")
     png = figure_png(report)
-    with atomic_path(png_path) as tmp:
+    with atomic_path(png_path, "--png") as tmp:
         tmp.write_bytes(png)
-    write_text(render_html(report, png), html_path)
+    write_text(render_html(report, png), html_path, "-o", stdout=True)

@@ -79,7 +79,7 @@ class DreamShardPlanner(ShardingPlanner):
                  sharding: Sequence[str] = ALL_SHARDING_KINDS, seed: int | None = None,
                  default_pooling_factor: float = DEFAULT_POOLING_FACTOR,
                  devices: Sequence[Device] | str | Path | None = None,
-                 placement: Constraints | str | Path | None = None) -> None:
+                 placement: Constraints | str | Path | None = None, allow_other_hardware: bool = False) -> None:
         from dreamshard.data.cluster import read_constraints_file, read_devices_file
         from dreamshard.sharders import default_algo, load_model, spec
 
@@ -116,6 +116,14 @@ class DreamShardPlanner(ShardingPlanner):
         options: dict[str, Any] = {}
         if model is not None:
             options["model"] = load_model(algo, model) if isinstance(model, (str, Path)) else model
+            trained_on = trained_compute_device(getattr(options["model"], "meta", None))
+            if trained_on is not None and trained_on != topology.compute_device and not allow_other_hardware:
+                raise DreamShardPlannerError(
+                    f"DreamShardPlanner: model {str(model) if isinstance(model, (str, Path)) else algo!r} was trained "
+                    f"on {trained_on} kernel timings, but the topology's compute device is {topology.compute_device}: "
+                    f"it would plan by the wrong hardware. Train one on {topology.compute_device} (`make run` there; "
+                    "GPU: tools/gpu_b65536.sh), leave out model= to plan with torchrec_model, or pass "
+                    "allow_other_hardware=True", PlannerErrorType.INPUT_VALIDATION)
         if seed is not None:
             options["seed"] = seed
         if "batch_size" in s.options:
@@ -179,9 +187,9 @@ class DreamShardPlanner(ShardingPlanner):
     def _sharding_options(self, task: Task, modules: list[ModuleTables], sharding_plan) -> list:
         """The plan as TorchRec's planner keeps its best plan (`_best_plan`): a ShardingOption per table, in the
         modules' table order, with its shards and what its constraint passes through."""
+        from torchrec.distributed.planner.enumerators import get_partition_by_type
         from torchrec.distributed.planner.types import Shard as TorchRecShard
         from torchrec.distributed.planner.types import ShardingOption
-        from torchrec.distributed.planner.enumerators import get_partition_by_type
 
         pooling = {t.name: t.pooling_factor for t in task.tables}
         options = []
@@ -533,6 +541,18 @@ class DreamShardPlanner(ShardingPlanner):
                                       "row-wise, which TorchRec runs for feature-processed modules only when a "
                                       "constraint asks for it; restrict `sharding` to table and column")
         return module_plan
+
+
+def trained_compute_device(meta: Any) -> str | None:
+    """The compute device ("cpu" or "cuda") whose kernel timings a checkpoint was trained on, from the device its
+    metadata records (learner_meta: "cpu: <model> ..." for FBGEMM's CPU kernels, the GPU's name for CUDA); None
+    for a model of no device (the analytic backend) or one that records none."""
+    if not isinstance(meta, dict) or not meta.get("device"):
+        return None
+    device = str(meta["device"])
+    if device.startswith("cpu"):
+        return "cpu"
+    return "cuda" if meta.get("backend") == "fbgemm" else None
 
 
 @contextlib.contextmanager

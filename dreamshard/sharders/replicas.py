@@ -5,7 +5,8 @@ no pooled outputs through the all-to-all; instead its dense gradient is all-redu
 task whose sharding allows "data": a table is data-parallel when that all-reduce moves no more bytes per device
 than the all-to-all it spares (rows x bytes per weight <= features x global batch x 4: TorchRec's outputs are
 fp32) and the copies fit on every device. Tables with constraints (pins, groups, avoid, whole, model_parallel)
-and sequence tables stay model-parallel; a table whose own kinds allow data-parallel alone is always replicated. `with_replicas` is called by `with_pieces`, so every sharder of ours plans through it.
+and sequence tables stay model-parallel; a table whose own kinds allow data-parallel alone is always replicated.
+`with_replicas` is called by `with_pieces`, so every sharder of ours plans through it.
 """
 from __future__ import annotations
 

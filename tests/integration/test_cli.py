@@ -64,7 +64,8 @@ def test_plan_csv_with_every_heuristic(tmp_path, tables_csv, capsys, algo):
     assert json.loads(out.read_text())["algorithm"] == algo
     stdout = capsys.readouterr().out
     assert f"{algo}: 12 tables on 4 devices" in stdout
-    assert len(stdout.strip().splitlines()) == 3 + 4  # heading, memory model, column names, one line per device
+    # heading, estimated cost, memory model, column names, one line per device, what the columns mean
+    assert len(stdout.strip().splitlines()) == 4 + 4 + 1
 
 
 def test_plan_uses_memory_options(tmp_path, tables_csv, capsys):

@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from dreamshard import limits
 from dreamshard.cli import main
@@ -124,7 +127,8 @@ def test_measure_and_report_refuse_what_memory_cannot_hold(command, tmp_path, ca
     plan = tmp_path / "plan.json"
     assert main(["plan", "--tables", str(path), "--devices", "100000", "--memory-gb", "1", "--algo", "size_greedy",
                  "--batch-size", "1", "-o", str(plan)]) == 0  # at batch 1 each table's buffers fit a device
-    capsys.readouterr()
+    assert "estimated cost: not computed for 100000 devices x 2 tables" in capsys.readouterr().out
+    assert "estimate" not in json.loads(plan.read_text())
     extra = ["-o", str(tmp_path / "r.html")] if command == "report" else []
     err = quick_error([command, "--tables", str(path), "--plan", str(plan), *MEASURE, *extra], capsys)
     assert "plan.json" in err and "100000 devices" in err and "GiB" in err and "8.0 GiB are available" in err
@@ -300,3 +304,144 @@ def test_regime_with_a_measuring_backend(tables, planned, capsys):
     err = quick_error(["measure", "--tables", str(tables), "--plan", str(planned), "--backend", "fbgemm",
                        "--regime", "sub_additive"], capsys)
     assert "--regime" in err and "analytic" in err
+
+
+# ---------------------------------------------------------------- plan files checked as a whole (issue 53)
+
+
+def edited(planned: Path, tmp_path: Path, name: str, edit) -> Path:
+    """A copy of the plan file, `edit`ed (a function of its object)."""
+    meta = json.loads(planned.read_text())
+    edit(meta)
+    path = tmp_path / name
+    path.write_text(json.dumps(meta))
+    return path
+
+
+def replan_argv(tables: Path, previous: Path, out: Path) -> list[str]:
+    return plan_argv(tables, out, "--previous", str(previous), "--max-moved-gb", "1", *MEASURE)
+
+
+def test_a_device_out_of_range_is_said_so(tables, planned, tmp_path, capsys):
+    def far(meta):
+        meta["shards"][0]["device"] = 9
+
+    bad = edited(planned, tmp_path, "far.json", far)
+    for argv in (["measure", "--tables", str(tables), "--plan", str(bad), *MEASURE],
+                 replan_argv(tables, bad, tmp_path / "new.json")):
+        err = quick_error(argv, capsys)
+        assert "far.json" in err and "device 9 out of range 0..2" in err and "exactly once" not in err
+    assert not (tmp_path / "new.json").exists()
+
+
+def test_previous_is_checked_like_measures_plan(tables, planned, tmp_path, capsys):
+    """A shard of a table the plan does not record, or a recorded table without shards: errors, not
+    "added [] removed []" nor a re-plan that takes the plan for whole."""
+    def unknown(meta):
+        meta["shards"].append({**meta["shards"][0], "table": "ghost"})
+
+    def missing(meta):
+        meta["shards"] = [s for s in meta["shards"] if s["table"] != "emb_3"]
+
+    out = tmp_path / "new.json"
+    err = quick_error(replan_argv(tables, edited(planned, tmp_path, "ghost.json", unknown), out), capsys)
+    assert "--previous" in err and "ghost.json" in err and "'ghost'" in err and "table_shapes" in err
+    err = quick_error(replan_argv(tables, edited(planned, tmp_path, "missing.json", missing), out), capsys)
+    assert "missing.json" in err and "'emb_3'" in err and "no shard" in err
+    for plan in ("ghost.json", "missing.json"):  # measure refuses them too
+        err = quick_error(["measure", "--tables", str(tables), "--plan", str(tmp_path / plan), *MEASURE], capsys)
+        assert plan in err
+    assert not out.exists()
+
+
+def test_unknown_keys_and_another_version_are_warned_of(tables, planned, tmp_path, capsys):
+    def odd(meta):
+        meta["colour"] = "blue"
+        meta["shards"][1]["note"] = "moved by hand"
+        meta["made_by"]["version"] = "0.0.1"
+
+    path = edited(planned, tmp_path, "odd.json", odd)
+    assert main(["measure", "--tables", str(tables), "--plan", str(path), *MEASURE]) == 0
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 2 and all(w.startswith("dreamshard: warning: --plan ") for w in warnings)
+    assert "unknown key(s) 'colour', 'shards[1].note' ignored" in warnings[0]
+    assert "written by dreamshard 0.0.1" in warnings[1]
+    assert main(["measure", "--tables", str(tables), "--plan", str(planned), *MEASURE]) == 0
+    assert capsys.readouterr().err == ""  # a plan of this version, as written: no warning
+    assert main(replan_argv(tables, path, tmp_path / "new.json")) == 0
+    assert "--previous" in capsys.readouterr().err
+
+
+def test_measure_refuses_memory_gb_with_a_devices_file(tables, planned, tmp_path, capsys):
+    devices = tmp_path / "devices.csv"
+    devices.write_text("memory_gb\n1\n1\n1\n")
+    err = quick_error(["measure", "--tables", str(tables), "--plan", str(planned), *MEASURE, "--memory-gb",
+                       "0.0001", "--devices-file", str(devices)], capsys)
+    assert "--devices-file replaces --memory-gb" in err
+
+
+def test_a_model_directory_is_said_to_be_one(tables, tmp_path, capsys):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    err = quick_error(plan_argv(with_bins(tables, tmp_path), tmp_path / "p.json", "--model", str(folder),
+                                algo="dreamshard"), capsys)
+    assert f"--model {folder}: is a directory" in err and "checkpoint file" in err
+
+
+def test_profile_of_a_garbage_pt_is_one_line(tmp_path, capsys):
+    garbage = tmp_path / "day_0.pt"
+    garbage.write_bytes(b"\x80\x04garbage" * 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's warning about the pickle's protocol would print lines of its own
+        err = quick_error(["profile", "--lookups", str(garbage), "--dim", "16", "--no-progress", "-o",
+                           str(tmp_path / "t.csv")], capsys)
+    assert "day_0.pt: cannot be read as a torch.save file (UnpicklingError)" in err and "weights_only" not in err
+    assert not (tmp_path / "t.csv").exists()
+
+
+# ---------------------------------------------------------------- near every limit: a valid plan or one line
+
+
+def mostly(good: list, bad: list) -> st.SearchStrategy:
+    """A value at or inside a limit four times as often as one beyond it."""
+    return st.sampled_from(good * 4 + bad)
+
+
+NEAR = [mostly(["1", "1000", "2e6"], [str(limits.MAX_ROWS), str(limits.MAX_ROWS + 1), "1e30", "0", "2.5"]),
+        mostly(["4", "64", "512"], [str(limits.MAX_DIM), str(limits.MAX_DIM + 4), "6", "1e30"]),
+        mostly(["0", "3.5", "200"], [str(limits.MAX_POOLING_FACTOR), str(limits.MAX_POOLING_FACTOR + 1), "1e300", "-1",
+                                     "nan"]),
+        mostly([None, HOT, [0.0] * 17, [0.5, 0.495] + [0.0] * 15], [[0.9] * 17, [0.5, 0.45] + [0.0] * 15])]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(*NEAR), min_size=1, max_size=3),
+       devices=mostly(["1", "3"], [str(limits.MAX_DEVICES), str(limits.MAX_DEVICES + 1)]),
+       batch=mostly(["1", "512"], [str(limits.MAX_BATCH_SIZE), str(limits.MAX_BATCH_SIZE + 1)]))
+def test_inputs_near_every_limit_plan_or_fail_in_one_line(tmp_path, capsys, rows, devices, batch):
+    header = "name,rows,dim,pooling_factor," + ",".join(BIN_COLUMNS)
+    lines = [header] + [f"t{i},{r},{d},{p}," + ",".join("" if b is None else f"{x:g}" for x in (b or [None] * 17))
+                        for i, (r, d, p, b) in enumerate(rows)]
+    tables = tmp_path / "near.csv"
+    tables.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "near.json"
+    out.unlink(missing_ok=True)
+    argv = ["plan", "--tables", str(tables), "--devices", devices, "--memory-gb", "64", "--batch-size", batch,
+            "--sharding", "table", "--algo", "size_greedy", "-o", str(out)]
+    start = time.monotonic()
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert time.monotonic() - start < SECONDS
+    event("a plan" if rc == 0 else "an error")
+    if rc == 0:
+        from dreamshard.data.cluster import task_from_plan
+        from dreamshard.plan import Plan, validate_plan
+        from dreamshard.tables import read_tables_file
+
+        meta = json.loads(out.read_text())
+        plan = Plan.from_dict(meta)
+        validate_plan(task_from_plan("near", read_tables_file(tables), meta, plan.num_devices, "near"), plan)
+    else:
+        assert rc == 1 and captured.out == "" and not out.exists()
+        assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("dreamshard: error: ")
+        assert len(captured.err) < 400  # no 300-digit numbers

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -276,13 +277,43 @@ def test_report_fbgemm_is_measured(tables_csv, tmp_path, capsys):
     assert page.ms("plan-cost") == pytest.approx(max(float(r["total"]["data-ms"]) for r in page.rows.values()))
 
 
-def test_report_analytic_needs_a_regime(tables_csv, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no metrics/eval.json or params.yaml to take a regime from
+def test_report_analytic_without_a_regime_takes_the_plans(tables_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no metrics/eval.json or params.yaml here: not needed
     plan = plan_file(tables_csv, tmp_path, capsys)
     out = tmp_path / "report.html"
-    line = one_line_error(report(tables_csv, plan, out, regime=None), capsys)
-    assert "--regime" in line
-    assert not out.exists() and not out.with_suffix(".png").exists()
+    assert main(report(tables_csv, plan, out, regime=None)) == 0
+    assert capsys.readouterr().out.startswith(f"regime super_additive: the one {plan}'s estimate used")
+    assert out.exists() and out.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize("option", ["-o", "--png"])
+@pytest.mark.parametrize("which", ["tables", "plan"])
+def test_report_never_writes_over_its_inputs(tables_csv, tmp_path, capsys, option, which):
+    """`report ... --png t.csv` or `-o p.json`, also through a hard link: refused before any work, inputs intact."""
+    plan = plan_file(tables_csv, tmp_path, capsys)
+    victim = tables_csv if which == "tables" else plan
+    link = tmp_path / "link.html"
+    os.link(victim, link)
+    before = victim.read_bytes()
+    for name in (victim, link):
+        outputs = ["--png", str(name)] if option == "--png" else []
+        argv = report(tables_csv, plan, tmp_path / "r.html" if option == "--png" else name, *outputs)
+        err = one_line_error(argv, capsys)
+        assert f"{option} {name}: is the input --{which}" in err and "give another file name" in err
+    assert victim.read_bytes() == before and not (tmp_path / "r.html").exists()
+
+
+def test_report_page_to_standard_output(tables_csv, tmp_path, capsys):
+    """`-o -`: the page on stdout, the summary on stderr; the PNG is binary: a file, never `-`."""
+    plan = plan_file(tables_csv, tmp_path, capsys)
+    png = tmp_path / "fig.png"
+    assert main(report(tables_csv, plan, Path("-"), "--png", str(png))) == 0
+    captured = capsys.readouterr()
+    assert captured.out.lstrip().startswith("<!DOCTYPE html>") and captured.out.rstrip().endswith("</html>")
+    assert "report: " in captured.err and png.read_bytes().startswith(PNG_MAGIC)
+    assert "--png FILE" in one_line_error(report(tables_csv, plan, Path("-")), capsys)
+    err = one_line_error(report(tables_csv, plan, tmp_path / "r.html", "--png", "-"), capsys)
+    assert "--png -" in err and "binary" in err and not (tmp_path / "r.html").exists()
 
 
 @pytest.mark.parametrize("content, words", [

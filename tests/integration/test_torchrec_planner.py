@@ -18,11 +18,11 @@ import torch  # noqa: E402
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
 from torchrec.distributed.planner import ParameterConstraints, Topology  # noqa: E402
-from torchrec.distributed.planner.types import PlannerError, PlannerErrorType  # noqa: E402
 from torchrec.distributed.planner.storage_reservations import (  # noqa: E402
     FixedPercentageStorageReservation,
     HeuristicalStorageReservation,
 )
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType  # noqa: E402
 from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from dreamshard.errors import DreamShardError  # noqa: E402

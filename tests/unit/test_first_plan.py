@@ -111,67 +111,72 @@ def measure_argv(plan: Path, *extra: str) -> list[str]:
             *extra]
 
 
-def write_eval(folder: Path, regime: str, measured: bool = True) -> None:
-    (folder / "metrics").mkdir()
-    (folder / "metrics" / "eval.json").write_text(json.dumps({
-        "backend": "fbgemm", "device": "cpu: Test CPU", "measured": measured, "additivity": {"regime": regime}}))
-
-
 def cost_of(argv: list[str], capsys) -> dict:
     assert main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
-def test_measure_takes_the_measured_regime(tmp_path, monkeypatch, capsys):
-    plan = plan_example(tmp_path, capsys)
-    monkeypatch.chdir(tmp_path)
-    write_eval(tmp_path, "sub_additive")
-    (tmp_path / "params.yaml").write_text("backend:\n  analytic:\n    regime: super_additive\n")
+def elsewhere(tmp_path: Path, monkeypatch) -> Path:
+    """A working directory that is not the project's, whose metrics/eval.json and params.yaml say another regime
+    than the plan's: measure must not read them."""
+    folder = tmp_path / "elsewhere"
+    (folder / "metrics").mkdir(parents=True)
+    (folder / "metrics" / "eval.json").write_text(json.dumps({
+        "backend": "fbgemm", "device": "cpu: Test CPU", "measured": True, "additivity": {"regime": "super_additive"}}))
+    (folder / "params.yaml").write_text("backend:\n  analytic:\n    regime: super_additive\n")
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def test_plan_prints_and_records_its_estimated_cost(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(EXAMPLES / "tables.csv"), "--devices", "4", "--memory-gb", "16",
+                 "--algo", "size_lookup_greedy", "--regime", "sub_additive", "-o", str(plan)]) == 0
+    said = capsys.readouterr().out
+    estimate = json.loads(plan.read_text())["estimate"]
+    assert estimate["backend"] == "analytic" and estimate["regime"] == "sub_additive" and not estimate["measured"]
+    assert estimate["batch_size"] == 512 and estimate["cost_ms"] == max(estimate["device_ms"]) > 0
+    line = next(ln for ln in said.splitlines() if ln.startswith("estimated cost: "))
+    assert f"{estimate['cost_ms']:.3f} ms" in line and "sub_additive" in line and "not measured" in line
+    assert "dim_sum: " in said and "kinds: " in said  # the columns are explained
+
+
+def test_measure_takes_the_plans_regime_wherever_it_runs(tmp_path, monkeypatch, capsys):
+    plan = plan_example(tmp_path, capsys, "--regime", "sub_additive")
+    elsewhere(tmp_path, monkeypatch)
     assert main(measure_argv(plan)) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "regime sub_additive: measured with fbgemm on cpu: Test CPU (metrics/eval.json); --regime to choose"
+    assert first == f"regime sub_additive: the one {plan}'s estimate used; --regime to choose"
     chosen = cost_of(measure_argv(plan), capsys)
-    assert chosen["regime"] == "sub_additive" and "metrics/eval.json" in chosen["regime_chosen"]
+    assert chosen["regime"] == "sub_additive" and "estimate" in chosen["regime_chosen"]
+    assert chosen["cost_ms"] == pytest.approx(json.loads(plan.read_text())["estimate"]["cost_ms"])
     given = cost_of(measure_argv(plan, "--regime", "sub_additive"), capsys)
     assert given["regime_chosen"] is None and given["cost_ms"] == chosen["cost_ms"]
     assert chosen["device"] == given["device"] == "analytic model (sub_additive regime)"
 
 
-@pytest.mark.parametrize("recorded, aside", [(None, ""), ("mixed", "records mixed"), ("sub_additive", "")])
-def test_measure_falls_back_to_params(tmp_path, monkeypatch, capsys, recorded, aside):
-    """No measured regime the model has (none, `mixed`, or one the analytic backend was given): params.yaml's."""
+def test_measure_of_a_plan_without_an_estimate_takes_the_default(tmp_path, monkeypatch, capsys):
     plan = plan_example(tmp_path, capsys)
+    meta = json.loads(plan.read_text())
+    del meta["estimate"]  # a plan written before plans recorded one
+    plan.write_text(json.dumps(meta))
     monkeypatch.chdir(tmp_path)
-    if recorded is not None:
-        write_eval(tmp_path, recorded, measured=recorded == "mixed")
-    (tmp_path / "params.yaml").write_text("backend:\n  analytic:\n    regime: super_additive\n")
     assert main(measure_argv(plan)) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("regime super_additive: params.yaml's backend.analytic.regime, not measured"), first
-    assert aside in first
-
-
-def test_measure_without_any_regime_source(tmp_path, monkeypatch, capsys):
-    plan = plan_example(tmp_path, capsys)
-    monkeypatch.chdir(tmp_path)
-    line = one_line_error(measure_argv(plan), capsys)
-    assert "--regime super_additive or sub_additive" in line and "metrics/eval.json" in line
-    (tmp_path / "params.yaml").write_text("backend:\n  analytic:\n    regime: gpu\n")
-    assert "params.yaml: backend.analytic.regime" in one_line_error(measure_argv(plan), capsys)
+    assert first.startswith(f"regime super_additive: the default ({plan} records no estimate)"), first
     argv = ["measure", "--tables", str(EXAMPLES / "tables.csv"), "--plan", str(plan), "--backend", "fbgemm",
             "--regime", "sub_additive"]
     assert "only with --backend analytic" in one_line_error(argv, capsys)
 
 
-def test_report_takes_the_measured_regime(tmp_path, monkeypatch, capsys):
-    plan = plan_example(tmp_path, capsys)
-    monkeypatch.chdir(tmp_path)
-    write_eval(tmp_path, "sub_additive")
+def test_report_takes_the_plans_regime(tmp_path, monkeypatch, capsys):
+    plan = plan_example(tmp_path, capsys, "--regime", "sub_additive")
+    elsewhere(tmp_path, monkeypatch)
     out = tmp_path / "report.html"
     assert main(["report", "--tables", str(EXAMPLES / "tables.csv"), "--plan", str(plan), "--backend", "analytic",
                  "-o", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("regime sub_additive: measured with fbgemm") and lines[1].startswith("report: ")
+    assert lines[0].startswith("regime sub_additive: the one") and lines[1].startswith("report: ")
     assert out.exists() and "sub_additive" in out.read_text()
 
 

@@ -61,12 +61,22 @@ def test_measure_json_with_the_analytic_backend(planned, capsys):
     assert out["cost_ms"] == pytest.approx(expected.cost_ms)
 
 
-def test_measure_analytic_needs_a_regime(planned, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no metrics/eval.json or params.yaml to take a regime from
+def test_measure_analytic_takes_the_plans_regime_from_any_directory(planned, capsys, tmp_path, monkeypatch):
+    """No --regime: the regime of the estimate the plan records, wherever the command runs (an empty directory
+    here); a plan that records none: the documented default."""
+    monkeypatch.chdir(tmp_path / "..")  # nothing of the project here
     tables, plan = planned
     argv = measure(tables, plan)
     del argv[argv.index("--regime"): argv.index("--regime") + 2]
-    assert "--regime super_additive or sub_additive" in one_line_error(argv, capsys)
+    assert main([*argv, "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["regime"] == "super_additive" and "plan.json's estimate" in chosen["regime_chosen"]
+    assert chosen["cost_ms"] == pytest.approx(json.loads(plan.read_text())["estimate"]["cost_ms"])
+    meta = json.loads(plan.read_text())
+    del meta["estimate"]
+    plan.write_text(json.dumps(meta))
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("regime super_additive: the default (")
 
 
 def test_measure_table_output(planned, capsys):
@@ -167,7 +177,20 @@ def test_measure_runs_at_the_batch_the_plan_records(planned, capsys, tmp_path):
     assert main(measure(tables, old, "--json")) == 0
     assert json.loads(capsys.readouterr().out)["batch_size"] == 2048
     assert main(measure(tables, plan, "--json", "--batch-size", "0")) == 1
-    assert "--batch-size: expected a positive integer" in capsys.readouterr().err
+    assert "--batch-size: expected an integer in [1, 16777216], got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recorded", [0, -5, 2.5, "512", True, 2**30])
+def test_a_plans_bad_batch_size_is_an_error_not_2048(planned, capsys, tmp_path, recorded):
+    """A batch_size the plan file records is one `plan` could have written, or an error naming it; never silently
+    replaced by the default."""
+    tables, plan = planned
+    obj = json.loads(plan.read_text())
+    obj["batch_size"] = recorded
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(obj))
+    err = one_line_error(measure(tables, bad), capsys)
+    assert "bad.json" in err and "batch_size: expected an integer in [1, 16777216]" in err and repr(recorded) in err
 
 
 def test_plans_with_replicas_and_caches_are_measured_as_planned(tmp_path, capsys):

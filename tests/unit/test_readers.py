@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import unicodedata
 from pathlib import Path
 
 import pandas as pd
@@ -248,14 +249,16 @@ def write_frame(frame: pd.DataFrame, path: Path, writer: str) -> None:
 def test_valid_tables_files_read_back_exactly_as_written(tmp_path, writer, suffix, frame):
     # pandas writes a bare carriage return unquoted: no CSV reader can read that back
     assume(writer != "to_csv" or not frame.map(lambda v: "\r" in str(v)).any().any())
+    names = [unicodedata.normalize("NFC", n) for n in frame["name"]]  # one spelling of each name (NFC)
+    assume(len(set(names)) == len(names))  # two spellings of one name are an error (test_two_spellings_...)
     path = tmp_path / f"t{suffix}"
     write_frame(frame, path, writer)
     tables = read_tables_file(path)
-    assert [t.name for t in tables] == list(frame["name"])
+    assert [t.name for t in tables] == names
     assert [(t.rows, t.dim) for t in tables] == list(zip(frame["rows"], frame["dim"]))
     groups = read_table_constraints(path).groups
     if "group" in frame:
-        assert groups == (tuple(frame["name"][:2]), tuple(frame["name"][2:4]))
+        assert groups == (tuple(names[:2]), tuple(names[2:4]))
     else:
         assert groups == ()
 
@@ -297,3 +300,62 @@ def test_any_bytes_read_cleanly_or_raise_data_format_error(tmp_path, data):
     except DataFormatError:
         return
     assert tables and all(isinstance(t.name, str) and t.name.strip() for t in tables)
+
+
+# ---------------------------------------------------------------- each file checked as a whole (issue 53)
+
+
+def binned(tmp_path: Path, *rows: list[float]) -> Path:
+    lines = [f"{HEADER},{','.join(BIN_COLUMNS)}"]
+    lines += [f"t{i},100,8,1,{','.join(f'{b:g}' for b in bins)}" for i, bins in enumerate(rows)]
+    return write(tmp_path / "binned.csv", "\n".join(lines) + "\n")
+
+
+def test_bins_are_fractions_that_sum_to_one(tmp_path, capsys):
+    """0.9 in each of the 17 columns (sum 15.3) is no histogram; within 0.01 of 1 is (rounding), all 0 is a table
+    nobody looked up (as `dreamshard profile` writes it)."""
+    err = fails(plan_argv(tmp_path, binned(tmp_path, [0.9] * 17)), capsys)
+    assert "binned.csv: table 't0' (line 2): access-count bins sum to 15.3" in err
+    assert "sum to 1 (within 0.01)" in err and "all 0" in err
+    tables = read_tables_file(binned(tmp_path, [0.333, 0.333, 0.333] + [0.0] * 14, [0.0] * 17, [0.5, 0.5] + [0] * 15))
+    assert [sum(t.bins or ()) for t in tables] == pytest.approx([0.999, 0.0, 1.0])
+    with pytest.raises(DataFormatError, match="sum to 0.98"):
+        read_tables_file(binned(tmp_path, [0.49, 0.49] + [0.0] * 15))
+
+
+@pytest.mark.parametrize("column, value, words", [
+    ("dim", "1e30", "column 'dim': 1e+30 is more than 65536"),
+    ("dim", "70000", "column 'dim': 70000 is more than 65536"),
+    ("rows", "1e30", "column 'rows': 1e+30 is more than 1099511627776"),
+    ("pooling_factor", "1e30", "column 'pooling_factor': expected a mean number of lookups per sample in "
+                               "[0, 1048576], got 1e+30"),
+    ("pooling_factor", "1e300", "got 1e+300"),
+    ("pooling_factor", "-1", "got -1"),
+    ("pooling_factor", "nan", "got nan"),
+])
+def test_each_number_has_its_own_limit_and_message(tmp_path, capsys, column, value, words):
+    cells = {"name": "big", "rows": "1000", "dim": "16", "pooling_factor": "2", column: value}
+    path = write(tmp_path / "t.csv", f"{HEADER}\n{','.join(cells[c] for c in HEADER.split(','))}\n")
+    err = fails(plan_argv(tmp_path, path), capsys)
+    assert words in err and len(err) < 300  # %g: never a number of 300 digits
+
+
+def test_two_spellings_of_one_name_are_an_error(tmp_path, capsys):
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    path = write(tmp_path / "t.csv", f"{HEADER}\n{nfc},100,8,1\n{nfd},200,8,1\n")
+    err = fails(plan_argv(tmp_path, path), capsys)
+    assert f"{nfc!r} (line 2) and {nfd!r} (line 3) are one name in two Unicode spellings" in err
+
+
+def test_names_are_read_in_one_spelling(tmp_path, capsys):
+    """A table written NFD is the table a constraints file or a plan names NFC, and the other way round."""
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    tables = write(tmp_path / "t.csv", f"{HEADER}\n{nfd},100,8,1\nother,200,8,1\n")
+    assert [t.name for t in read_tables_file(tables)] == [nfc, "other"]
+    constraints = write(tmp_path / "c.json", json.dumps({"pin": {nfd: 1}}))
+    obj = plan(tmp_path, tables, capsys, "--constraints", str(constraints))
+    assert {s["table"]: s["device"] for s in obj["shards"]}[nfc] == 1
+    for s in obj["shards"]:
+        s["table"] = unicodedata.normalize("NFD", s["table"])
+    written_nfd = write(tmp_path / "nfd.json", json.dumps(obj))
+    assert main(["measure", "--tables", str(tables), "--plan", str(written_nfd), "--backend", "analytic"]) == 0

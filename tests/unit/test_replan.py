@@ -337,7 +337,8 @@ def test_cli_errors(tmp_path, planned, capsys):
     capsys.readouterr()
     out = tmp_path / "plan.json"
     assert "only with --previous" in failing(plan_argv(tables, out, 4, "--max-moved-gb", "1"), capsys)
-    assert "--backend, --regime: only with --previous" in failing(plan_argv(tables, out, 4, *ANALYTIC), capsys)
+    # --regime alone chooses the estimate's regime; --backend decides what is worth moving: only in a re-plan
+    assert "--backend: only with --previous" in failing(plan_argv(tables, out, 4, *ANALYTIC), capsys)
     err = failing(plan_argv(tables, out, 3, "--previous", str(previous), "--max-moved-gb", "1", *ANALYTIC), capsys)
     assert "the plan is for 4 devices, but 3 are given" in err and str(previous) in err
     assert "needs --regime" in failing(plan_argv(tables, out, 4, "--previous", str(previous), "--max-moved-gb", "1",
