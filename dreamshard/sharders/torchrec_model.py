@@ -71,35 +71,58 @@ def _slices(table: Table, cut: Cut, num_devices: int) -> list[Shard]:
             for j, (_, (_, r0, r1, c0, c1), device) in enumerate(table_pieces(table, cut, num_devices))]
 
 
-def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int) -> dict[tuple[str, Cut], list[float]]:
+PriceMemo = dict[tuple[Table, Cut, int], list[float]]  # (table, cut, devices) -> its pieces' prices
+
+
+def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
+                 memo: PriceMemo | None = None) -> dict[tuple[str, Cut], list[float]]:
     """(table, cut) -> TorchRec's estimate (ms, fwd + bwd, compute + comms) of each of its pieces, in
-    `table_pieces` order: one TorchRec call per distinct cut, every table at that cut where it has it."""
+    `table_pieces` order: one TorchRec call per distinct cut, every table at that cut where it has it. A shard's
+    estimate depends on its table, its cut and the ranks alone, so `memo` keeps them across the searches of one
+    plan (with and without data-parallel tables), each priced once."""
     from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
 
+    memo = {} if memo is None else memo
+    n = task.num_devices
     caches = {t.name: t.cache_load_factor for t in task.tables if t.cache_load_factor is not None}
     distinct = list(dict.fromkeys(c for cuts in options.values() for c in cuts))
-    prices: dict[tuple[str, Cut], list[float]] = {}
     with quiet_torchrec():
         for cut in distinct:
-            layout = {t.name: cut if cut in options[t.name] else Cut() for t in task.tables}
-            slices = {t.name: _slices(t, layout[t.name], task.num_devices) for t in task.tables}
+            layout = {t.name: cut if cut in options[t.name] and (t, cut, n) not in memo else None
+                      for t in task.tables}
+            if all(c is None for c in layout.values()):
+                continue
+            slices = {t.name: _slices(t, layout[t.name] or Cut(), n) for t in task.tables}
+            by_name = {t.name: t for t in task.tables}
             for option in shard_estimates(task, slices, batch_size, caches):
                 if layout[option.name] == cut:
-                    prices[(option.name, cut)] = [float(s.perf.total) for s in option.shards]
-    return prices
+                    memo[(by_name[option.name], cut, n)] = [float(s.perf.total) for s in option.shards]
+    return {(t.name, cut): memo[(t, cut, n)] for t in task.tables for cut in options[t.name]}
 
 
 def _first_fit(task: Task) -> dict[str, Cut]:
     """The start: every table whole, or at its first cut when too large for a device (`pieces.first_cut`), cut
     finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does."""
     cuts = {t.name: first_cut(t, task) for t in task.tables}
-    while not packs(cut_task(task, cuts)[0]):
+    while not _packs_directly(task, cuts):
         finer_cut = largest_refinable(task, cuts)
-        if finer_cut is None:
+        if finer_cut is None:  # the last cut: a packing that backs up (`packs`) before giving up
+            if packs(cut_task(task, cuts)[0]):
+                break
             raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory "
                                       f"({_cut_names(cuts)})")
         cuts[finer_cut[0]] = finer_cut[1]
     return {n: c for n, c in cuts.items() if not c.whole}
+
+
+def _packs_directly(task: Task, cuts: dict[str, Cut]) -> bool:
+    """Does one pass, largest piece first onto the least-used device with room (`_direct_pass` by size), place
+    the pieces at `cuts`? Linear in the pieces, where `packs` backs up for thousands of steps before it fails."""
+    if task.groups:  # left to place_tables
+        return packs(cut_task(task, cuts)[0])
+    layouts = {(t.name, c): _layout(task, t, c) for t in task.tables for c in (cuts.get(t.name, Cut()),)}
+    sizes = [float(b) for t in task.tables for b in layouts[(t.name, cuts.get(t.name, Cut()))][0]]
+    return _direct_pass(task, cuts, sizes, layouts, by_size=True) is not None
 
 
 def _row_wise_start(task: Task) -> dict[str, Cut]:
@@ -153,8 +176,13 @@ class TorchRecModelSharder:
     def shard(self, task: Task) -> Plan:
         from dreamshard.interop.torchrec import torchrec_perf_estimate
 
+        memo: PriceMemo = {}
+
+        def search(t: Task) -> Plan:
+            return self._search(t, memo)
+
         if task.must_cache:  # tables whose kernels allow UVM caching alone: cached as every sharder's are
-            return with_pieces(task, self._search)
+            return with_pieces(task, search)
         plans = []
         replicated, forced = data_parallel_tables(task), must_replicate(task)
         # the shared data-parallel rule, and none (those whose constraints ask for data-parallel alone)
@@ -163,22 +191,22 @@ class TorchRecModelSharder:
             choices.append(forced)
         for chosen in choices:
             try:
-                plans.append(with_replicas(task, chosen, self._search) if chosen else self._search(task))
+                plans.append(with_replicas(task, chosen, search) if chosen else search(task))
             except InfeasibleTaskError:
                 continue
         if not plans:  # tables beyond device memory: cut and cached as every sharder's are
-            return with_pieces(task, self._search)
+            return with_pieces(task, search)
         batch = self._batch(task)
         return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch).cost_ms)
 
-    def _search(self, task: Task) -> Plan:
+    def _search(self, task: Task, memo: PriceMemo | None = None) -> Plan:
         options = _cuts_of(task, self.config)
         starts = [_first_fit(task), _row_wise_start(task)]
         for start in starts:
             for name, cut in start.items():
                 if cut not in options[name]:
                     options[name].append(cut)
-        prices = piece_prices(task, options, self._batch(task))
+        prices = piece_prices(task, options, self._batch(task), memo)
         layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in options[t.name]}
         ends = [self._descend(task, start, options, prices, layouts) for start in starts]
         found = [e for e in ends if e is not None]
