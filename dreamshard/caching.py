@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from dreamshard.tasks import Task
 
 UVM_KERNEL = "fused_uvm_caching"
-KERNELS = ("fused", UVM_KERNEL)  # Task.kernels: "fused" (weights in HBM) always; UVM caching when asked for
+HOST_KERNEL = "fused_uvm"  # TorchRec's kernel for a table wholly in host memory: load factor 0, no cache
+# Task.kernels: "fused" (weights in HBM) always; UVM caching, and tables wholly in host memory, when asked for
+KERNELS = ("fused", UVM_KERNEL, HOST_KERNEL)
 DEFAULT_LOAD_FACTOR = 0.2  # TorchRec's default cache load factor (its planner's UVM_CACHING_RATIO)
 # the load factors `choose_caching` tries, smallest first: the smallest whose cache serves HIT_TARGET of the lookups
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -39,8 +41,10 @@ def hit_rate(table: Table, load_factor: float, batch_size: int) -> float:
     rows not seen). A cache smaller than U holds that share of the last step's rows; a larger one holds them all
     and spreads the rest over the other rows. Checked against a simulated LRU (tests/unit/test_caching.py; why:
     results/gpu/README.md, 2026-11-27). Without bins every row is alike: the hit rate is the load factor."""
-    if not 0 < load_factor <= 1:
-        raise ValueError(f"table {table.name!r}: cache load factor must be in (0, 1], got {load_factor!r}")
+    if not 0 <= load_factor <= 1:
+        raise ValueError(f"table {table.name!r}: cache load factor must be in [0, 1], got {load_factor!r}")
+    if load_factor == 0:  # wholly in host memory (fused_uvm): every lookup goes there
+        return 0.0
     if table.bins is None or sum(table.bins) == 0 or table.pooling_factor == 0 or batch_size == 0:
         return float(load_factor)
     total = sum(table.bins)
@@ -72,8 +76,9 @@ def cached_weight_bytes(weight_bytes_of_table: int, rows: int, width: int, table
 
 
 def cache_state_bytes(rows: int, load_factor: float) -> int:
-    """FBGEMM's cache bookkeeping of a shard of `rows` rows, as TorchRec counts it: 4 bytes a row, 16 a slot."""
-    return math.ceil(rows * (4 + load_factor * 16))
+    """FBGEMM's cache bookkeeping of a shard of `rows` rows, as TorchRec counts it: 4 bytes a row, 16 a slot;
+    none without a cache (load factor 0: fused_uvm)."""
+    return 0 if load_factor == 0 else math.ceil(rows * (4 + load_factor * 16))
 
 
 def choose_caching(task: Task) -> dict[str, float]:
@@ -85,16 +90,24 @@ def choose_caching(task: Task) -> dict[str, float]:
     cached. Tables that must be cached (Task.must_cache) are, first; a load factor the task gives a table
     (Task.cache_factors) is the one it is cached at. (`with_pieces` asks only when the task cannot be planned in
     device memory, or when some table must be cached.)"""
-    if "fused_uvm_caching" not in task.kernels:
+    caching, host = UVM_KERNEL in task.kernels, HOST_KERNEL in task.kernels
+    if not (caching or host):
         return {}
     have = CACHE_FILL * sum(task.capacities())
     need = sum(task.shard_bytes(t) for t in task.tables)
     given = dict(task.cache_factors)  # load factors the user's constraints fix: never shrunk
-    fixed = task.never_cut() | set(task.avoided()) | set(task.uncached) | set(task.must_cache)
+    fixed = task.never_cut() | set(task.avoided()) | set(task.must_cache)
     batch = task.memory.batch_size * task.num_devices
     by_name = {t.name: t for t in task.tables}
     # the tables whose kernels allow caching alone, whatever the room
-    chosen: dict[str, float] = {n: given.get(n) or load_factor_for(by_name[n], batch) for n in task.must_cache}
+    never_host = set(task.never_host)
+
+    def first_factor(t: Table) -> float:  # a cache if the table may have one, else wholly in host memory
+        if t.name in given:
+            return given[t.name]
+        return load_factor_for(t, batch) if caching and t.name not in task.uncached else 0.0
+
+    chosen: dict[str, float] = {n: first_factor(by_name[n]) for n in task.must_cache}
 
     def saving(t: Table, factor: float) -> int:
         return task.shard_bytes(t) - task.shard_bytes(replace(t, cache_load_factor=factor))
@@ -104,10 +117,18 @@ def choose_caching(task: Task) -> dict[str, float]:
         return t.pooling_factor * t.features / size, -size, t.name
 
     need -= sum(saving(by_name[n], f) for n, f in chosen.items())
-    for t in sorted((t for t in task.tables if t.name not in fixed and not t.sequence), key=traffic):
+    def may_cache(t: Table) -> bool:
+        return caching and t.name not in task.uncached
+
+    def may_host(t: Table) -> bool:
+        return host and t.name not in never_host
+
+    candidates = sorted((t for t in task.tables if t.name not in fixed and not t.sequence
+                         and (may_cache(t) or may_host(t))), key=traffic)
+    for t in candidates:
         if need <= have:
             break
-        chosen[t.name] = given.get(t.name) or load_factor_for(t, batch)
+        chosen[t.name] = first_factor(t)
         need -= saving(t, chosen[t.name])
     # still too much: smaller caches, in the same order, down the ladder of LOAD_FACTORS
     for name in [n for n in chosen if n not in given]:
@@ -117,4 +138,12 @@ def choose_caching(task: Task) -> dict[str, float]:
             t = by_name[name]
             need -= saving(t, factor) - saving(t, chosen[name])
             chosen[name] = factor
+    # still too much: wholly in host memory (fused_uvm), in the same order, where the kernels allow it
+    for t in [by_name[n] for n in chosen] + [t for t in candidates if t.name not in chosen]:
+        if need <= have:
+            break
+        if t.name in given or not may_host(t) or chosen.get(t.name) == 0.0:
+            continue
+        need -= saving(t, 0.0) - (saving(t, chosen[t.name]) if t.name in chosen else 0)
+        chosen[t.name] = 0.0
     return chosen

@@ -165,9 +165,9 @@ class Plan:
                 raise DataFormatError(f"{origin}: shards[{i}].replica: expected true or false, got {s['replica']!r}")
             cache = s.get("cache_load_factor")
             if cache is not None and (isinstance(cache, bool) or not isinstance(cache, (int, float))
-                                      or not 0 < cache <= 1):
-                raise DataFormatError(f"{origin}: shards[{i}].cache_load_factor: expected a share in (0, 1], "
-                                      f"got {cache!r}")
+                                      or not 0 <= cache <= 1):
+                raise DataFormatError(f"{origin}: shards[{i}].cache_load_factor: expected a share in [0, 1] (0: "
+                                      f"wholly in host memory), got {cache!r}")
             if not 0 <= s["device"] < n:
                 raise DataFormatError(f"{origin}: shards[{i}]: table {s['table']!r}: device {s['device']} out of "
                                       f"range 0..{n - 1} (the plan's num_devices is {n})")
@@ -348,9 +348,15 @@ def _check_cache(task: Task, t: Table, placed: list[Shard]) -> None:
     factors = {s.load_factor(t) for s in placed}
     if factors <= {None}:  # in device memory (or not placed at all: the coverage check says so)
         return
-    if "fused_uvm_caching" not in task.kernels:
-        raise InvalidPlanError(f"table {t.name!r} is UVM-cached, but task {task.name!r} allows kernels "
-                               f"{', '.join(task.kernels)} only")
+    host = 0.0 in factors  # wholly in host memory: TorchRec's fused_uvm
+    kernel = "fused_uvm" if host else "fused_uvm_caching"
+    if kernel not in task.kernels:
+        raise InvalidPlanError(f"table {t.name!r} is {'in host memory' if host else 'UVM-cached'}, but task "
+                               f"{task.name!r} allows kernels {', '.join(task.kernels)} only")
+    if host and t.name in task.never_host:
+        raise InvalidPlanError(f"table {t.name!r} is wholly in host memory (fused_uvm), which its kernels leave out")
+    if not host and t.name in task.uncached:
+        raise InvalidPlanError(f"table {t.name!r} is UVM-cached, which its kernels leave out")
     if len(factors) > 1:
         raise InvalidPlanError(f"table {t.name!r}: its shards are cached with load factors "
                                f"{sorted(factors, key=lambda f: -1 if f is None else f)}; one kernel and cache a table")

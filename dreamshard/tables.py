@@ -85,8 +85,9 @@ class Table:
             raise ValueError(f"table {self.name!r}: features must be an integer >= 1, got {self.features!r}")
         if not isinstance(self.sequence, bool):
             raise ValueError(f"table {self.name!r}: sequence must be true or false, got {self.sequence!r}")
-        if self.cache_load_factor is not None and not 0 < self.cache_load_factor <= 1:
-            raise ValueError(f"table {self.name!r}: cache_load_factor must be in (0, 1], got {self.cache_load_factor!r}")
+        if self.cache_load_factor is not None and not 0 <= self.cache_load_factor <= 1:
+            raise ValueError(f"table {self.name!r}: cache_load_factor must be in [0, 1] (0: wholly in host memory), "
+                             f"got {self.cache_load_factor!r}")
         if self.bins is not None and len(self.bins) != NUM_BINS:
             raise ValueError(f"table {self.name!r}: expected {NUM_BINS} access-count bins, got {len(self.bins)}")
 

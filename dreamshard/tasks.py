@@ -78,8 +78,11 @@ class Task:
     min_widths: tuple[tuple[str, int], ...] = ()
     # tables that must be UVM-cached (their compute kernels allow no other); needs "fused_uvm_caching" in kernels
     must_cache: tuple[str, ...] = ()
-    # (table, load factor): the load factor a table is cached at when it is (TorchRec's cache_params.load_factor)
+    # (table, load factor): the load factor a table is cached at when it is (TorchRec's cache_params.load_factor;
+    # 0: wholly in host memory, TorchRec's fused_uvm)
     cache_factors: tuple[tuple[str, float], ...] = ()
+    # tables never kept wholly in host memory (fused_uvm), when the kernels allow it
+    never_host: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tables:
@@ -123,7 +126,7 @@ class Task:
             if len(g) < 2:
                 raise ValueError(f"task {self.name!r}: group {list(g)} needs at least two tables")
         limited = [t for t, _ in self.table_kinds] + [t for t, _ in self.min_widths] + list(self.must_cache) \
-            + [t for t, _ in self.cache_factors]
+            + [t for t, _ in self.cache_factors] + list(self.never_host)
         for t in grouped + list(self.whole) + list(self.model_parallel) + list(self.uncached) + limited:
             if t not in known:
                 raise ValueError(f"task {self.name!r}: constraint on unknown table {t!r}")
@@ -136,9 +139,9 @@ class Task:
                 raise ValueError(f"task {self.name!r}: table {t!r}: narrowest column slice must be an integer >= "
                                  f"{MIN_WIDTH}, got {width!r}")
         for t, factor in self.cache_factors:
-            if not 0 < factor <= 1:
-                raise ValueError(f"task {self.name!r}: table {t!r}: cache load factor must be in (0, 1], got {factor!r}")
-        if self.must_cache and "fused_uvm_caching" not in self.kernels:
+            if not 0 <= factor <= 1:
+                raise ValueError(f"task {self.name!r}: table {t!r}: cache load factor must be in [0, 1], got {factor!r}")
+        if self.must_cache and not {"fused_uvm_caching", "fused_uvm"} & set(self.kernels):
             raise ValueError(f"task {self.name!r}: table {self.must_cache[0]!r} must be UVM-cached, but the kernels "
                              f"are {', '.join(self.kernels)}")
         clash = set(self.must_cache) & set(self.uncached)
@@ -197,7 +200,7 @@ class Task:
     def constrained(self) -> bool:
         """Has placement constraints besides the pins of row-wise blocks (pins, avoid, groups, whole)?"""
         return bool(self.pins or self.avoid or self.groups or self.whole or self.table_kinds or self.min_widths
-                    or self.must_cache or self.cache_factors)
+                    or self.must_cache or self.cache_factors or self.never_host)
 
     def allowed_devices(self, table: str) -> list[int]:
         """Devices a shard of `table` may be on, by its pin and avoid list (groups aside)."""
@@ -249,11 +252,12 @@ class Task:
         new_widths = [(n, w) for t, w in self.min_widths for n in derived_of.get(t, [])]
         new_cache = [n for t in self.must_cache for n in derived_of.get(t, [])]
         new_factors = [(n, f) for t, f in self.cache_factors for n in derived_of.get(t, [])]
+        new_host = [n for t in self.never_host for n in derived_of.get(t, [])]
         return replace(self, tables=tuple(tables), pins=tuple(new_pins), avoid=tuple(new_avoid),
                        groups=tuple(g for g in new_groups if len(g) > 1), whole=tuple(new_whole),
                        model_parallel=tuple(new_model_parallel), uncached=tuple(new_uncached),
                        table_kinds=tuple(new_kinds), min_widths=tuple(new_widths), must_cache=tuple(new_cache),
-                       cache_factors=tuple(new_factors))
+                       cache_factors=tuple(new_factors), never_host=tuple(new_host))
 
     @property
     def num_devices(self) -> int:

@@ -116,7 +116,8 @@ def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
     tables = {t.name: t for t in task.tables}
 
     def cache_of(s: Shard) -> float:  # a shard of an unknown table is refused later, by _shard_specs
-        return (s.load_factor(tables[s.table]) if s.table in tables else s.cache) or 0.0
+        factor = s.load_factor(tables[s.table]) if s.table in tables else s.cache
+        return -1.0 if factor is None else factor  # -1: in HBM; 0: wholly in host memory
 
     split = [[s for s in g if cache_of(s) == f] for g in groups for f in sorted({cache_of(s) for s in g})]
     return split + ([replicas] if replicas else [])
@@ -404,7 +405,9 @@ class FbgemmBackend:
         if self.config.device == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
             location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
-            if cache_load_factor is not None:  # weights in UVM, the load factor's share of rows cached in HBM
+            if cache_load_factor == 0:  # weights in UVM, no cache (TorchRec's fused_uvm)
+                location = EmbeddingLocation.MANAGED
+            elif cache_load_factor is not None:  # weights in UVM, the load factor's share of rows cached in HBM
                 location, cached = EmbeddingLocation.MANAGED_CACHING, {"cache_load_factor": cache_load_factor}
         else:
             device = torch.device("cpu")

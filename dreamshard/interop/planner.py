@@ -55,7 +55,7 @@ KINDS_OF_TYPE = {"table_wise": ("table",), "column_wise": ("table", "column"), "
 # how a whole table is written, in order of preference, and on one rank (every layout holds a whole table there)
 WHOLE_TYPES = ("table_wise", "column_wise")
 ONE_RANK_TYPES = ("row_wise", "table_row_wise", "data_parallel")
-MODEL_PARALLEL_KERNELS = ("fused", "fused_uvm_caching")
+MODEL_PARALLEL_KERNELS = ("fused", "fused_uvm_caching", "fused_uvm")
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ class DreamShardPlanner(ShardingPlanner):
         kernels = self._kernels_allowed(found, sharders)
         offered = {False: self._offered(found, sharders), True: self._sequence_offered(found, sharders)}
         tables, modules, precisions, whole, model_parallel, uncached = [], [], set(), [], [], []
-        table_kinds, min_widths, must_cache, cache_factors = [], [], [], []
+        table_kinds, min_widths, must_cache, cache_factors, never_host = [], [], [], [], []
         self._types: dict[str, TableTypes] = {}
         for fqn, m in found:
             names = []
@@ -298,26 +298,33 @@ class DreamShardPlanner(ShardingPlanner):
                 ck = None if constraint is None else constraint.compute_kernels
                 if ck is not None and "fused_uvm_caching" not in ck:
                     uncached.append(key)
-                if ck is not None and "fused" not in ck and "fused_uvm_caching" in ck and types.kinds != ("data",):
-                    must_cache.append(key)
+                if ck is not None and "fused_uvm" not in ck:
+                    never_host.append(key)
+                in_host = ck is not None and "fused" not in ck and types.kinds != ("data",)
+                if in_host and {"fused_uvm_caching", "fused_uvm"} & set(ck):
+                    must_cache.append(key)  # its kernels keep it in host memory
                 params = None if constraint is None else getattr(constraint, "cache_params", None)
-                if params is not None and params.load_factor is not None:
+                if in_host and "fused_uvm_caching" not in ck:
+                    cache_factors.append((key, 0.0))  # fused_uvm alone: wholly in host memory
+                elif params is not None and params.load_factor is not None:
                     cache_factors.append((key, float(params.load_factor)))
                 if constraint is not None and constraint.min_partition is not None:
                     min_widths.append((key, max(4, int(constraint.min_partition))))
             modules.append(ModuleTables(fqn, m, tuple(names)))
-        if must_cache and "fused_uvm_caching" not in kernels:
-            raise DreamShardPlannerError(
-                f"DreamShardPlanner: table {must_cache[0]!r}: its constraint's compute_kernels allow "
-                f"fused_uvm_caching alone, which the sharders do not offer on {self.topology.compute_device}",
-                PlannerErrorType.STRICT_CONSTRAINTS)
+        for name in must_cache:
+            want = "fused_uvm" if (name, 0.0) in cache_factors else "fused_uvm_caching"
+            if want not in kernels:
+                raise DreamShardPlannerError(
+                    f"DreamShardPlanner: table {name!r}: its constraint's compute_kernels keep it in host memory "
+                    f"({want}), which the sharders do not offer on {self.topology.compute_device}",
+                    PlannerErrorType.STRICT_CONSTRAINTS)
         # each table at its own precision (Table.precision); the model's is the widest, for what has none
         memory = MemoryModel("fp32" if "fp32" in precisions else "fp16", self._optimizer_of(found, sharders),
                              self.batch_size)
         task = Task("torchrec-module", tuple(tables), self._devices(module, sharders), memory,
                     sharding=kinds, whole=tuple(whole), model_parallel=tuple(model_parallel), kernels=kernels,
                     uncached=tuple(uncached), table_kinds=tuple(table_kinds), min_widths=tuple(min_widths),
-                    must_cache=tuple(must_cache), cache_factors=tuple(cache_factors))
+                    must_cache=tuple(must_cache), cache_factors=tuple(cache_factors), never_host=tuple(never_host))
         if self.placement:
             try:
                 task = self.placement.apply(task)
@@ -436,15 +443,19 @@ class DreamShardPlanner(ShardingPlanner):
         return TableTypes(ours, whole_as, row_as)
 
     def _kernels_allowed(self, found, sharders) -> tuple[str, ...]:
-        """fused, and fused_uvm_caching when the sharder of every planned bag collection offers it with table_wise,
-        column_wise and row_wise on this compute device (TorchRec's do on cuda): tables that HBM cannot hold are
-        then kept in host memory, cached (dreamshard.caching)."""
+        """fused, and fused_uvm_caching and fused_uvm, each when the sharder of every planned bag collection offers
+        it with table_wise, column_wise and row_wise on this compute device (TorchRec's do on cuda): tables that HBM
+        cannot hold are then kept in host memory, cached, or wholly there (dreamshard.caching)."""
         device = self.topology.compute_device
         bag_sharders = _bag_sharders(found, sharders)
-        offered = bool(bag_sharders) and all(
-            "fused_uvm_caching" in s.compute_kernels(t, device)
-            for s in bag_sharders for t in ("table_wise", "column_wise", "row_wise") if t in s.sharding_types(device))
-        return ("fused", "fused_uvm_caching") if offered else ("fused",)
+
+        def offered(kernel: str) -> bool:
+            return bool(bag_sharders) and all(
+                kernel in s.compute_kernels(t, device)
+                for s in bag_sharders for t in ("table_wise", "column_wise", "row_wise")
+                if t in s.sharding_types(device))
+
+        return ("fused", *(k for k in ("fused_uvm_caching", "fused_uvm") if offered(k)))
 
     def _offers(self, found, sharders, sequence: bool) -> list[tuple[Any, list[str]]]:
         """(sharder, the sharding types it offers with the fused kernel on this compute device) of every planned

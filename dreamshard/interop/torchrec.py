@@ -32,6 +32,7 @@ ROW_WISE = "row_wise"
 DATA_PARALLEL = "data_parallel"  # replicas (Shard.replica), run by TorchRec's dense kernel
 DENSE_KERNEL = "dense"
 UVM_KERNEL = "fused_uvm_caching"  # dreamshard.caching: weights in host memory, a share of the rows cached in HBM
+HOST_KERNEL = "fused_uvm"  # weights in host memory, no cache (a cache load factor of 0)
 # TorchRec sharding types made of blocks of a table, each on one rank: what converts to a DreamShard plan
 SHARD_TYPES = (TABLE_WISE, COLUMN_WISE, "table_column_wise", ROW_WISE, "table_row_wise", "grid_shard")
 
@@ -152,14 +153,20 @@ def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None]
     caches = caches or {}
 
     def kernel(name: str, types: list[str] | None) -> str:
-        return DENSE_KERNEL if types == [DATA_PARALLEL] else UVM_KERNEL if name in caches else COMPUTE_KERNEL
+        return DENSE_KERNEL if types == [DATA_PARALLEL] else kernel_of(caches.get(name))
 
     return {t.name: ParameterConstraints(sharding_types=sharding_types[t.name],
                                          compute_kernels=[kernel(t.name, sharding_types[t.name])],
                                          pooling_factors=[float(t.pooling_factor)],
-                                         cache_params=CacheParams(load_factor=caches[t.name]) if t.name in caches
+                                         cache_params=CacheParams(load_factor=caches[t.name]) if caches.get(t.name)
                                          else None)
             for t in task.tables}
+
+
+def kernel_of(load_factor: float | None) -> str:
+    """TorchRec's compute kernel of a table at a cache load factor: fused (None: in HBM), fused_uvm (0: wholly in
+    host memory), fused_uvm_caching (a cache of that share of its rows)."""
+    return COMPUTE_KERNEL if load_factor is None else HOST_KERNEL if load_factor == 0 else UVM_KERNEL
 
 
 def plan_caches(task: Task, plan: Plan) -> dict[str, float]:
@@ -273,7 +280,7 @@ def table_generators(task: Task, plan: Plan, whole_as: str | Mapping[str, str] =
     for i, t in enumerate(task.tables):
         blocks = shards[t.name]
         layout = table_layout(task, i, blocks)
-        kernel = UVM_KERNEL if t.name in caches else COMPUTE_KERNEL
+        kernel = kernel_of(caches.get(t.name))
         whole = whole_as if isinstance(whole_as, str) else wholes.get(t.name, TABLE_WISE)
         if layout == TABLE_WISE and whole == COLUMN_WISE:
             per_table[t.name] = column_wise(ranks=[blocks[0].device], compute_kernel=kernel)
@@ -295,7 +302,7 @@ def table_generators(task: Task, plan: Plan, whole_as: str | Mapping[str, str] =
             per_table[t.name] = column_wise(ranks=[s.device for s in blocks], compute_kernel=kernel)
         else:
             per_table[t.name] = _column_slices_generator(blocks, kernel)
-        if t.name in caches:
+        if caches.get(t.name):  # a cache's load factor (fused_uvm keeps none)
             per_table[t.name] = _cached(per_table[t.name], caches[t.name])
     return per_table
 
@@ -336,8 +343,9 @@ def check_module_plan(task: Task, plan: Plan, module_plan, names: Mapping[str, s
         sharding = module_plan[names[t.name]]
         factor = caches.get(t.name)
         got_factor = sharding.cache_params.load_factor if sharding.cache_params is not None else None
-        if (sharding.compute_kernel == UVM_KERNEL) != (factor is not None) or (factor is not None
-                                                                              and got_factor != factor):
+        host_memory = sharding.compute_kernel in (UVM_KERNEL, HOST_KERNEL)
+        if (host_memory or factor is not None) and (sharding.compute_kernel != kernel_of(factor)
+                                                    or bool(factor) and got_factor != factor):
             raise InvalidPlanError(f"table {names[t.name]!r}: TorchRec's kernel {sharding.compute_kernel!r} (cache "
                                    f"load factor {got_factor}) differs from the plan's (cache load factor {factor})")
         if sharding.sharding_type == DATA_PARALLEL or any(s.replica for s in shards[t.name]):

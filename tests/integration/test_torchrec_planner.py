@@ -270,7 +270,7 @@ def test_tables_hbm_cannot_hold_are_uvm_cached_as_torchrec_counts_them():
     planner = DreamShardPlanner(topology(2, 8.0), **roomy)
     plan = planner.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
     task = planner.last_task
-    assert task.kernels == ("fused", "fused_uvm_caching")
+    assert task.kernels == ("fused", "fused_uvm_caching", "fused_uvm")
     big = plan.plan["sparse.ebc"]["big"]
     assert big.compute_kernel == "fused_uvm_caching" and big.cache_params.load_factor == 0.5
     assert {p.compute_kernel for m in plan.plan.values() for n, p in m.items() if n != "big"} <= {"fused", "dense"}
@@ -286,6 +286,19 @@ def test_tables_hbm_cannot_hold_are_uvm_cached_as_torchrec_counts_them():
         DreamShardPlanner(topology(2, 8.0), **roomy, constraints={
             n: ParameterConstraints(compute_kernels=["fused"]) for n in ("big", "thin")}).plan(
                 TwoCollections(), [EmbeddingBagCollectionSharder()])
+    # HBM too small for the smallest caches: tables wholly in host memory (TorchRec's fused_uvm), counted as TorchRec
+    # counts them; a constraint leaving the kernel out keeps its table from it
+    host = DreamShardPlanner(topology(2, 1.0), **roomy)
+    plan = host.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
+    kernels = {n: p.compute_kernel for m in plan.plan.values() for n, p in m.items()}
+    assert "fused_uvm" in kernels.values(), kernels
+    assert all(p.cache_params is None for m in plan.plan.values() for p in m.values() if p.compute_kernel == "fused_uvm")
+    hbm = torchrec_perf_estimate(host.last_task, host.last_plan, 512).rank_hbm_bytes
+    assert hbm == tuple(device_memory_bytes(host.last_task, host.last_plan))
+    no_host = {n: ParameterConstraints(compute_kernels=["fused", "fused_uvm_caching"]) for n in kernels}
+    with pytest.raises(DreamShardError):
+        DreamShardPlanner(topology(2, 1.0), constraints=no_host, **roomy).plan(
+            TwoCollections(), [EmbeddingBagCollectionSharder()])
     # CPU ranks: TorchRec offers no UVM caching there
     cpu = DreamShardPlanner(topology(2, 20.0, "cpu"), **roomy)
     cpu.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])

@@ -34,8 +34,9 @@ def test_hit_rates_come_from_the_bins():
     assert hit_rate(replace(big, bins=None), 0.2, 4096) == 0.2
     assert load_factor_for(big, 4096) == LOAD_FACTORS[0]
     assert load_factor_for(replace(big, bins=None), 4096) == LOAD_FACTORS[-1]  # none reaches the target
+    assert hit_rate(big, 0.0, 4096) == 0.0  # wholly in host memory (fused_uvm): no lookup finds a cache
     with pytest.raises(ValueError, match="load factor must be in"):
-        hit_rate(big, 0.0, 4096)
+        hit_rate(big, 1.5, 4096)
 
 
 def uvm_task(memory_gb: float = 2.0, **extra) -> Task:
