@@ -419,15 +419,22 @@ class RowsOnlySharder(EmbeddingBagCollectionSharder):
         return ["row_wise"]
 
 
-def run(sharding, rank, half=(), columns_only=False, model=None, rows_only=False):
+def run(sharding, rank, half=(), columns_only=False, model=None, rows_only=False, constrained=False):
     """`half`: tables with fp16 weights in the sharded model (the unsharded one holds the same values in fp32);
     `columns_only`: a sharder offering column_wise alone (every table, whole or cut, column-wise); `model`: a
-    dreamshard checkpoint, planned with the default learned planner (dreamshard_cut)."""
+    dreamshard checkpoint, planned with the default learned planner (dreamshard_cut); `constrained`: each table
+    held to one sharding type by its constraint, whatever its size, planned by the default planner."""
     sharders = [ColumnsOnlySharder() if columns_only else RowsOnlySharder() if rows_only else CpuRowWiseSharder()]
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=BUDGET)
-    algo = {} if model else {"algo": "size_lookup_greedy"}
+    algo = {} if model or constrained else {"algo": "size_lookup_greedy"}
+    constraints = {"big": ParameterConstraints(pooling_factors=[2.0])}
+    if constrained:
+        constraints = {"big": ParameterConstraints(pooling_factors=[2.0], sharding_types=["column_wise"],
+                                                   min_partition=8),
+                       "mid": ParameterConstraints(sharding_types=["row_wise"]),
+                       "small": ParameterConstraints(sharding_types=["data_parallel"])}
     planner = DreamShardPlanner(topology, batch_size=64, sharding=sharding, model=model, **algo,
-                                constraints={"big": ParameterConstraints(pooling_factors=[2.0])})
+                                constraints=constraints)
     model = Model(torch.device("meta"), half)
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": 0.1})
@@ -445,7 +452,8 @@ def run(sharding, rank, half=(), columns_only=False, model=None, rows_only=False
     loss.backward()  # the fused optimizer steps the embeddings inside backward
     pooled_after, _ = dmp(features)
     return {"rank": rank, "sharding": list(sharding), "half": list(half), "columns_only": columns_only,
-            "algo": planner.algo, "rows_only": rows_only,
+            "algo": planner.algo, "rows_only": rows_only, "constrained": constrained,
+            "widths": [m.shard_sizes[1] for m in plan.plan["ebc"]["big"].sharding_spec.shards],
             "kinds": {n: p.sharding_type for n, p in plan.plan["ebc"].items()},
             "held": sorted(held), "pooled_diff": float((pooled - want_pooled).abs().max()),
             "loss": float(loss), "want_loss": float(want_loss),
@@ -460,7 +468,8 @@ def main():
                run(("table", "column", "row"), rank, columns_only=True),
                run(("table", "column", "row"), rank, model=sys.argv[1]),
                run(("table", "column", "row"), rank, rows_only=True),
-               run(("table", "column", "row", "data"), rank)]
+               run(("table", "column", "row", "data"), rank),
+               run(("table", "column", "row", "data"), rank, constrained=True)]
     print(json.dumps(reports), flush=True)
     dist.destroy_process_group()
 
@@ -500,17 +509,22 @@ def test_distributed_model_parallel_with_dreamshard_planner(tmp_path):
                          timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     reports = reports_of(res.stdout)
-    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 14
+    assert sorted({r["rank"] for r in reports}) == [0, 1] and len(reports) == 16
     for r in reports:
         assert r["pooled_diff"] < 1e-5, r
         assert abs(r["loss"] - r["want_loss"]) <= 1e-5 * max(1.0, abs(r["want_loss"])), r
         assert r["changed"] > 0, r  # the training step moved the embeddings
     # the default learned planner's export (untrained weights: any valid plan) loads and trains in DMP
     assert [r["algo"] for r in reports].count("dreamshard_cut") == 2
+    # each table held to one sharding type by its constraint: planned so inside the search, and DMP trains it
+    for r in (r for r in reports if r["constrained"]):
+        assert r["kinds"] == {"big": "column_wise", "mid": "row_wise", "small": "data_parallel"}, r
+        assert min(r["widths"]) >= 8 and sum(r["widths"]) == 32, r
     # a sharder offering row_wise alone: every table row-wise, and DMP trains it
     assert all(set(r["kinds"].values()) == {"row_wise"} for r in reports if r["rows_only"])
     by = {(r["rank"], tuple(r["sharding"])): r for r in reports
-          if not r["half"] and not r["columns_only"] and not r["rows_only"] and r["algo"] != "dreamshard_cut"}
+          if not r["half"] and not r["columns_only"] and not r["rows_only"] and r["algo"] != "dreamshard_cut"
+          and not r["constrained"]}
     assert all(set(r["kinds"].values()) == {"column_wise"} for r in reports if r["columns_only"])
     # fp16 and fp32 tables in one module: planned each at its own bytes (big, 3.7 MB in fp16, now fits a rank)
     mixed = [r for r in reports if r["half"]]
