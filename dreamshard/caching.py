@@ -27,6 +27,8 @@ DEFAULT_LOAD_FACTOR = 0.2  # TorchRec's default cache load factor (its planner's
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 HIT_TARGET = 0.9
 CACHE_FILL = 0.9  # choose_caching caches tables until they need at most this share of the devices' memory
+# the shares tried in turn when the pieces of the tables a share leaves in device memory do not pack
+CACHE_FILLS = (CACHE_FILL, 0.6, 0.3, 0.0)
 # a bin's representative access count: bin 0 holds the rows read once, bin 1 those read twice, bin k >= 2 the
 # counts in (2^(k-1), 2^k], represented by their midpoint (the bin's upper end counted hot rows too hot)
 _BIN_COUNTS = [1.0, 2.0] + [0.75 * 2.0**k + 0.5 for k in range(2, NUM_BINS)]
@@ -81,7 +83,7 @@ def cache_state_bytes(rows: int, load_factor: float) -> int:
     return 0 if load_factor == 0 else math.ceil(rows * (4 + load_factor * 16))
 
 
-def choose_caching(task: Task) -> dict[str, float]:
+def choose_caching(task: Task, fill: float = CACHE_FILL) -> dict[str, float]:
     """Table name -> load factor of the tables to keep in host memory, cached: none unless the task's kernels allow
     UVM caching and its tables need more than CACHE_FILL of all devices' memory; then the tables with the fewest
     lookups per byte first (the largest of equals first), each at `load_factor_for` (hit rates at the memory
@@ -93,7 +95,7 @@ def choose_caching(task: Task) -> dict[str, float]:
     caching, host = UVM_KERNEL in task.kernels, HOST_KERNEL in task.kernels
     if not (caching or host):
         return {}
-    have = CACHE_FILL * sum(task.capacities())
+    have = fill * sum(task.capacities())
     need = sum(task.shard_bytes(t) for t in task.tables)
     given = dict(task.cache_factors)  # load factors the user's constraints fix: never shrunk
     fixed = task.never_cut() | set(task.avoided()) | set(task.must_cache)

@@ -56,6 +56,7 @@ KINDS_OF_TYPE = {"table_wise": ("table",), "column_wise": ("table", "column"), "
 WHOLE_TYPES = ("table_wise", "column_wise")
 ONE_RANK_TYPES = ("row_wise", "table_row_wise", "data_parallel")
 MODEL_PARALLEL_KERNELS = ("fused", "fused_uvm_caching", "fused_uvm")
+TIMEOUT_SEARCH_SHARE = 0.7  # of timeout_seconds, the share a sharder's search may take (those taking a time_limit)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ class DreamShardPlanner(ShardingPlanner):
             options["seed"] = seed
         if "batch_size" in s.options:
             options["batch_size"] = self.batch_size
+        if "time_limit" in s.options and timeout_seconds is not None:
+            options["time_limit"] = TIMEOUT_SEARCH_SHARE * timeout_seconds  # the rest: export and TorchRec's check
         self.options = options
         self.last_task: Task | None = None
         self.last_plan: Plan | None = None

@@ -127,10 +127,10 @@ def _neuroshard(name: str, table_wise: bool) -> Callable[..., Sharder]:
     return factory
 
 
-def _torchrec_model(batch_size: int | None = None) -> Sharder:
+def _torchrec_model(batch_size: int | None = None, time_limit: float | None = None) -> Sharder:
     from dreamshard.sharders.torchrec_model import TorchRecModelSharder  # imports torchrec only when planning
 
-    return TorchRecModelSharder(batch_size)
+    return TorchRecModelSharder(batch_size, time_limit=time_limit)
 
 
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
@@ -165,7 +165,7 @@ _SPECS = (
     SharderSpec("neuroshard_tw", "search", _neuroshard("neuroshard_tw", True), ("model", "search"), needs_model=True,
                 doc="NeuroShard table-wise: its greedy grid search on whole tables (the peer of the table-wise "
                     "learned sharders), the neuroshard model"),
-    SharderSpec("torchrec_model", "search", _torchrec_model, ("batch_size",), splits_tables=True,
+    SharderSpec("torchrec_model", "search", _torchrec_model, ("batch_size", "time_limit"), splits_tables=True,
                 doc="no trained model: our search over cuts and placements rated by TorchRec's perf model "
                     "(sharders/torchrec_model.py; needs TorchRec)"),
     SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size",),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dreamshard.errors import InfeasibleTaskError
-from dreamshard.placement import by_least_load, place_tables
+from dreamshard.placement import by_least_load, find_feasible_assignment, place_tables
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders.pieces import (
     Cut,
@@ -102,17 +102,30 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
 
 def _first_fit(task: Task) -> dict[str, Cut]:
     """The start: every table whole, or at its first cut when too large for a device (`pieces.first_cut`), cut
-    finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does."""
+    finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does. A direct pass
+    decides at each cut (`_packs_directly`), the placement that backs up at the first and the last only."""
     cuts = {t.name: first_cut(t, task) for t in task.tables}
+    first = True
     while not _packs_directly(task, cuts):
+        # the first and the last cut: the packing every sharder's placement backs up to (slower), before cutting
+        # finer or giving up
         finer_cut = largest_refinable(task, cuts)
-        if finer_cut is None:  # the last cut: a packing that backs up (`packs`) before giving up
-            if packs(cut_task(task, cuts)[0]):
-                break
+        if (first or finer_cut is None) and _packs_fully(task, cuts):
+            break
+        if finer_cut is None:
             raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory "
                                       f"({_cut_names(cuts)})")
         cuts[finer_cut[0]] = finer_cut[1]
+        first = False
     return {n: c for n, c in cuts.items() if not c.whole}
+
+
+def _packs_fully(task: Task, cuts: dict[str, Cut]) -> bool:
+    try:
+        find_feasible_assignment(cut_task(task, cuts)[0])
+    except InfeasibleTaskError:
+        return False
+    return True
 
 
 def _packs_directly(task: Task, cuts: dict[str, Cut]) -> bool:
@@ -164,9 +177,12 @@ class TorchRecModelSharder:
 
     name = "torchrec_model"
 
-    def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None) -> None:
+    def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None,
+                 time_limit: float | None = None) -> None:
         self.batch_size = batch_size
         self.config = config or ModelSearchConfig()
+        self.time_limit = time_limit  # seconds: the moves stop there, keeping the best plan found (None: no limit)
+        self._deadline = float("inf")
 
     def _batch(self, task: Task) -> int:
         from dreamshard.interop.torchrec import DEFAULT_BATCH_SIZE
@@ -176,7 +192,10 @@ class TorchRecModelSharder:
     def shard(self, task: Task) -> Plan:
         from dreamshard.interop.torchrec import torchrec_perf_estimate
 
+        import time
+
         memo: PriceMemo = {}
+        self._deadline = float("inf") if self.time_limit is None else time.perf_counter() + self.time_limit
 
         def search(t: Task) -> Plan:
             return self._search(t, memo)
@@ -223,8 +242,12 @@ class TorchRecModelSharder:
         current = _place(task, start, prices, layouts, backing_up=True)
         if current is None:
             return None
+        import time
+
         best = current
         for _ in range(self.config.depth):
+            if time.perf_counter() > self._deadline:
+                break
             tried = [p for p in (_place(task, cuts, prices, layouts) for cuts in self._moves(current, options, prices))
                      if p is not None]
             best = min([best, *tried], key=lambda p: p.cost)

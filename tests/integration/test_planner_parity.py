@@ -162,3 +162,21 @@ def test_a_checkpoint_of_other_hardware_is_refused_unless_allowed(tmp_path):
     assert len(plan.plan["ebc"]) == 4
     cpu = Topology(world_size=2, ddr_cap=1024**3, compute_device="cpu")
     DreamShardPlanner(cpu, model=path)  # the hardware it was trained on
+
+
+SMALL = [(100, 16), (1_000, 32), (5_000, 64), (20_000, 128), (50_000, 16), (100_000, 64), (200_000, 32),
+         (400_000, 128), (800_000, 16), (1_000_000, 64), (1_500_000, 32), (2_000_000, 128)]
+
+
+@pytest.mark.parametrize("kind", PLANNERS)
+def test_tables_beyond_hbm_go_to_host_memory_where_torchrec_puts_them(kind):
+    """16 ranks of 0.05 GiB hold less than the 12 tables: both planners keep some wholly in host memory
+    (fused_uvm) or cached, and the plan fits TorchRec's count (benchmarks/planner_coverage.py: this case)."""
+    m = torch.nn.Module()
+    m.ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=d, num_embeddings=r, feature_names=[f"f{i}"])
+        for i, (r, d) in enumerate(SMALL)], device=torch.device("meta"))
+    p = planner(kind, world=16, hbm=int(0.05 * 1024**3))
+    plan = p.plan(m, get_default_sharders())
+    kernels = {ps.compute_kernel for ps in plan.plan["ebc"].values()}
+    assert kernels & {"fused_uvm", "fused_uvm_caching"}, kernels
