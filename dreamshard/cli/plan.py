@@ -35,7 +35,16 @@ from dreamshard.memory import (
 )
 from dreamshard.plan import Plan, Shard, device_memory_breakdown, validate_plan
 from dreamshard.provenance import provenance
-from dreamshard.sharders import DEFAULT_HEURISTIC, DEFAULT_LEARNED, SHARDERS, default_algo, load_model, make_sharder, spec
+from dreamshard.sharders import (
+    DEFAULT_HEURISTIC,
+    DEFAULT_LEARNED,
+    SHARDERS,
+    default_algo,
+    load_model,
+    make_sharder,
+    spec,
+    trained_compute_device,
+)
 from dreamshard.sharders.replan_changes import changed_tables, describe_changes
 from dreamshard.tables import read_tables_file
 from dreamshard.tasks import ALL_SHARDING_KINDS, MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
@@ -60,6 +69,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "torchrec, a file")
     p.add_argument("--seed", type=int, help="seed of randomised sharders (random, dreamshard, autoshard)")
     p.add_argument("--model", type=Path, help="checkpoint of a learned sharder (dreamshard, autoshard, neuroshard)")
+    p.add_argument("--compute-device", choices=("cpu", "cuda"),
+                   help="the devices the plan is for: a --model trained on other kernels' timings is refused")
+    p.add_argument("--force", action="store_true", help="with --compute-device: plan with a --model of other "
+                   "hardware all the same")
     p.add_argument("--samples", type=int,
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--sharding", default=",".join(SHARDING_KINDS), type=sharding_kinds,
@@ -127,9 +140,21 @@ def sharder_options(args: argparse.Namespace) -> dict:
             raise DreamShardError(f"--model {value}: is a directory; expected a checkpoint file that training wrote "
                                   f"for {args.algo}, e.g. models/{spec(args.algo).trained_as}.pt")
         options[name] = load_model(args.algo, value) if name == "model" else value
+        if name == "model":
+            check_model_hardware(args, options[name])
     if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at
         options["batch_size"] = args.batch_size
     return options
+
+
+def check_model_hardware(args: argparse.Namespace, model) -> None:
+    """--compute-device against the hardware whose kernel timings trained the model (its checkpoint's record)."""
+    trained_on = trained_compute_device(getattr(model, "meta", None))
+    if args.compute_device is None or trained_on in (None, args.compute_device) or args.force:
+        return
+    raise DreamShardError(f"--model {args.model}: trained on {trained_on} kernel timings, but --compute-device is "
+                          f"{args.compute_device}: it would plan by the wrong hardware; train one there (`make run` on "
+                          "that machine), plan without --model, or add --force")
 
 
 def devices_of(args: argparse.Namespace) -> tuple[Device, ...]:

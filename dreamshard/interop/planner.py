@@ -82,7 +82,7 @@ class DreamShardPlanner(ShardingPlanner):
                  devices: Sequence[Device] | str | Path | None = None,
                  placement: Constraints | str | Path | None = None, allow_other_hardware: bool = False) -> None:
         from dreamshard.data.cluster import read_constraints_file, read_devices_file
-        from dreamshard.sharders import default_algo, load_model, spec
+        from dreamshard.sharders import default_algo, load_model, spec, trained_compute_device
 
         if algo is None:
             algo = default_algo(model is not None, torchrec=True)
@@ -303,11 +303,12 @@ class DreamShardPlanner(ShardingPlanner):
                     uncached.append(key)
                 if ck is not None and "fused_uvm" not in ck:
                     never_host.append(key)
-                in_host = ck is not None and "fused" not in ck and types.kinds != ("data",)
-                if in_host and {"fused_uvm_caching", "fused_uvm"} & set(ck):
+                kernels_of = set(ck) if ck is not None else set(MODEL_PARALLEL_KERNELS)
+                in_host = "fused" not in kernels_of and types.kinds != ("data",)
+                if in_host and {"fused_uvm_caching", "fused_uvm"} & kernels_of:
                     must_cache.append(key)  # its kernels keep it in host memory
                 params = None if constraint is None else getattr(constraint, "cache_params", None)
-                if in_host and "fused_uvm_caching" not in ck:
+                if in_host and "fused_uvm_caching" not in kernels_of:
                     cache_factors.append((key, 0.0))  # fused_uvm alone: wholly in host memory
                 elif params is not None and params.load_factor is not None:
                     cache_factors.append((key, float(params.load_factor)))
@@ -555,18 +556,6 @@ class DreamShardPlanner(ShardingPlanner):
                                       "row-wise, which TorchRec runs for feature-processed modules only when a "
                                       "constraint asks for it; restrict `sharding` to table and column")
         return module_plan
-
-
-def trained_compute_device(meta: Any) -> str | None:
-    """The compute device ("cpu" or "cuda") whose kernel timings a checkpoint was trained on, from the device its
-    metadata records (learner_meta: "cpu: <model> ..." for FBGEMM's CPU kernels, the GPU's name for CUDA); None
-    for a model of no device (the analytic backend) or one that records none."""
-    if not isinstance(meta, dict) or not meta.get("device"):
-        return None
-    device = str(meta["device"])
-    if device.startswith("cpu"):
-        return "cpu"
-    return "cuda" if meta.get("backend") == "fbgemm" else None
 
 
 @contextlib.contextmanager

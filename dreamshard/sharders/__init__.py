@@ -214,6 +214,18 @@ def make_sharder(name: str, **options: Any) -> Sharder:
 CHECKPOINT_KINDS = {"policy": "policy", "rnn": "rnn", "search": "neuroshard"}  # sharder kind -> checkpoint kind
 
 
+def trained_compute_device(meta: Any) -> str | None:
+    """The compute device ("cpu" or "cuda") whose kernel timings a checkpoint was trained on, from the device its
+    metadata records (learner_meta: "cpu: <model> ..." for FBGEMM's CPU kernels, the GPU's name for CUDA); None
+    for a model of no device (the analytic backend) or one that records none."""
+    if not isinstance(meta, dict) or not meta.get("device"):
+        return None
+    device = str(meta["device"])
+    if device.startswith("cpu"):
+        return "cpu"
+    return "cuda" if meta.get("backend") == "fbgemm" else None
+
+
 def load_model(name: str, path: str | Path) -> Any:
     """The trained model sharder `name` needs, read from its checkpoint. A checkpoint trained for another
     algorithm (its metadata's `algorithm`) is refused: DreamShard and AutoShard checkpoints hold the same networks,

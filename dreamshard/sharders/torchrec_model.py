@@ -20,6 +20,7 @@ not fit in device memory (UVM caching) are planned through `with_pieces`, like e
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,8 +193,6 @@ class TorchRecModelSharder:
     def shard(self, task: Task) -> Plan:
         from dreamshard.interop.torchrec import torchrec_perf_estimate
 
-        import time
-
         memo: PriceMemo = {}
         self._deadline = float("inf") if self.time_limit is None else time.perf_counter() + self.time_limit
 
@@ -242,8 +241,6 @@ class TorchRecModelSharder:
         current = _place(task, start, prices, layouts, backing_up=True)
         if current is None:
             return None
-        import time
-
         best = current
         for _ in range(self.config.depth):
             if time.perf_counter() > self._deadline:

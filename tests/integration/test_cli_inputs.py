@@ -171,11 +171,11 @@ def test_a_closed_stdout_exits_0_once_the_plan_is_written(tables, tmp_path):
 # ---------------------------------------------------------------- plans that say what made them
 
 
-def checkpoint(path: Path, algorithm: str | None) -> Path:
+def checkpoint(path: Path, algorithm: str | None, **meta_extra) -> Path:
     """A tiny (untrained, seeded) DreamShard/AutoShard checkpoint, saved as training saves one."""
     gen = torch.Generator().manual_seed(0)
     scaler = FeatureScaler.fit(np.abs(np.random.default_rng(0).normal(size=(32, NUM_FEATURES))) * 10)
-    meta = {} if algorithm is None else {"algorithm": algorithm}
+    meta = ({} if algorithm is None else {"algorithm": algorithm}) | meta_extra
     LearnedModel(CostNetConfig(hidden=16, embed=8, head_hidden=8).build(gen),
                  PolicyNetConfig(hidden=16, embed=8, head_hidden=8).build(gen), scaler, meta).save(path)
     return path
@@ -203,6 +203,17 @@ def test_a_plan_records_the_sharder_checkpoint_bins_and_version(tables, tmp_path
     assert main(plan_argv(tables, heuristic)) == 0
     made = json.loads(heuristic.read_text())["made_by"]
     assert made["model"] is None and made["bins"]["source"] == "not read by the sharder"
+
+
+def test_a_checkpoint_of_other_hardware_is_refused_for_the_compute_device_given(tables, tmp_path, capsys):
+    model = checkpoint(tmp_path / "cpu.pt", "dreamshard", backend="fbgemm", device="cpu: AMD EPYC (1 thread)")
+    binned, out = with_bins(tables, tmp_path), tmp_path / "plan.json"
+    argv = plan_argv(binned, out, "--model", str(model), algo="dreamshard")
+    err = quick_error([*argv, "--compute-device", "cuda"], capsys)
+    assert "trained on cpu kernel timings, but --compute-device is cuda" in err and "--force" in err
+    assert not out.exists()
+    assert main([*argv, "--compute-device", "cuda", "--force"]) == 0
+    assert main([*argv, "--compute-device", "cpu"]) == 0 and main(argv) == 0
 
 
 def test_a_checkpoint_of_another_algorithm_is_refused(tables, tmp_path, capsys):
