@@ -25,13 +25,15 @@ class Sharder(Protocol):
     def shard(self, task: Task) -> Plan: ...
 
 
-KINDS = ("heuristic", "policy", "rnn", "search", "torchrec")
+KINDS = ("heuristic", "policy", "rnn", "search", "torchrec", "torchrec_search")
 
 
 @dataclass(frozen=True)
 class SharderSpec:
     name: str
-    kind: str  # heuristic | policy (DreamShard, AutoShard) | rnn (the RNN baseline) | search (NeuroShard) | torchrec
+    # heuristic | policy (DreamShard, AutoShard) | rnn (the RNN baseline) | search (NeuroShard) | torchrec (TorchRec's
+    # planners) | torchrec_search (our search rated by TorchRec's perf model): what it loads, if anything
+    kind: str
     factory: Callable[..., Sharder]
     options: tuple[str, ...]  # keyword options the factory takes
     needs_model: bool = False  # `model` is required: an object from load_model(name, path)
@@ -165,7 +167,7 @@ _SPECS = (
     SharderSpec("neuroshard_tw", "search", _neuroshard("neuroshard_tw", True), ("model", "search"), needs_model=True,
                 doc="NeuroShard table-wise: its greedy grid search on whole tables (the peer of the table-wise "
                     "learned sharders), the neuroshard model"),
-    SharderSpec("torchrec_model", "search", _torchrec_model, ("batch_size", "time_limit"), splits_tables=True,
+    SharderSpec("torchrec_model", "torchrec_search", _torchrec_model, ("batch_size", "time_limit"), splits_tables=True,
                 doc="no trained model: our search over cuts and placements rated by TorchRec's perf model "
                     "(sharders/torchrec_model.py; needs TorchRec)"),
     SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size",),

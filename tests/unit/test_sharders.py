@@ -351,3 +351,12 @@ def test_options_are_typed_and_checked():
                                                                    "torchrec_model"}
     assert {n for n, s in SHARDERS.items() if s.needs_model} == {"dreamshard", "dreamshard_cut", "autoshard", "rnn", "neuroshard",
                                                                   "neuroshard_tw"}
+
+
+def test_a_sharder_loads_only_its_own_kind_of_checkpoint(tmp_path):
+    from dreamshard.sharders import SHARDERS, load_model
+
+    # torchrec_model searches too, but loads nothing: it shares no kind with NeuroShard's checkpoints
+    assert SHARDERS["torchrec_model"].kind != SHARDERS["neuroshard"].kind
+    with pytest.raises(ValueError, match="uses no trained model"):
+        load_model("torchrec_model", tmp_path / "neuroshard.pt")
