@@ -33,3 +33,11 @@ def test_every_results_folder_is_in_the_index():
 def test_the_check_finds_a_module_that_is_gone():
     assert cited_modules("`python -m experiments.no_such_thing`") == {"experiments.no_such_thing"}
     assert not exists("experiments.no_such_thing") and exists("benchmarks.planner_coverage")
+
+
+def test_docs_layout_names_every_module():
+    text = (ROOT / "docs" / "layout.md").read_text()
+    modules = [p for folder in ("dreamshard", "benchmarks", "experiments", "tools") for p in (ROOT / folder).rglob("*.py")
+               if p.stem not in ("__init__", "__main__")]
+    missing = sorted(str(p.relative_to(ROOT)) for p in modules if not re.search(rf"\b{re.escape(p.stem)}\b", text))
+    assert not missing, f"docs/layout.md does not name: {missing}"
