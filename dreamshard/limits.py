@@ -12,14 +12,21 @@ from dreamshard.errors import DreamShardError
 
 MAX_DIM = 2**16  # columns of one table: FBGEMM's kernels take far fewer, and column cuts scale with dim / 4
 MAX_ROWS = 2**40  # rows of one table: rows x dim x bytes per cell stays inside int64, beyond any cluster's memory
-MAX_DEVICES = 2**17  # devices of one plan: per-device loops and the all-to-all model's N x N links scale with it
+MAX_DEVICES = 2**17  # devices of one plan: per-device loops scale with it
 MAX_POOLING_FACTOR = 2**20  # mean lookups per sample of one table: sequence features have thousands, not millions
 MAX_BATCH_SIZE = 2**24  # samples per device: far above any training batch; keeps buffer bytes inside int64
 MAX_SAMPLES = 10_000  # --samples: each decodes a whole plan with the policy network; more hardly changes the best
+# the scale `plan` is built and tested for (benchmarks/planning_scale.py, docs/cli.md): a million tables on a thousand
+# devices plan in under a minute; beyond, a one-line error before any work
+MAX_TABLES = 2**20  # tables of one tables file
+MAX_TABLE_DEVICES = 2**30  # tables x devices: each table's placement looks at every device
+MAX_PIECES = 2**21  # tables and pieces of cut tables together (row-wise cuts make a piece per device)
+# --samples x tables: each sample places every table with the policy network (26 tables x 10,000 samples took 94 s)
+MAX_SAMPLED_TABLES = 100_000
 
-# bytes the cost model allocates per pair of devices (the all-to-all model's N x N float64 arrays, a few at once),
-# per (table, device) pair, and per looked-up id (int64 indices and offsets)
-BYTES_PER_DEVICE_PAIR = 32
+# bytes the cost model allocates per device (the all-to-all model's float64 arrays, a few at once: linear in the
+# devices, hardware/comm.py), per (table, device) pair, and per looked-up id (int64 indices and offsets)
+BYTES_PER_DEVICE = 128
 BYTES_PER_TABLE_DEVICE = 64
 BYTES_PER_LOOKUP = 16
 
@@ -48,10 +55,10 @@ def available_memory_bytes() -> int:
 
 def cost_memory_bytes(num_devices: int, num_tables: int, batch_size: int, lookups_per_device: Sequence[float] = (),
                       weights_bytes: int = 0) -> int:
-    """What costing a plan allocates at most: the all-to-all model's device x device arrays, per (table, device)
+    """What costing a plan allocates at most: the all-to-all model's per-device arrays, per (table, device)
     arrays, the largest device's lookups of one batch and (fbgemm) its weights."""
     lookups = max(lookups_per_device, default=0.0) * batch_size * BYTES_PER_LOOKUP
-    return int(BYTES_PER_DEVICE_PAIR * num_devices**2 + BYTES_PER_TABLE_DEVICE * num_tables * num_devices
+    return int(BYTES_PER_DEVICE * num_devices + BYTES_PER_TABLE_DEVICE * num_tables * num_devices
                + lookups + weights_bytes)
 
 

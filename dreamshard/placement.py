@@ -8,6 +8,7 @@ lists and groups hold whatever the ranking says. Details: docs/sharders.md, docs
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,20 @@ DEFAULT_MAX_STEPS = 200_000
 # placements in the given order before starting again largest first: a preference order (predicted cost) can
 # strand the largest tables behind small ones when memory is tight, and backing out of that takes long
 DEFAULT_PATIENCE = 10_000
+# both grow with the task: at least this many placements per table, so that a search is never given fewer steps
+# than it has tables to place (a task of a million tables in 1% of memory is not called infeasible)
+MAX_STEPS_PER_TABLE = 20
+PATIENCE_PER_TABLE = 2
+
+
+def step_budget(num_tables: int) -> int:
+    """`place_tables`' default max_steps for `num_tables` tables: DEFAULT_MAX_STEPS, more for large tasks."""
+    return max(DEFAULT_MAX_STEPS, MAX_STEPS_PER_TABLE * num_tables)
+
+
+def patience_of(num_tables: int) -> int:
+    """`place_tables`' default patience for `num_tables` tables: DEFAULT_PATIENCE, more for large tasks."""
+    return max(DEFAULT_PATIENCE, PATIENCE_PER_TABLE * num_tables)
 _RESTART = contextvars.ContextVar("place_tables_restart", default=True)
 
 
@@ -47,6 +62,9 @@ class PlacementState:
     free_bytes: np.ndarray
     speed: np.ndarray  # relative throughput per device (Device.speed)
 
+    def __post_init__(self) -> None:
+        self.alike = bool((self.speed == 1.0).all())  # load / speed is the load itself
+
 
 # (table index, state) -> devices in order of preference
 DeviceRanking = Callable[[int, PlacementState], Sequence[int]]
@@ -57,21 +75,24 @@ def place_tables(
     order: Sequence[int],
     rank_devices: DeviceRanking,
     weights: Sequence[float] | np.ndarray | None = None,  # per table: a number, or a vector
-    max_steps: int = DEFAULT_MAX_STEPS,
-    patience: int = DEFAULT_PATIENCE,
+    max_steps: int | None = None,
+    patience: int | None = None,
 ) -> list[int]:
     """Device of each table (indexed like task.tables), placing tables in `order`; after `patience`
     placements without a plan, the search starts again with the largest tables first (ties in `order`),
     which packs tight memory in far fewer steps, within `max_steps` placements in all (unless
-    `giving_up_early`: then it stops there)."""
+    `giving_up_early`: then it stops there). Both default to budgets that grow with the tables (`step_budget`,
+    `patience_of`)."""
     n = len(task.tables)
-    if sorted(order) != list(range(n)):
+    max_steps = step_budget(n) if max_steps is None else max_steps
+    patience = patience_of(n) if patience is None else patience
+    if len(order) != n or not np.array_equal(np.sort(np.asarray(order, dtype=np.int64)), np.arange(n)):
         raise ValueError("order must list every table of the task exactly once")
     pinned = task.pinned_device()
     pins = {i: pinned[t.name] for i, t in enumerate(task.tables) if t.name in pinned}
     if pins:
         order = [t for t in order if t in pins] + [t for t in order if t not in pins]
-    sizes = np.array([task.table_bytes(i) for i in range(n)], dtype=np.int64)
+    sizes = table_sizes(task)
     capacity = np.array(task.capacities(), dtype=np.int64)
     _check_each_table_fits(task, sizes, capacity)
     if sizes.sum() > capacity.sum():
@@ -81,10 +102,12 @@ def place_tables(
         )
     _check_packing_bound(task, sizes, capacity)
     w = np.zeros(n) if weights is None else np.asarray(weights, dtype=np.float64)
-    largest_first = sorted(order, key=lambda t: (t not in pins, -sizes[t]))  # stable: the given order breaks ties
-    first_budget = max_steps if patience >= max_steps or list(order) == largest_first else patience
+    order = list(order)
+    first_budget = max_steps if patience >= max_steps or _largest_first(order, sizes, pins) == order else patience
     restart = first_budget < max_steps and _RESTART.get()
-    searches = [(list(order), first_budget)] + ([(largest_first, max_steps - first_budget)] if restart else [])
+    searches = [(order, first_budget)]
+    if restart:
+        searches.append((_largest_first(order, sizes, pins), max_steps - first_budget))
     for tried_order, budget in searches:
         assignment, deepest, exhausted = _depth_first(task, tried_order, rank_devices, sizes, capacity, w, pins,
                                                       budget)
@@ -102,6 +125,35 @@ def place_tables(
         f"table {task.tables[searches[-1][0][deepest]].name!r} was the hardest to fit "
         f"({_capacities(task)})"
     )
+
+
+_last_sizes: tuple[weakref.ref[Task], np.ndarray] | None = None  # table_sizes of the task asked last
+
+
+def table_sizes(task: Task) -> np.ndarray:
+    """Bytes of each table of `task` (Task.table_bytes), as a read-only int64 array; the last task's are kept (a
+    sharder and the placement it calls ask for the same task's)."""
+    global _last_sizes
+    last = _last_sizes
+    if last is not None and last[0]() is task:
+        return last[1]
+    sizes = np.fromiter((task.table_bytes(i) for i in range(len(task.tables))), dtype=np.int64,
+                        count=len(task.tables))
+    sizes.flags.writeable = False
+    _last_sizes = (weakref.ref(task), sizes)
+    return sizes
+
+
+def _largest_first(order: list[int], sizes: np.ndarray, pins: dict[int, int]) -> list[int]:
+    """`order` with the pinned tables first, then the largest first; ties keep their place in `order`."""
+    at = np.asarray(order, dtype=np.int64)
+    unpinned = np.fromiter((t not in pins for t in order), dtype=bool, count=len(order)) if pins else \
+        np.ones(len(order), dtype=bool)
+    by = np.lexsort((-sizes[at], unpinned))  # stable: the given order breaks ties
+    return at[by].tolist()
+
+
+SCAN_AT_ONCE = 16  # from this many devices left in a ranking on, those without room are skipped in one pass
 
 
 def _depth_first(task: Task, order: Sequence[int], rank_devices: DeviceRanking, sizes: np.ndarray,
@@ -140,6 +192,8 @@ def _depth_first(task: Task, order: Sequence[int], rank_devices: DeviceRanking, 
             rankings.append(ranking)
             tried.append(0)
         elif assignment[t] != -1:  # back from a dead end below: take this table off its device
+            if not isinstance(rankings[k], list):  # a lazy ranking (by_least_load): its devices listed once
+                rankings[k] = list(rankings[k])
             d = assignment[t]
             assignment[t] = -1
             state.used_bytes[d] -= sizes[t]
@@ -154,6 +208,10 @@ def _depth_first(task: Task, order: Sequence[int], rank_devices: DeviceRanking, 
             d = rankings[k][tried[k]]
             tried[k] += 1
             if state.free_bytes[d] < sizes[t]:
+                if len(rankings[k]) - tried[k] >= SCAN_AT_ONCE:  # the next device with room, found in one pass
+                    rest = np.asarray(rankings[k][tried[k]:], dtype=np.int64)
+                    room = np.flatnonzero(state.free_bytes[rest] >= sizes[t])
+                    tried[k] += int(room[0]) if room.size else len(rest)
                 continue
             steps += 1
             if steps > max_steps:
@@ -193,8 +251,12 @@ def _capacities(task: Task) -> str:
 
 
 def _check_each_table_fits(task: Task, sizes: np.ndarray, capacity: np.ndarray) -> None:
-    allowed = [capacity[task.allowed_devices(t.name)].max() for t in task.tables]
-    too_big = np.flatnonzero(sizes > np.asarray(allowed))
+    allowed = np.full(len(sizes), capacity.max())
+    limited = set(task.pinned_device()) | set(task.avoided())  # the others may use every device
+    for i, t in enumerate(task.tables):
+        if t.name in limited:
+            allowed[i] = capacity[task.allowed_devices(t.name)].max()
+    too_big = np.flatnonzero(sizes > allowed)
     if too_big.size:
         t = task.tables[int(too_big[0])]
         raise InfeasibleTaskError(
@@ -208,30 +270,82 @@ def _check_packing_bound(task: Task, sizes: np.ndarray, capacity: np.ndarray) ->
     """Raise InfeasibleTaskError when the tables provably cannot be packed: for a size s, device d holds at most
     floor(capacity_d / s) tables of at least s bytes, so more such tables than the devices hold together fit
     nowhere. A necessary condition only (constraints left out), checked for every table size: it turns a
-    depth-first search that would end in failure after `max_steps` into an immediate error."""
+    depth-first search that would end in failure after `max_steps` into an immediate error.
+
+    Only the sizes where the count can pass the room are checked one by one: count x size is at most the bytes of
+    the tables so far, and room > total capacity / size - devices, so the count can pass it only where those bytes
+    exceed total capacity - devices x size (linear in tables and devices, where checking each size was their
+    product)."""
     order = np.sort(sizes[sizes > 0])[::-1]
-    for count, size in enumerate(order, start=1):
-        room = int(np.floor(capacity / size).sum())
-        if count > room:
+    if not order.size:
+        return
+    so_far = np.cumsum(order.astype(np.float64))
+    slack = 1e-9 * float(capacity.sum()) + len(capacity) + 1.0  # float rounding, taken generously
+    maybe = np.flatnonzero(so_far > float(capacity.sum()) - len(capacity) * order.astype(np.float64) - slack)
+    for start in range(0, maybe.size, 1024):
+        at = maybe[start:start + 1024]
+        rooms = np.floor(capacity[None, :] / order[at, None]).sum(axis=1)
+        over = np.flatnonzero(at + 1 > rooms)
+        if over.size:
+            count, room = int(at[over[0]]) + 1, int(rooms[over[0]])
             raise InfeasibleTaskError(
-                f"task {task.name!r}: {count} tables of at least {_size(int(size))} each, but the devices hold "
-                f"at most {room} of them ({_capacities(task)})")
+                f"task {task.name!r}: {count} tables of at least {_size(int(order[count - 1]))} each, but the "
+                f"devices hold at most {room} of them ({_capacities(task)})")
 
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / GB:.3f} GB" if nbytes >= GB // 1000 else f"{nbytes} bytes"
 
 
-def by_least_load(t: int, state: PlacementState) -> list[int]:
+class LeastLoadRanking(Sequence[int]):
+    """The devices by (load / speed, used bytes, index): the first found in one pass over the devices when made,
+    the rest sorted only when asked for, which happens when the search backs up to this table and so finds the
+    state as it was (kept by nothing here: a million tables on a thousand devices would keep gigabytes)."""
+
+    def __init__(self, state: PlacementState) -> None:
+        key = state.load if state.alike else state.load / state.speed
+        ties = np.flatnonzero(key == key.min())
+        # argmin: the lowest index among equals
+        self._first = int(ties[0]) if ties.size == 1 else int(ties[np.argmin(state.used_bytes[ties])])
+        self._state: PlacementState | None = state
+        self._n = len(state.used_bytes)
+        self._order: list[int] | None = None
+
+    def _sorted(self) -> list[int]:
+        if self._order is None:
+            state = self._state
+            assert state is not None
+            order = np.lexsort((np.arange(len(state.used_bytes)), state.used_bytes, state.load / state.speed))
+            # the first stays first, whatever rounding the loads took since (each device is tried once)
+            self._order = [self._first] + [d for d in order.tolist() if d != self._first]
+            self._state = None
+        return self._order
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        return self._first if i == 0 else self._sorted()[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._sorted())
+
+
+LAZY_RANKING_DEVICES = 16  # from this many devices on, by_least_load ranks lazily (LeastLoadRanking)
+
+
+def by_least_load(t: int, state: PlacementState) -> Sequence[int]:
     """Greedy ranking: smallest accumulated weight per unit of speed first (the weight itself when devices are
-    alike), then least memory, then lowest index."""
-    return sorted(range(len(state.load)), key=lambda d: (state.load[d] / state.speed[d], state.used_bytes[d], d))
+    alike), then least memory, then lowest index. Scalar weights only."""
+    if len(state.load) < LAZY_RANKING_DEVICES:
+        return sorted(range(len(state.load)), key=lambda d: (state.load[d] / state.speed[d], state.used_bytes[d], d))
+    return LeastLoadRanking(state)
 
 
-def find_feasible_assignment(task: Task, max_steps: int = DEFAULT_MAX_STEPS) -> list[int]:
+def find_feasible_assignment(task: Task, max_steps: int | None = None) -> list[int]:
     """Any placement within memory (largest tables first, balancing bytes): a feasibility certificate."""
-    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    sizes = table_sizes(task)
+    order = np.lexsort((np.arange(len(sizes)), -sizes)).tolist()
     return place_tables(task, order, by_least_load, weights=sizes, max_steps=max_steps)
 
 
@@ -242,7 +356,6 @@ def check_satisfiable(task: Task) -> None:
     """Raise InfeasibleTaskError naming the constraints that no plan can satisfy together (each device's
     memory included); a task that passes may still be infeasible by memory, which placement reports."""
     caps = task.capacities()
-    size = {t.name: task.shard_bytes(t) for t in task.tables}
     pins, avoided = task.pinned_device(), task.avoided()
 
     def describe(t: str) -> str:
@@ -265,6 +378,7 @@ def check_satisfiable(task: Task) -> None:
     grouped = {t for g in task.groups for t in g}
     units += [(f"table {t!r} ({'pinned' if t in pins else 'whole'})", (t,))
               for t in sorted(task.never_cut() - grouped)]
+    by_name = {t.name: t for t in task.tables} if units else {}
     where: dict[int, list[tuple[str, int]]] = {}
     for label, members in units:
         member_pins = {t: pins[t] for t in members if t in pins}
@@ -277,7 +391,7 @@ def check_satisfiable(task: Task) -> None:
         if not allowed:
             raise InfeasibleTaskError(f"task {task.name!r}: {label}: no device is allowed for all of its tables: "
                                       + ", ".join(describe(t) for t in members))
-        need = sum(size[t] for t in members)
+        need = sum(task.shard_bytes(by_name[t]) for t in members)
         best = max(allowed, key=lambda d: caps[d])
         if need > caps[best]:
             raise InfeasibleTaskError(

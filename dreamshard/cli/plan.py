@@ -9,10 +9,12 @@ from typing import Any
 
 from dreamshard.cli.inputs import DEFAULT_REGIME, REGIMES, check_previous_plan, previous_shapes, read_plan_meta
 from dreamshard.data.cluster import (
+    CONSTRAINT_KEYS,
+    Constraints,
+    constraints_from_frame,
     plan_metadata,
     read_constraints_file,
     read_devices_file,
-    read_table_constraints,
     uniform_devices,
 )
 from dreamshard.errors import DreamShardError
@@ -20,7 +22,10 @@ from dreamshard.io import check_output_file, is_stdout, output_argument
 from dreamshard.limits import (
     MAX_BATCH_SIZE,
     MAX_DEVICES,
+    MAX_SAMPLED_TABLES,
     MAX_SAMPLES,
+    MAX_TABLE_DEVICES,
+    MAX_TABLES,
     available_memory_bytes,
     check_limit,
     cost_memory_bytes,
@@ -46,7 +51,7 @@ from dreamshard.sharders import (
     trained_compute_device,
 )
 from dreamshard.sharders.replan_changes import changed_tables, describe_changes
-from dreamshard.tables import read_tables_file
+from dreamshard.tables import read_tables_frame, tables_from_frame
 from dreamshard.tasks import ALL_SHARDING_KINDS, MAX_MEMORY_GB, SHARDING_KINDS, Device, Task
 
 
@@ -177,8 +182,12 @@ def devices_of(args: argparse.Namespace) -> tuple[Device, ...]:
 
 def task_of(args: argparse.Namespace) -> Task:
     """The task `plan` plans: the tables file, the devices, the constraints of the tables file and --constraints."""
-    tables = read_tables_file(args.tables)
-    constraints = read_table_constraints(args.tables)
+    devices = devices_of(args)
+    check_table_count(args.tables, len(devices))
+    df, places = read_tables_frame(args.tables)  # read once: the tables and their constraint columns
+    tables = tables_from_frame(df, str(args.tables), places)
+    constraints = constraints_from_frame(df, str(args.tables), places) if set(CONSTRAINT_KEYS) & set(df.columns) \
+        else Constraints()
     if args.constraints is not None:
         constraints = constraints.merged(read_constraints_file(args.constraints), str(args.constraints))
     if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
@@ -186,12 +195,49 @@ def task_of(args: argparse.Namespace) -> Task:
     if not 0 <= args.reservation < 1:
         raise DreamShardError(f"--reservation: expected a share in [0, 1), got {args.reservation}")
     memory = MemoryModel(args.weights_precision, args.optimizer, args.batch_size, args.reservation)
-    task = Task(args.tables.stem, tuple(tables), devices_of(args), memory, sharding=args.sharding,
+    task = Task(args.tables.stem, tuple(tables), devices, memory, sharding=args.sharding,
                 kernels=("fused", "fused_uvm_caching") if args.uvm_caching else ("fused",))
     try:
         return constraints.apply(task)
     except ValueError as exc:
         raise DreamShardError(f"{args.constraints or args.tables}: {exc}") from None
+
+
+def check_table_count(path: Path, num_devices: int) -> None:
+    """Refuse, before reading it, a tables file of more than MAX_TABLES tables, or of more tables x devices than
+    MAX_TABLE_DEVICES: a CSV's lines are counted (up to the limit), a Parquet file's rows read from its metadata."""
+    if not path.is_file():
+        return  # not there, or no regular file: reading it says what is wrong
+    most = min(MAX_TABLES, MAX_TABLE_DEVICES // num_devices)
+    if path.suffix == ".csv":
+        lines, last = 0, b"\n"
+        with open(path, "rb") as f:
+            while lines <= most + 1 and (chunk := f.read(1 << 20)):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+        count = lines + (last != b"\n") - 1  # a last line without a newline; the header
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            count = pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # unreadable: reading it says so
+            return
+    else:
+        return
+    if count > MAX_TABLES:  # counted no further than the limit
+        raise DreamShardError(f"{path}: more than {MAX_TABLES} tables, the most this tool accepts (dreamshard.limits)")
+    if count > most:
+        raise DreamShardError(f"{path}: more than {most} tables on {num_devices} devices; tables x devices may be at "
+                              f"most {MAX_TABLE_DEVICES} (dreamshard.limits): plan fewer tables or devices")
+
+
+def check_samples(samples: int | None, num_tables: int) -> None:
+    """--samples x tables at most MAX_SAMPLED_TABLES: each sample places every table, so the limit bounds time."""
+    if samples and samples * num_tables > MAX_SAMPLED_TABLES:
+        raise DreamShardError(f"--samples: {samples} samples x {num_tables} tables = {samples * num_tables} placements "
+                              f"is more than {MAX_SAMPLED_TABLES}, the most this tool accepts (dreamshard.limits); give "
+                              f"at most {MAX_SAMPLED_TABLES // num_tables}")
 
 
 def describe_devices(task: Task) -> str:
@@ -327,6 +373,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     say = sys.stderr if is_stdout(args.output) else sys.stdout  # `-o -`: stdout holds the plan, the summary goes aside
     task = task_of(args)
     tables = list(task.tables)
+    check_samples(args.samples, len(tables))
     options = sharder_options(args)
     sharder = make_sharder(args.algo, **options)
     replanned = replan_of(args, task, sharder) if args.previous is not None else None

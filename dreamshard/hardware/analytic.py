@@ -100,8 +100,9 @@ class AnalyticBackend:
         work_us = update_us = 0.0
         # outputs: a pooled row per sample, or for a sequence table (no pooling) a row per id looked up
         outputs = [n if tables[s.table].sequence else b for s, n, b in zip(shards, lookups, batch)]
+        together = sum(working_set)  # the device's working set (once: in the loop it was quadratic in its shards)
         for n, rows, width, own, out, far in zip(lookups, updated, widths, working_set, outputs, host):
-            pressure = min(1.0, (own if c.regime == "sub_additive" else sum(working_set)) / c.cache_bytes)
+            pressure = min(1.0, (own if c.regime == "sub_additive" else together) / c.cache_bytes)
             miss = (1.0 + c.miss_penalty * pressure) * far
             work_us += (n * width * c.lookup_ns * miss + out * width * c.output_ns) / 1000
             update_us += rows * width * c.update_ns / 1000

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,40 @@ class RandomSharder:
         rng = np.random.default_rng([self.seed, zlib.crc32(task.name.encode())])
         order = rng.permutation(len(task.tables)).tolist()
 
-        def random_devices(t: int, state: PlacementState) -> list[int]:
-            return rng.permutation(len(state.load)).tolist()
+        def random_devices(t: int, state: PlacementState) -> Sequence[int]:
+            return RandomRanking(rng, len(state.load))
 
         return Plan.from_assignment(task, place_tables(task, order, random_devices))
+
+
+class RandomRanking(Sequence[int]):
+    """`rng.permutation(n)`, drawn now, kept as its first device and the generator's state before the draw: the
+    rest is drawn again from that state when the search backs up to it (a million tables on a thousand devices
+    would otherwise keep gigabytes of permutations)."""
+
+    def __init__(self, rng: np.random.Generator, n: int) -> None:
+        state = rng.bit_generator.state
+        self._rng_state = (state["state"]["state"], state["has_uint32"], state["uinteger"])
+        self._rng = rng
+        self._first = int(rng.permutation(n)[0])
+        self._n = n
+        self._order: list[int] | None = None
+
+    def _drawn(self) -> list[int]:
+        if self._order is None:
+            bits = type(self._rng.bit_generator)()
+            state: dict[str, Any] = dict(self._rng.bit_generator.state)
+            at, has_uint32, uinteger = self._rng_state
+            bits.state = {**state, "state": {**state["state"], "state": at}, "has_uint32": has_uint32,
+                          "uinteger": uinteger}
+            self._order = np.random.Generator(bits).permutation(self._n).tolist()
+        return self._order
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        return self._first if i == 0 else self._drawn()[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._drawn())

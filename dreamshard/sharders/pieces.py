@@ -7,14 +7,16 @@ the plan maps pieces back to slices and row ranges of the user's tables. The rul
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import heapq
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
-from dreamshard.caching import choose_caching
-from dreamshard.errors import InfeasibleTaskError
+from dreamshard.caching import CACHE_FILLS, choose_caching
+from dreamshard.errors import DreamShardError, InfeasibleTaskError
+from dreamshard.limits import MAX_PIECES
 from dreamshard.memory import GB
-from dreamshard.placement import check_satisfiable, giving_up_early
+from dreamshard.placement import check_satisfiable, giving_up_early, table_sizes
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.sharders.replicas import data_parallel_tables, must_replicate, with_replicas
 from dreamshard.tables import Table
@@ -80,9 +82,10 @@ def _capacity(task: Task, table: str) -> int:
     return max(task.capacity(d) for d in task.allowed_devices(table))
 
 
-def first_cut(table: Table, task: Task) -> Cut:
-    """The rule of the module docstring: no cut when the table fits the largest device it may use."""
-    capacity = _capacity(task, table.name)
+def first_cut(table: Table, task: Task, capacity: int | None = None) -> Cut:
+    """The rule of the module docstring: no cut when the table fits the largest device it may use (`capacity`:
+    that device's capacity, when the caller knows it)."""
+    capacity = _capacity(task, table.name) if capacity is None else capacity
     must_cut = not task.allows(table.name, "table") and task.num_devices > 1
     if must_cut and "row" in task.kinds_of(table.name):
         if fits_row_wise(table, task):  # its constraint allows row-wise alone (or beside data-parallel)
@@ -175,9 +178,25 @@ def cut_task(task: Task, cuts: dict[str, Cut]) -> tuple[Task, dict[str, PieceOf]
     return task.derived(tables, {name: p[0] for name, p in pieces.items()}, pins), pieces
 
 
+def first_cuts(task: Task, sizes: Sequence[int] | None = None) -> dict[str, Cut]:
+    """`first_cut` of every table of `task` (`sizes`: each table's bytes, when the caller has them), in one pass
+    over the devices: per table only for tables pinned or with an avoid list."""
+    largest = max(task.capacities())
+    limited = set(task.pinned_device()) | set(task.avoided())
+    kinds = dict(task.table_kinds)  # a table without its own kinds may be whole
+    cuts = {}
+    for i, t in enumerate(task.tables):
+        capacity = _capacity(task, t.name) if t.name in limited else largest
+        # first_cut's first case, told from the size: a table that may stay whole and fits is not cut
+        whole = task.num_devices == 1 or t.name not in kinds or task.allows(t.name, "table")
+        fits = whole and sizes is not None and sizes[i] <= capacity
+        cuts[t.name] = WHOLE if fits else first_cut(t, task, capacity)
+    return cuts
+
+
 def cut_oversized(task: Task) -> tuple[Task, dict[str, PieceOf]]:
     """The task with every table too large for any device cut by the first rule; the task itself when none is."""
-    return cut_task(task, {t.name: first_cut(t, task) for t in task.tables})
+    return cut_task(task, first_cuts(task))
 
 
 def merge_pieces(task: Task, plan: Plan, pieces: Mapping[str, PieceOf]) -> Plan:
@@ -227,42 +246,77 @@ def _with_caching(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
             return _with_pieces(task, shard_whole)
         except InfeasibleTaskError as exc:
             error = exc
-    factors = choose_caching(task)  # none when the kernels do not allow caching
-    if not factors:
-        raise error or InfeasibleTaskError(f"task {task.name!r}: no table may be UVM-cached")
-    cached = replace(task, tables=tuple(replace(t, cache_load_factor=factors[t.name]) if t.name in factors else t
-                                        for t in task.tables))
-    plan = _with_pieces(cached, shard_whole)
-    plan = Plan(plan.num_devices, tuple(replace(s, cache=factors[s.table]) if s.table in factors else s
-                                        for s in plan.shards))
-    validate_plan(task, plan)
-    return plan
+    tried: list[dict[str, float]] = []
+    for fill in CACHE_FILLS:  # more in host memory while what stays in device memory does not pack
+        factors = choose_caching(task, fill)  # none when the kernels do not allow caching
+        if not factors or factors in tried:
+            continue
+        tried.append(factors)
+        cached = replace(task, tables=tuple(replace(t, cache_load_factor=factors[t.name]) if t.name in factors
+                                            else t for t in task.tables))
+        try:
+            plan = _with_pieces(cached, shard_whole)
+        except InfeasibleTaskError as exc:
+            error = exc
+            continue
+        plan = Plan(plan.num_devices, tuple(replace(s, cache=factors[s.table]) if s.table in factors else s
+                                            for s in plan.shards))
+        validate_plan(task, plan)
+        return plan
+    raise error or InfeasibleTaskError(f"task {task.name!r}: no table may be UVM-cached")
+
+
+# `_with_pieces` cuts one piece finer per pass for SINGLE_CUT_PASSES passes, or for as many passes as keep passes x
+# pieces within SINGLE_CUT_WORK where that is more (small tasks); after them each pass cuts as many pieces as the
+# passes before it together, so that a task needing many cuts takes logarithmically many passes (each a packing
+# check of every piece), not one per cut: quadratic in the tables
+SINGLE_CUT_PASSES = 16
+SINGLE_CUT_WORK = 20_000
 
 
 def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
     check_satisfiable(task)
-    cuts = {t.name: first_cut(t, task) for t in task.tables}
-    need, have = sum(task.table_bytes(i) for i in range(len(task.tables))), sum(task.capacities())
+    sizes = table_sizes(task).tolist()
+    cuts = first_cuts(task, sizes)
+    need, have = sum(sizes), sum(task.capacities())
     if need > have:  # no cut makes tables smaller
         hint = "" if "fused_uvm_caching" in task.kernels else \
             " (allow the fused_uvm_caching kernel to keep the largest tables in host memory, cached)"
         raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
+    refinable = Refinable(task, cuts)
+    refined = 0  # pieces cut finer so far
+    singly = max(SINGLE_CUT_PASSES, SINGLE_CUT_WORK // len(task.tables))
+    count = sum(num_pieces(c, task.num_devices) for c in cuts.values())
+    check_pieces(task, count)
+
+    def cut_finer() -> None:
+        nonlocal refined, count
+        for _ in range(max(1, refined + 1 - singly)):
+            name = refinable.top()
+            if name is None:
+                break
+            before = num_pieces(cuts[name], task.num_devices)
+            refinable.pop()
+            count += num_pieces(cuts[name], task.num_devices) - before
+            check_pieces(task, count)
+            refined += 1
+
     while True:
         cut, pieces = cut_task(task, cuts)
-        finer_cut = largest_refinable(task, cuts)  # None at the last cut
-        if pieces and finer_cut is not None and not packs(cut):
-            cuts[finer_cut[0]] = finer_cut[1]  # too coarse to pack quickly: cut finer before the sharder tries
+        last = refinable.last  # no finer cut is left
+        if pieces and not last and not packs(cut):
+            cut_finer()  # too coarse to pack quickly: cut finer before the sharder tries
             continue
         try:
             # a search in the sharder's order that runs long: cut finer instead; at the last cut, placements may
             # start again largest first
-            with giving_up_early() if finer_cut is not None else nullcontext():
+            with giving_up_early() if not last else nullcontext():
                 plan = shard_whole(cut)
         except InfeasibleTaskError:
-            if finer_cut is None:
+            if last:
                 raise
-            cuts[finer_cut[0]] = finer_cut[1]
+            cut_finer()
             continue
         if pieces:
             validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
@@ -271,19 +325,80 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
         return plan
 
 
+def num_pieces(cut: Cut, num_devices: int) -> int:
+    """How many pieces `cut` makes of a table."""
+    return num_devices if cut.row_wise else cut.columns
+
+
+def check_pieces(task: Task, count: int) -> None:
+    """Refuse a cut task of more than MAX_PIECES tables and pieces: a one-line error, before placing them."""
+    if count > MAX_PIECES:
+        raise DreamShardError(f"task {task.name!r}: {len(task.tables)} tables cut into {count} pieces, more than "
+                              f"{MAX_PIECES}, the most this tool places (dreamshard.limits); plan fewer tables or "
+                              "devices, or give the devices more memory")
+
+
 FEASIBILITY_STEPS = 20_000  # placements the quick packing check tries before a cut counts as too coarse
+FEASIBILITY_STEPS_PER_TABLE = 2  # and at least this many per piece, for large tasks
 
 
 def packs(task: Task) -> bool:
     """Whether a plain packing (largest pieces first, least-used device) places the cut task within
-    FEASIBILITY_STEPS placements: the sharders' own searches, slower per step, are tried only then."""
+    FEASIBILITY_STEPS placements (FEASIBILITY_STEPS_PER_TABLE per piece where that is more): the sharders' own
+    searches, slower per step, are tried only then."""
     from dreamshard.placement import find_feasible_assignment
 
     try:
-        find_feasible_assignment(task, max_steps=FEASIBILITY_STEPS)
+        find_feasible_assignment(task, max_steps=max(FEASIBILITY_STEPS, FEASIBILITY_STEPS_PER_TABLE * len(task.tables)))
     except InfeasibleTaskError:
         return False
     return True
+
+
+class Refinable:
+    """The tables that can be cut finer, by the size of their largest piece: `pop` cuts the one `largest_refinable`
+    names (in `cuts`, in place) in logarithmic time, where `largest_refinable` looks at every table."""
+
+    def __init__(self, task: Task, cuts: dict[str, Cut]) -> None:
+        self.task, self.cuts = task, cuts
+        self.tables: dict[str, tuple[int, Table]] = {}
+        self.heap: list[tuple[int, int, str]] = []
+        if {"column", "row"} & set(task.sharding):  # else no table can be cut
+            self.tables = {t.name: (i, t) for i, t in enumerate(task.tables)}
+            uncut = task.never_cut()
+            entries = (self._entry(t.name) for t in task.tables if t.name not in uncut)
+            self.heap = [e for e in entries if e is not None]
+            heapq.heapify(self.heap)
+
+    def _entry(self, name: str) -> tuple[int, int, str] | None:
+        """(minus the size of its largest piece, its index, its name): the heap's order is largest_refinable's."""
+        i, t = self.tables[name]
+        cut = self.cuts[name]
+        if finer(t, self.task, cut) is None:
+            return None
+        return -self.task.shard_bytes(t, width=widest_column(t.dim, cut.columns)), i, name
+
+    @property
+    def last(self) -> bool:
+        """No table can be cut finer."""
+        return not self.heap
+
+    def top(self) -> str | None:
+        """The table `pop` cuts next, None when none can be."""
+        return self.heap[0][2] if self.heap else None
+
+    def pop(self) -> tuple[str, Cut] | None:
+        """Cut the table with the largest piece among those that can be cut finer: (its name, its new cut)."""
+        if not self.heap:
+            return None
+        _, _, name = heapq.heappop(self.heap)
+        nxt = finer(self.tables[name][1], self.task, self.cuts[name])
+        assert nxt is not None
+        self.cuts[name] = nxt
+        entry = self._entry(name)
+        if entry is not None:
+            heapq.heappush(self.heap, entry)
+        return name, nxt
 
 
 def largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:

@@ -119,15 +119,16 @@ def test_a_plan_of_too_many_devices_is_not_measured(tables, planned, tmp_path, c
 
 @pytest.mark.parametrize("command", ["measure", "report"])
 def test_measure_and_report_refuse_what_memory_cannot_hold(command, tmp_path, capsys, monkeypatch):
-    """100,000 devices plan in a second, but costing them takes N x N arrays: refused with the figure, before
-    allocating (the machine is made to have 8 GiB available, so that the test means the same everywhere)."""
+    """1,400 tables on 100,000 devices plan in seconds, but costing them takes arrays per table and device (the
+    all-to-all model itself is linear in the devices): refused with the figure, before allocating (the machine is
+    made to have 8 GiB available, so that the test means the same everywhere)."""
     monkeypatch.setattr(limits, "available_memory_bytes", lambda: 8 * 2**30)
     path = tmp_path / "small.csv"
-    path.write_text("name,rows,dim,pooling_factor\na,1000,16,2\nb,10,4,1\n")
+    path.write_text("name,rows,dim,pooling_factor\n" + "".join(f"t{i},1000,16,2\n" for i in range(1400)))
     plan = tmp_path / "plan.json"
     assert main(["plan", "--tables", str(path), "--devices", "100000", "--memory-gb", "1", "--algo", "size_greedy",
                  "--batch-size", "1", "-o", str(plan)]) == 0  # at batch 1 each table's buffers fit a device
-    assert "estimated cost: not computed for 100000 devices x 2 tables" in capsys.readouterr().out
+    assert "estimated cost: not computed for 100000 devices x 1400 tables" in capsys.readouterr().out
     assert "estimate" not in json.loads(plan.read_text())
     extra = ["-o", str(tmp_path / "r.html")] if command == "report" else []
     err = quick_error([command, "--tables", str(path), "--plan", str(plan), *MEASURE, *extra], capsys)
@@ -456,3 +457,72 @@ def test_inputs_near_every_limit_plan_or_fail_in_one_line(tmp_path, capsys, rows
         assert rc == 1 and captured.out == "" and not out.exists()
         assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("dreamshard: error: ")
         assert len(captured.err) < 400  # no 300-digit numbers
+
+
+DEVICE_NEAR = [mostly(["0.001", "16", "80"], ["0", "-1", "1e30", "nan", "x"]),  # memory_gb
+               mostly(["", "h100"], ["a" * 300]),  # kind
+               mostly(["1", "0.5", "2"], ["0", "-2", "inf", "nan"]),  # speed
+               mostly(["node-a", "node-b"], [""])]  # host (all named, or a file that mixes)
+
+
+def one_line_or_valid(rc: int, captured, out: Path | None) -> None:
+    """The two outcomes a command may have: success, or one line on stderr and no output file."""
+    if rc != 0:
+        assert rc == 1 and (out is None or not out.exists()), captured
+        assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("dreamshard: error: ")
+        assert len(captured.err) < 400
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(devices=st.lists(st.tuples(*DEVICE_NEAR), min_size=1, max_size=4))
+def test_devices_files_near_every_limit_plan_or_fail_in_one_line(tmp_path, capsys, devices):
+    tables = tmp_path / "t.csv"
+    tables.write_text("name,rows,dim,pooling_factor\na,1000,16,2\nb,50000,64,8\nc,10,4,1\n")
+    devices_file = tmp_path / "d.csv"
+    devices_file.write_text("memory_gb,kind,speed,host\n" + "".join(",".join(d) + "\n" for d in devices))
+    out = tmp_path / "p.json"
+    out.unlink(missing_ok=True)
+    start = time.monotonic()
+    rc = main(["plan", "--tables", str(tables), "--devices-file", str(devices_file), "--algo", "size_greedy",
+               "-o", str(out)])
+    assert time.monotonic() - start < SECONDS
+    event("a plan" if rc == 0 else "an error")
+    one_line_or_valid(rc, capsys.readouterr(), out)
+
+
+# one field of a valid plan's shard set near or beyond its limit ("keep": the valid plan as it is)
+SHARD_CHANGES = st.sampled_from([("keep", None)] * 20 + [
+    ("table", "zz"), ("table", ""), ("device", 2), ("device", -1), ("device", 2**40), ("device", "0"),
+    ("col_start", -4), ("col_start", 16), ("col_start", 2**70), ("col_end", 0), ("col_end", 20), ("col_end", 1e30),
+    ("cache_load_factor", 0.0), ("cache_load_factor", 1.5), ("cache_load_factor", "x"), ("drop", None),
+    ("twice", None), ("replica", "yes"), ("row_start", 5), ("row_end", 10**6)])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(change=SHARD_CHANGES, which=st.integers(0, 1),
+       batch=mostly([512, None], [0, -1, 2**40, "512", 1.5]),
+       num_devices=mostly([2, 2, 2], [0, -1, 2**40, "2"]))
+def test_plan_files_near_every_limit_measure_or_fail_in_one_line(tmp_path, capsys, change, which, batch,
+                                                                 num_devices):
+    tables = tmp_path / "t.csv"
+    tables.write_text("name,rows,dim,pooling_factor\na,1000,16,2\nb,100,16,1\n")
+    shards = [{"table": "a", "device": 0, "col_start": 0, "col_end": 16},
+              {"table": "b", "device": 1, "col_start": 0, "col_end": 16}]
+    key, value = change
+    if key == "drop":
+        shards.pop(which)
+    elif key == "twice":
+        shards.append(dict(shards[which]))
+    elif key != "keep":
+        shards[which][key] = value
+    plan = {"num_devices": num_devices, "shards": shards}
+    if batch is not None:
+        plan["batch_size"] = batch
+    plan_file = tmp_path / "p.json"
+    plan_file.write_text(json.dumps(plan))
+    start = time.monotonic()
+    rc = main(["measure", "--tables", str(tables), "--plan", str(plan_file), "--backend", "analytic",
+               "--memory-gb", "1"])
+    assert time.monotonic() - start < SECONDS
+    event("measured" if rc == 0 else "an error")
+    one_line_or_valid(rc, capsys.readouterr(), None)
