@@ -498,9 +498,15 @@ class TorchRecEstimator:
 
 
 def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE) -> TorchRecEstimate:
-    """Rate `plan` with TorchRec's own performance and storage models (see TorchRecEstimate)."""
+    """Rate `plan` with TorchRec's own performance and storage models (see TorchRecEstimate). The last few
+    ratings are kept: a sharder choosing between plans and the planner checking the chosen one's storage ask for
+    the same one."""
     require_torchrec()
+    return _kept_estimate(task, plan, batch_size)
 
+
+@functools.lru_cache(maxsize=8)
+def _kept_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
     with quiet_torchrec():
         return _perf_estimate(task, plan, batch_size)
 
