@@ -297,7 +297,27 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / GB:.3f} GB" if nbytes >= GB // 1000 else f"{nbytes} bytes"
 
 
-class LeastLoadRanking(Sequence[int]):
+class LazyRanking(Sequence[int]):
+    """A ranking of `_n` devices whose first (`_first`) is known when made and whose whole order (`_full`) is
+    computed only when asked for: when the search backs up to its table."""
+
+    _first: int
+    _n: int
+
+    def _full(self) -> list[int]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        return self._first if i == 0 else self._full()[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._full())
+
+
+class LeastLoadRanking(LazyRanking):
     """The devices by (load / speed, used bytes, index): the first found in one pass over the devices when made,
     the rest sorted only when asked for, which happens when the search backs up to this table and so finds the
     state as it was (kept by nothing here: a million tables on a thousand devices would keep gigabytes)."""
@@ -311,7 +331,7 @@ class LeastLoadRanking(Sequence[int]):
         self._n = len(state.used_bytes)
         self._order: list[int] | None = None
 
-    def _sorted(self) -> list[int]:
+    def _full(self) -> list[int]:
         if self._order is None:
             state = self._state
             assert state is not None
@@ -320,15 +340,6 @@ class LeastLoadRanking(Sequence[int]):
             self._order = [self._first] + [d for d in order.tolist() if d != self._first]
             self._state = None
         return self._order
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i):
-        return self._first if i == 0 else self._sorted()[i]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._sorted())
 
 
 LAZY_RANKING_DEVICES = 16  # from this many devices on, by_least_load ranks lazily (LeastLoadRanking)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dreamshard.placement import PlacementState, by_least_load, place_tables
+from dreamshard.placement import LazyRanking, PlacementState, by_least_load, place_tables
 from dreamshard.plan import Plan
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.tasks import Task
@@ -83,7 +83,7 @@ class RandomSharder:
         return Plan.from_assignment(task, place_tables(task, order, random_devices))
 
 
-class RandomRanking(Sequence[int]):
+class RandomRanking(LazyRanking):
     """`rng.permutation(n)`, drawn now, kept as its first device and the generator's state before the draw: the
     rest is drawn again from that state when the search backs up to it (a million tables on a thousand devices
     would otherwise keep gigabytes of permutations)."""
@@ -96,7 +96,7 @@ class RandomRanking(Sequence[int]):
         self._n = n
         self._order: list[int] | None = None
 
-    def _drawn(self) -> list[int]:
+    def _full(self) -> list[int]:
         if self._order is None:
             bits = type(self._rng.bit_generator)()
             state: dict[str, Any] = dict(self._rng.bit_generator.state)
@@ -105,12 +105,3 @@ class RandomRanking(Sequence[int]):
                           "uinteger": uinteger}
             self._order = np.random.Generator(bits).permutation(self._n).tolist()
         return self._order
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i):
-        return self._first if i == 0 else self._drawn()[i]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._drawn())
