@@ -224,8 +224,11 @@ def test_ctrl_c_exits_130_in_one_line_with_no_output(tmp_path):
     fifo = tmp_path / "tables.csv"
     os.mkfifo(fifo)
     out = tmp_path / "plan.json"
+    # as a shell starts it: Ctrl-C's default disposition (a process started with SIGINT ignored, as this test
+    # process may be after other tests' servers, keeps ignoring it, and so would the command)
     proc = subprocess.Popen([sys.executable, "-m", "dreamshard.cli", *plan_argv(fifo, out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     writer = os.open(fifo, os.O_WRONLY)  # returns once the command opened the tables file to read
     try:
         time.sleep(0.2)  # into its read, which waits for lines
