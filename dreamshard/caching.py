@@ -101,14 +101,20 @@ def choose_caching(task: Task, fill: float = CACHE_FILL) -> dict[str, float]:
     fixed = task.never_cut() | set(task.avoided()) | set(task.must_cache)
     batch = task.memory.batch_size * task.num_devices
     by_name = {t.name: t for t in task.tables}
-    # the tables whose kernels allow caching alone, whatever the room
-    never_host = set(task.never_host)
+    uncached, never_host = set(task.uncached), set(task.never_host)
+
+    def may_cache(t: Table) -> bool:
+        return caching and t.name not in uncached
+
+    def may_host(t: Table) -> bool:
+        return host and t.name not in never_host
 
     def first_factor(t: Table) -> float:  # a cache if the table may have one, else wholly in host memory
         if t.name in given:
             return given[t.name]
-        return load_factor_for(t, batch) if caching and t.name not in task.uncached else 0.0
+        return load_factor_for(t, batch) if may_cache(t) else 0.0
 
+    # the tables whose kernels keep them in host memory, whatever the room
     chosen: dict[str, float] = {n: first_factor(by_name[n]) for n in task.must_cache}
 
     def saving(t: Table, factor: float) -> int:
@@ -119,12 +125,6 @@ def choose_caching(task: Task, fill: float = CACHE_FILL) -> dict[str, float]:
         return t.pooling_factor * t.features / size, -size, t.name
 
     need -= sum(saving(by_name[n], f) for n, f in chosen.items())
-    def may_cache(t: Table) -> bool:
-        return caching and t.name not in task.uncached
-
-    def may_host(t: Table) -> bool:
-        return host and t.name not in never_host
-
     candidates = sorted((t for t in task.tables if t.name not in fixed and not t.sequence
                          and (may_cache(t) or may_host(t))), key=traffic)
     for t in candidates:

@@ -372,9 +372,7 @@ def _check_kinds(task: Task, t: Table, placed: list[Shard]) -> None:
     kinds = {s.kind(t.rows, t.dim) for s in placed}
     kind = "data" if "data" in kinds else "row" if kinds & {"row", "row+column"} else \
         "column" if "column" in kinds else "table"
-    needed = {"table": ["table"], "column": ["column"], "row": ["row"], "data": ["data"]}[kind]
-    if "row+column" in kinds:
-        needed.append("column")
+    needed = [kind, "column"] if "row+column" in kinds else [kind]
     allowed = task.kinds_of(t.name)
     if task.num_devices == 1 and kind == "table":
         allowed = ("table",)  # one device: the table whole is every layout
@@ -391,7 +389,7 @@ def _check_kinds(task: Task, t: Table, placed: list[Shard]) -> None:
     if t.name in task.must_cache and factor is None:
         raise InvalidPlanError(f"table {t.name!r} must be UVM-cached (its kernels allow no other), but is in "
                                "device memory")
-    given = dict(task.cache_factors).get(t.name) if task.cache_factors else None
+    given = task.cache_factor(t.name)
     if given is not None and factor is not None and abs(factor - given) > 1e-12:
         raise InvalidPlanError(f"table {t.name!r} is cached at load factor {factor:g}, but its constraint gives "
                                f"{given:g}")

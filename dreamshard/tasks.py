@@ -168,8 +168,8 @@ class Task:
         return {t for t, _ in self.pins} | {t for g in self.groups for t in g} | set(self.whole)
 
     @functools.cached_property
-    def _limits(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int], frozenset[str]]:
-        return dict(self.table_kinds), dict(self.min_widths), frozenset(self.never_cut())
+    def _limits(self) -> tuple[dict[str, tuple[str, ...]], dict[str, int], frozenset[str], dict[str, float]]:
+        return dict(self.table_kinds), dict(self.min_widths), frozenset(self.never_cut()), dict(self.cache_factors)
 
     def kinds_of(self, table: str) -> tuple[str, ...]:
         """The kinds `table` may take: the task's sharding, narrowed by its own (table_kinds)."""
@@ -184,6 +184,10 @@ class Task:
         if kind in ("column", "row"):
             return table not in self._limits[2]
         return kind != "data" or table not in self.model_parallel
+
+    def cache_factor(self, table: str) -> float | None:
+        """The load factor `table` is cached at when it is, by its constraint (cache_factors); None: chosen."""
+        return self._limits[3].get(table)
 
     def min_width(self, table: str) -> int:
         """The narrowest column slice `table` may be cut into (min_widths; MIN_WIDTH by default)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dreamshard.data.cluster import Constraints
-from dreamshard.errors import DreamShardError, InvalidPlanError
+from dreamshard.errors import DreamShardError, InfeasibleTaskError, InvalidPlanError
 from dreamshard.interop.torchrec import require_torchrec
 from dreamshard.memory import DEFAULT_BATCH_SIZE, DEFAULT_RESERVATION, GB, OPTIMIZER_STATE_BYTES, MemoryModel
 from dreamshard.plan import Plan, validate_plan
@@ -146,8 +146,10 @@ class DreamShardPlanner(ShardingPlanner):
 
         start = time.perf_counter()
         self._num_proposals, self._best_plan = 0, None
+        sharders = sharders if sharders is not None else _default_sharders()
         if not _embedding_modules(module, sharders):  # no collection with a sharder: nothing to plan, as TorchRec
             return ShardingPlan({})
+        task: Task | None = None
         try:
             task, modules = self.task(module, sharders)
             with _torch_threads(1):
@@ -158,7 +160,7 @@ class DreamShardPlanner(ShardingPlanner):
         except PlannerError:
             raise
         except DreamShardError as exc:
-            raise DreamShardPlannerError(f"{exc}", self._error_type(exc, locals().get("task"))) from exc
+            raise DreamShardPlannerError(f"{exc}", self._error_type(exc, task)) from exc
         elapsed = time.perf_counter() - start
         if self.timeout_seconds is not None and elapsed > self.timeout_seconds:
             raise DreamShardPlannerError(f"DreamShardPlanner: planning took {elapsed:.1f} s, over timeout_seconds="
@@ -178,8 +180,6 @@ class DreamShardPlanner(ShardingPlanner):
         """TorchRec's class of a failure: INSUFFICIENT_STORAGE when the tables, each in its smallest form, need
         more than the ranks hold (as TorchRec's planner decides it), else STRICT_CONSTRAINTS for a task with no
         plan, INPUT_VALIDATION for what was given."""
-        from dreamshard.errors import InfeasibleTaskError, InvalidPlanError
-
         if task is None or not isinstance(exc, (InfeasibleTaskError, InvalidPlanError)):
             return PlannerErrorType.INPUT_VALIDATION if task is None else PlannerErrorType.OTHER
         smallest = sum(task.shard_bytes(t) for t in task.tables)  # whole: no cut makes a table smaller
@@ -531,7 +531,7 @@ class DreamShardPlanner(ShardingPlanner):
 
         from dreamshard.interop.torchrec import check_module_plan
 
-        sharder = _sharder_of(m.module, sharders) or _sharder_class(m.module)()
+        sharder = _sharder_of(m.module, sharders)  # a planned module has one (_embedding_modules)
         per_table = {name: generators[key] for key, name in m.names}
         module_plan = construct_module_sharding_plan(
             m.module, per_table, sharder=sharder, local_size=self.topology.local_world_size,
@@ -642,25 +642,9 @@ def _sharder_of(m, sharders):
 
 
 def _bag_sharders(found, sharders) -> list:
-    """The sharder of each planned bag collection: the one given for its type (`_sharder_of`), else TorchRec's
-    default sharder of that type (what DistributedModelParallel would use)."""
-    return [_sharder_of(m, sharders) or _sharder_class(m)() for _, m in found if not _is_sequence(m)]
-
-
-def _sharder_class(m) -> type:
-    """The TorchRec sharder class of a planned collection."""
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
-    from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
-    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
-    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
-
-    if isinstance(m, FeatureProcessedEmbeddingBagCollection):
-        return FeatureProcessedEmbeddingBagCollectionSharder
-    if isinstance(m, FusedEmbeddingBagCollection):
-        return FusedEmbeddingBagCollectionSharder
-    return EmbeddingCollectionSharder if _is_sequence(m) else EmbeddingBagCollectionSharder
+    """The sharder of each planned bag collection: the one given for its type (`_sharder_of`; a planned module
+    has one, `_embedding_modules`)."""
+    return [_sharder_of(m, sharders) for _, m in found if not _is_sequence(m)]
 
 
 def _is_sequence(m) -> bool:

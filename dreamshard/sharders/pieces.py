@@ -183,12 +183,11 @@ def first_cuts(task: Task, sizes: Sequence[int] | None = None) -> dict[str, Cut]
     over the devices: per table only for tables pinned or with an avoid list."""
     largest = max(task.capacities())
     limited = set(task.pinned_device()) | set(task.avoided())
-    kinds = dict(task.table_kinds)  # a table without its own kinds may be whole
     cuts = {}
     for i, t in enumerate(task.tables):
         capacity = _capacity(task, t.name) if t.name in limited else largest
         # first_cut's first case, told from the size: a table that may stay whole and fits is not cut
-        whole = task.num_devices == 1 or t.name not in kinds or task.allows(t.name, "table")
+        whole = task.num_devices == 1 or task.allows(t.name, "table")
         fits = whole and sizes is not None and sizes[i] <= capacity
         cuts[t.name] = WHOLE if fits else first_cut(t, task, capacity)
     return cuts
@@ -356,8 +355,8 @@ def packs(task: Task) -> bool:
 
 
 class Refinable:
-    """The tables that can be cut finer, by the size of their largest piece: `pop` cuts the one `largest_refinable`
-    names (in `cuts`, in place) in logarithmic time, where `largest_refinable` looks at every table."""
+    """The tables that can be cut finer, by the size of their largest piece: `pop` cuts the one whose largest piece
+    is largest (the first of equals; in `cuts`, in place), in logarithmic time."""
 
     def __init__(self, task: Task, cuts: dict[str, Cut]) -> None:
         self.task, self.cuts = task, cuts
@@ -371,7 +370,7 @@ class Refinable:
             heapq.heapify(self.heap)
 
     def _entry(self, name: str) -> tuple[int, int, str] | None:
-        """(minus the size of its largest piece, its index, its name): the heap's order is largest_refinable's."""
+        """(minus the size of its largest piece, its index, its name): the heap's order."""
         i, t = self.tables[name]
         cut = self.cuts[name]
         if finer(t, self.task, cut) is None:
@@ -399,21 +398,3 @@ class Refinable:
         if entry is not None:
             heapq.heappush(self.heap, entry)
         return name, nxt
-
-
-def largest_refinable(task: Task, cuts: dict[str, Cut]) -> tuple[str, Cut] | None:
-    """(table, its finer cut) for the table whose largest piece is largest among those that can be cut finer."""
-    best: tuple[int, str, Cut] | None = None
-    uncut = task.never_cut()
-    for t in task.tables:
-        if t.name in uncut:
-            continue
-        cut = cuts[t.name]
-        nxt = finer(t, task, cut)
-        if nxt is None:
-            continue
-        widest = widest_column(t.dim, cut.columns)
-        size = task.shard_bytes(t, width=widest)
-        if best is None or size > best[0]:
-            best = (size, t.name, nxt)
-    return None if best is None else (best[1], best[2])

@@ -30,10 +30,11 @@ from dreamshard.placement import by_least_load, find_feasible_assignment, place_
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders.pieces import (
     Cut,
+    Refinable,
     cut_task,
     first_cut,
+    first_cuts,
     fits_row_wise,
-    largest_refinable,
     merge_pieces,
     packs,
     table_pieces,
@@ -86,6 +87,7 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
     memo = {} if memo is None else memo
     n = task.num_devices
     caches = {t.name: t.cache_load_factor for t in task.tables if t.cache_load_factor is not None}
+    by_name = {t.name: t for t in task.tables}
     distinct = list(dict.fromkeys(c for cuts in options.values() for c in cuts))
     with quiet_torchrec():
         for cut in distinct:
@@ -94,7 +96,6 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
             if all(c is None for c in layout.values()):
                 continue
             slices = {t.name: _slices(t, layout[t.name] or Cut(), n) for t in task.tables}
-            by_name = {t.name: t for t in task.tables}
             for option in shard_estimates(task, slices, batch_size, caches):
                 if layout[option.name] == cut:
                     memo[(by_name[option.name], cut, n)] = [float(s.perf.total) for s in option.shards]
@@ -105,18 +106,18 @@ def _first_fit(task: Task) -> dict[str, Cut]:
     """The start: every table whole, or at its first cut when too large for a device (`pieces.first_cut`), cut
     finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does. A direct pass
     decides at each cut (`_packs_directly`), the placement that backs up at the first and the last only."""
-    cuts = {t.name: first_cut(t, task) for t in task.tables}
+    cuts = first_cuts(task)
+    refinable = Refinable(task, cuts)  # cuts finer in `cuts`, as `pieces` does
     first = True
     while not _packs_directly(task, cuts):
         # the first and the last cut: the packing every sharder's placement backs up to (slower), before cutting
         # finer or giving up
-        finer_cut = largest_refinable(task, cuts)
-        if (first or finer_cut is None) and _packs_fully(task, cuts):
+        if (first or refinable.last) and _packs_fully(task, cuts):
             break
-        if finer_cut is None:
+        if refinable.last:
             raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory "
                                       f"({_cut_names(cuts)})")
-        cuts[finer_cut[0]] = finer_cut[1]
+        refinable.pop()
         first = False
     return {n: c for n, c in cuts.items() if not c.whole}
 
@@ -134,8 +135,8 @@ def _packs_directly(task: Task, cuts: dict[str, Cut]) -> bool:
     the pieces at `cuts`? Linear in the pieces, where `packs` backs up for thousands of steps before it fails."""
     if task.groups:  # left to place_tables
         return packs(cut_task(task, cuts)[0])
-    layouts = {(t.name, c): _layout(task, t, c) for t in task.tables for c in (cuts.get(t.name, Cut()),)}
-    sizes = [float(b) for t in task.tables for b in layouts[(t.name, cuts.get(t.name, Cut()))][0]]
+    layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in [cuts.get(t.name, Cut())]}
+    sizes = [float(b) for piece_bytes, _ in layouts.values() for b in piece_bytes]  # in the tables' order
     return _direct_pass(task, cuts, sizes, layouts, by_size=True) is not None
 
 
@@ -183,7 +184,6 @@ class TorchRecModelSharder:
         self.batch_size = batch_size
         self.config = config or ModelSearchConfig()
         self.time_limit = time_limit  # seconds: the moves stop there, keeping the best plan found (None: no limit)
-        self._deadline = float("inf")
 
     def _batch(self, task: Task) -> int:
         from dreamshard.interop.torchrec import DEFAULT_BATCH_SIZE
@@ -194,10 +194,10 @@ class TorchRecModelSharder:
         from dreamshard.interop.torchrec import torchrec_perf_estimate
 
         memo: PriceMemo = {}
-        self._deadline = float("inf") if self.time_limit is None else time.perf_counter() + self.time_limit
+        deadline = float("inf") if self.time_limit is None else time.perf_counter() + self.time_limit
 
         def search(t: Task) -> Plan:
-            return self._search(t, memo)
+            return self._search(t, memo, deadline)
 
         if task.must_cache:  # tables whose kernels allow UVM caching alone: cached as every sharder's are
             return with_pieces(task, search)
@@ -217,7 +217,7 @@ class TorchRecModelSharder:
         batch = self._batch(task)
         return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch).cost_ms)
 
-    def _search(self, task: Task, memo: PriceMemo | None = None) -> Plan:
+    def _search(self, task: Task, memo: PriceMemo | None = None, deadline: float = float("inf")) -> Plan:
         options = _cuts_of(task, self.config)
         starts = [_first_fit(task), _row_wise_start(task)]
         for start in starts:
@@ -226,7 +226,7 @@ class TorchRecModelSharder:
                     options[name].append(cut)
         prices = piece_prices(task, options, self._batch(task), memo)
         layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in options[t.name]}
-        ends = [self._descend(task, start, options, prices, layouts) for start in starts]
+        ends = [self._descend(task, start, options, prices, layouts, deadline) for start in starts]
         found = [e for e in ends if e is not None]
         if not found:
             raise InfeasibleTaskError(f"task {task.name!r}: torchrec_model found no placement of its tables at "
@@ -236,14 +236,16 @@ class TorchRecModelSharder:
         return plan
 
     def _descend(self, task: Task, start: dict[str, Cut], options: dict[str, list[Cut]],
-                 prices: dict[tuple[str, Cut], list[float]], layouts: dict[tuple[str, Cut], _Layout]) -> _Placed | None:
-        """Step 3 of the module docstring from `start`: the plan TorchRec rates best among those placed."""
+                 prices: dict[tuple[str, Cut], list[float]], layouts: dict[tuple[str, Cut], _Layout],
+                 deadline: float = float("inf")) -> _Placed | None:
+        """Step 3 of the module docstring from `start`, no move after `deadline`: the plan TorchRec rates best
+        among those placed."""
         current = _place(task, start, prices, layouts, backing_up=True)
         if current is None:
             return None
         best = current
         for _ in range(self.config.depth):
-            if time.perf_counter() > self._deadline:
+            if time.perf_counter() > deadline:
                 break
             tried = [p for p in (_place(task, cuts, prices, layouts) for cuts in self._moves(current, options, prices))
                      if p is not None]
