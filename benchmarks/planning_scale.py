@@ -2,16 +2,19 @@
 
     python -m benchmarks.planning_scale [--out results/planning-scale] [--tables 1000,10000,100000,1000000]
                                         [--devices 8,128,1024] [--sharders size_greedy,...] [--timeout 180]
+                                        [--full-timeout 600] [--update] [--no-goals]
 
 Each case runs `dreamshard plan` in a child process of its own, on a generated tables file (`name, rows, dim,
 pooling_factor`: rows log-uniform in [100, 1M], dim 16 to 128, pooling factor 1 to 40, seeded) and devices sized so
 that the tables fill half their memory as TorchRec counts it (batch 512 per device, 15% reserved), with the default
 `--sharding table,column,row`. Its time is the whole command's wall time (start-up, reading the file, planning,
 checking and writing the plan); its memory the child's peak resident set (VmHWM). After a timeout, the larger
-sizes of that sharder and device count are skipped. The sharders are those that need no measurement and no trained
-model. Besides, the goals of issue 53: 1M tables on 1024 devices with `--sharding table`, and at 1% of memory;
-100k tables on 128 devices with cuts. Writes summary.json, README.md (its first line the answer) and
-planning_scale.png (log-log time and memory against tables).
+sizes of that sharder, on as many devices or more, are skipped. The sharders are those that need no measurement and
+no trained model: the heuristics and TorchRec's planners (`torchrec_full` given `--full-timeout`, 10 minutes). Besides,
+the goals of issue 53: 1M tables on 1024 devices with `--sharding table`, and at 1% of memory; 100k tables on 128
+devices with cuts. Writes summary.json, README.md (its first line the answer) and planning_scale.png (log-log time
+and memory against tables); `--update` replaces the cases of the sharders run and keeps the others' (and the goals,
+with `--no-goals`), each case with the run that made it.
 """
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-SHARDERS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "random")
+SHARDERS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "random", "torchrec", "torchrec_model",
+            "torchrec_full")
+FULL = "torchrec_full"  # TorchRec's planner searching every proposal: timed where it finishes in --full-timeout
 TABLES = (1_000, 10_000, 100_000, 1_000_000)
 DEVICES = (8, 128, 1024)
 FILL = 0.5  # share of the devices' usable memory the tables take
@@ -51,10 +56,7 @@ def write_tables(n: int, path: Path, seed: int = 0) -> None:
 
 def memory_gb(path: Path, devices: int, fill: float) -> float:
     """GB per device for the tables of `path` to fill `fill` of the devices' usable memory."""
-    from dreamshard.memory import MemoryModel
-    from dreamshard.placement import table_sizes
-    from dreamshard.tables import read_tables_file
-    from dreamshard.tasks import Task
+    from dreamshard.project.domain import MemoryModel, Task, read_tables_file, table_sizes
 
     task = Task.uniform("probe", read_tables_file(path), devices, 1.0, MemoryModel(batch_size=BATCH,
                                                                                    reservation=RESERVATION))
@@ -120,8 +122,14 @@ def main() -> None:
     parser.add_argument("--devices", default=",".join(map(str, DEVICES)))
     parser.add_argument("--sharders", default=",".join(SHARDERS))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per case")
+    parser.add_argument("--full-timeout", type=float, default=600.0, help=f"seconds per case of {FULL}")
     parser.add_argument("--no-goals", action="store_true", help="skip the issue's goal cases")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the cases of the sharders not run (and the goals with --no-goals) of --out")
     args = parser.parse_args()
+    run = {"command": " ".join(["python -m benchmarks.planning_scale", *sys.argv[1:]]), "machine": machine(),
+           "commit": commit(), "date": time.strftime("%Y-%m-%d"), "timeout_s": args.timeout,
+           "full_timeout_s": args.full_timeout}
     sizes = [int(x) for x in args.tables.split(",")]
     device_counts = [int(x) for x in args.devices.split(",")]
     sharders = args.sharders.split(",")
@@ -140,14 +148,15 @@ def main() -> None:
             for n in sizes:
                 gb = memory_gb(files[n], devices, FILL)
                 for algo in sharders:
-                    skipped = any(c["status"] == "timeout" and c["sharder"] == algo and c["devices"] == devices
+                    skipped = any(c["status"] == "timeout" and c["sharder"] == algo and c["devices"] <= devices
                                   for c in cases)
                     case = {"sharder": algo, "tables": n, "devices": devices, "memory_gb": gb, "fill": FILL,
-                            "sharding": "table,column,row"}
+                            "sharding": "table,column,row", "run": run["command"]}
                     if skipped:
                         case.update(status="skipped", seconds=None, peak_mb=None, error="")
                     else:
-                        case.update(run_case(plan_argv(files[n], devices, gb, algo, plan_file), args.timeout))
+                        limit = args.full_timeout if algo == FULL else args.timeout
+                        case.update(run_case(plan_argv(files[n], devices, gb, algo, plan_file), limit))
                     cases.append(case)
                     print(json.dumps(case), flush=True)
         if not args.no_goals:
@@ -161,19 +170,45 @@ def main() -> None:
                     continue
                 gb = memory_gb(files[n], devices, fill)
                 goal = {"goal": name, "sharder": "size_lookup_greedy", "tables": n, "devices": devices,
-                        "memory_gb": gb, "fill": fill, "sharding": sharding or "table,column,row"}
+                        "memory_gb": gb, "fill": fill, "sharding": sharding or "table,column,row",
+                        "run": run["command"]}
                 goal.update(run_case(plan_argv(files[n], devices, gb, "size_lookup_greedy", plan_file, sharding),
                                      max(args.timeout, 120)))
                 goals.append(goal)
                 print(json.dumps(goal), flush=True)
-    summary = {"machine": machine(), "command": " ".join(["python -m benchmarks.planning_scale", *sys.argv[1:]]),
-               "startup_seconds": baseline["seconds"], "fill": FILL, "timeout_s": args.timeout,
-               "total_seconds": round(time.monotonic() - started, 1), "growth_10k_to_100k": growth(cases),
-               "cases": cases, "goals": goals}
+    run.update(startup_seconds=baseline["seconds"], total_seconds=round(time.monotonic() - started, 1),
+               sharders=sharders)
+    runs = [run]
+    if args.update and (args.out / "summary.json").exists():
+        cases, goals, runs = merged(json.loads((args.out / "summary.json").read_text()), cases, goals, run, sharders,
+                                    keep_goals=args.no_goals)
+    summary = {"fill": FILL, "runs": runs, "growth_10k_to_100k": growth(cases), "cases": cases, "goals": goals}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     figure(cases, args.out / "planning_scale.png")
     (args.out / "README.md").write_text(readme(summary))
     print(f"wrote {args.out}/summary.json, README.md, planning_scale.png")
+
+
+def merged(old: dict[str, Any], cases: list[dict[str, Any]], goals: list[dict[str, Any]], run: dict[str, Any],
+           sharders: list[str], keep_goals: bool) -> tuple[list, list, list]:
+    """The cases of `old` (a summary.json) of sharders other than `sharders`, then `cases`; old goals when
+    `keep_goals`; the runs whose cases or goals are still there, then `run`."""
+    kept = [c for c in old["cases"] if c["sharder"] not in sharders] + cases
+    goals = old.get("goals", []) if keep_goals else goals
+    used = {c.get("run") for c in kept} | {g.get("run") for g in goals}
+    runs = [r for r in old.get("runs", []) if r["command"] in used and r["command"] != run["command"]] + [run]
+    return kept, goals, runs
+
+
+def commit() -> str:
+    """The checkout's commit, `+` when it has changes not committed; `unknown` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def machine() -> str:
@@ -236,17 +271,24 @@ def readme(summary: dict[str, Any]) -> str:
     failed = [c for c in cases if c["status"] not in ("ok",)]
     met = [g for g in goals if g["status"] == "ok" and g["seconds"] <= GOAL_SECONDS
            and (g["tables"] < 1_000_000 or g["peak_mb"] / 1024 <= GOAL_GB)]
+    largest = {s: max((c["tables"] for c in done if c["sharder"] == s), default=0)
+               for s in dict.fromkeys(c["sharder"] for c in cases)}
+    reach = ", ".join(f"{s} {n:,}" for s, n in largest.items() if n < max(largest.values()))
     answer = (f"**Answer: {len(done)} of {len(cases)} cases plan (up to {max(c['tables'] for c in done):,} tables), "
               f"the slowest in {worst['seconds']:.0f} s and the largest peak {max(c['peak_mb'] for c in done) / 1024:.1f}"
               f" GB; time grows at most {growth_worst:.1f}x from 10k to 100k tables; {len(met)} of {len(goals)} goals "
-              f"met.**" if worst else "**Answer: no case planned.**")
-    lines = [answer, "", "# How `dreamshard plan` scales (issue 53, item 1)", "",
-             f"- Machine: {summary['machine']}; shared with other work, so times are upper bounds.",
-             f"- Command: `{summary['command']}` ({summary['total_seconds']:.0f} s in all); each case a child process "
-             f"running `dreamshard plan`, timed whole (start-up alone: {summary['startup_seconds']:.1f} s), peak memory "
-             "its resident set (VmHWM); time limit per case "
-             f"{summary['timeout_s']:g} s, larger sizes skipped after one.",
-             f"- Tasks: generated tables (benchmarks/planning_scale.py), devices sized for the tables to fill "
+              f"met{'; within the time limits, only up to ' + reach + ' tables' if reach else ''}.**"
+              if worst else "**Answer: no case planned.**")
+    lines = [answer, "", "# How `dreamshard plan` scales with the tables and devices", ""]
+    for run in summary["runs"]:
+        full = f", {FULL} {run['full_timeout_s']:g} s" if FULL in run.get("sharders", ()) else ""
+        lines.append(f"- `{run['command']}`: commit {run['commit']}, {run['date']}, {run['machine']} "
+                     f"(shared with other work: times are upper bounds); sharders {', '.join(run['sharders'])}; "
+                     f"{run['total_seconds']:.0f} s in all, start-up alone {run['startup_seconds']:.1f} s; time limit "
+                     f"per case {run['timeout_s']:g} s{full}.")
+    lines += ["- Each case a child process running `dreamshard plan`, timed whole, peak memory its resident set "
+              "(VmHWM); after a time-out the larger sizes of that sharder, on as many devices or more, are skipped.",
+              f"- Tasks: generated tables (benchmarks/planning_scale.py), devices sized for the tables to fill "
              f"{summary['fill']:.0%} of usable memory (batch {BATCH}, {RESERVATION:.0%} reserved), default sharding "
              "`table,column,row`.", "", "## Goals", "",
              "| goal | seconds | peak GB | status |", "|---|---:|---:|---|"]

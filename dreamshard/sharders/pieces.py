@@ -184,12 +184,16 @@ def first_cuts(task: Task, sizes: Sequence[int] | None = None) -> dict[str, Cut]
     largest = max(task.capacities())
     limited = set(task.pinned_device()) | set(task.avoided())
     cuts = {}
+    count = 0  # pieces so far: a task past MAX_PIECES is refused as soon as it is, not after every table
     for i, t in enumerate(task.tables):
         capacity = _capacity(task, t.name) if t.name in limited else largest
         # first_cut's first case, told from the size: a table that may stay whole and fits is not cut
         whole = task.num_devices == 1 or task.allows(t.name, "table")
         fits = whole and sizes is not None and sizes[i] <= capacity
-        cuts[t.name] = WHOLE if fits else first_cut(t, task, capacity)
+        cuts[t.name] = cut = WHOLE if fits else first_cut(t, task, capacity)
+        count += num_pieces(cut, task.num_devices)
+        if count > MAX_PIECES:
+            check_pieces(task, count, partial=i + 1 < len(task.tables))
     return cuts
 
 
@@ -329,10 +333,12 @@ def num_pieces(cut: Cut, num_devices: int) -> int:
     return num_devices if cut.row_wise else cut.columns
 
 
-def check_pieces(task: Task, count: int) -> None:
-    """Refuse a cut task of more than MAX_PIECES tables and pieces: a one-line error, before placing them."""
+def check_pieces(task: Task, count: int, partial: bool = False) -> None:
+    """Refuse a cut task of more than MAX_PIECES tables and pieces: a one-line error, before placing them
+    (`partial`: `count` is of the tables cut so far)."""
     if count > MAX_PIECES:
-        raise DreamShardError(f"task {task.name!r}: {len(task.tables)} tables cut into {count} pieces, more than "
+        raise DreamShardError(f"task {task.name!r}: {len(task.tables)} tables cut into {'at least ' * partial}"
+                              f"{count} pieces, more than "
                               f"{MAX_PIECES}, the most this tool places (dreamshard.limits); plan fewer tables or "
                               "devices, or give the devices more memory")
 

@@ -155,10 +155,15 @@ def test_too_many_pieces_is_an_error_before_placing_them(monkeypatch):
     import dreamshard.sharders.pieces as pieces
     from dreamshard.errors import DreamShardError, InfeasibleTaskError
 
+    first_cut = pieces.first_cut
     monkeypatch.setattr(pieces, "MAX_PIECES", 50)
     capacity = Task.uniform("probe", [Table("a", 10, 4, 1.0)], 32, 1.0).capacity(0)
     tables = [Table(f"t{i}", int(1.5 * capacity / 512), 128, 1.0) for i in range(4)]  # each cut row-wise: 32 pieces
     task = replace(Task.uniform("many", tables, 32, 1.0), sharding=("table", "row"))
-    with pytest.raises(DreamShardError, match=r"'many': 4 tables cut into 128 pieces, more than 50, the most") as caught:
+    cut = []
+    monkeypatch.setattr(pieces, "first_cut", lambda t, *a: cut.append(t.name) or first_cut(t, *a))
+    with pytest.raises(DreamShardError, match=r"'many': 4 tables cut into at least 64 pieces, more than 50, the "
+                                              "most") as caught:
         make_sharder("size_greedy").shard(task)
     assert not isinstance(caught.value, InfeasibleTaskError)
+    assert cut == ["t0", "t1"]  # refused as soon as the count passes the limit: the other tables are not cut
