@@ -22,28 +22,11 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
-from dreamshard.data.lookups import DEFAULT_ZIPF_ALPHA, GeneratedLookups
-from dreamshard.evaluation.bounds import regime_of
-from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, pin_threads
-from dreamshard.plan import Shard
-from dreamshard.tables import Table
-from dreamshard.tasks import Task
-
-DIMS = (8, 16, 32, 64, 128)
-
-
-def reference_tables(n: int, seed: int = 0) -> list[Table]:
-    """N tables shaped like REFERENCE.md's CPU measurement: rows 300..300k, dims 8..128."""
-    rng = np.random.default_rng(seed)
-    rows = np.round(10 ** rng.uniform(np.log10(300), np.log10(300_000), n)).astype(int)
-    if n >= 2:  # span the whole range
-        rows[0], rows[1] = 300, 300_000
-    dims = rng.choice(DIMS, n)
-    pooling = rng.uniform(1.0, 30.0, n)
-    return [Table(f"t{i}", int(r), int(d), float(p)) for i, (r, d, p) in enumerate(zip(rows, dims, pooling))]
-
+from dreamshard.project.data import DEFAULT_ZIPF_ALPHA, GeneratedLookups
+from dreamshard.project.domain import Shard, Table, Task
+from dreamshard.project.evaluation import regime_of
+from dreamshard.project.hardware import FbgemmBackend, FbgemmConfig, pin_threads
+from dreamshard.project.kernels import cv, reference_tables
 
 LARGE_ROWS = (300_000, 200_000, 150_000, 100_000, 80_000, 60_000, 50_000, 40_000, 30_000, 20_000)
 LARGE_DIMS = (64, 128, 32, 64, 128, 64, 32, 128, 64, 32)
@@ -51,10 +34,6 @@ LARGE_DIMS = (64, 128, 32, 64, 128, 64, 32, 128, 64, 32)
 
 def large_tables() -> list[Table]:
     return [Table(f"big{i}", r, d, 10.0) for i, (r, d) in enumerate(zip(LARGE_ROWS, LARGE_DIMS))]
-
-
-def cv(values: list[float]) -> float:
-    return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:

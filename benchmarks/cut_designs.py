@@ -63,8 +63,7 @@ def project_at(root: Path) -> tuple[dict, object, object]:
     import yaml
 
     from dreamshard.project.params import build
-    from dreamshard.sharders import load_model
-    from dreamshard.sharders.cuts import CutConfig
+    from dreamshard.project.sharders import CutConfig, load_model
 
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["paths"] = {k: str(root / v) if isinstance(v, str) else v for k, v in params["paths"].items()}
@@ -89,19 +88,18 @@ def main() -> None:
                              "plan's cost is the median over passes, and each pass's family means are reported")
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
     args = parser.parse_args()
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
 
     import torch
 
-    from dreamshard.evaluation.summary import bootstrap_ci
-    from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.domain import read_tasks
+    from dreamshard.project.evaluation import bootstrap_ci
+    from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.params import build
-    from dreamshard.sharders import load_model, make_sharder
-    from dreamshard.sharders.search import SearchConfig
-    from dreamshard.tasks import read_tasks
+    from dreamshard.project.sharders import SearchConfig, load_model, make_sharder
 
     torch.set_num_threads(1)
     params, model, base = project_at(args.root)

@@ -113,7 +113,7 @@ def ours_row_limited(ranks: int, hbm_gib: float, batch_size: int, usable: list[i
 
 
 def _ours_in_process(queue, ranks, hbm_gib, batch_size, usable, algo, models) -> None:
-    from dreamshard.interop.torchrec import quiet_torchrec
+    from dreamshard.project.torchrec import quiet_torchrec
 
     with quiet_torchrec():
         queue.put(ours_row(topology(ranks, hbm_gib), batch_size, usable, algo, models))
@@ -122,10 +122,9 @@ def _ours_in_process(queue, ranks, hbm_gib, batch_size, usable, algo, models) ->
 def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path | None) -> dict[str, Any]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-    from dreamshard.errors import DreamShardError
-    from dreamshard.interop.planner import DreamShardPlanner
-    from dreamshard.interop.torchrec import plan_caches, table_layout, torchrec_perf_estimate
-    from dreamshard.sharders import spec
+    from dreamshard.project.domain import DreamShardError
+    from dreamshard.project.sharders import spec
+    from dreamshard.project.torchrec import DreamShardPlanner, plan_caches, table_layout, torchrec_perf_estimate
 
     options: dict[str, Any] = {}
     if spec(algo).needs_model:
@@ -164,7 +163,7 @@ def row(name: str, seconds: float, hbm: list[int], usable: list[int], perf_ms: f
 
 def run(batch_sizes: list[int], ranks: int, hbm_gib: float, models: Path | None,
         limit_s: float = 120.0) -> dict[str, Any]:
-    from dreamshard.interop.torchrec import quiet_torchrec
+    from dreamshard.project.torchrec import quiet_torchrec
 
     out: dict[str, Any] = {"ranks": ranks, "hbm_gib": hbm_gib, "tables": len(ROWS), "dim": DIM,
                            "total_weights_gib": sum(ROWS) * DIM * 4 / GIB, "optimizer": "none attached (TorchRec "
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(batches, args.ranks, args.hbm_gib, args.models, args.time_limit)
     command = "python -m benchmarks.mlperf_dcnv2 " + " ".join(argv if argv is not None else sys.argv[1:])
     summary["command"] = command
-    from dreamshard.io import write_text
+    from dreamshard.project.domain import write_text
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_text(json.dumps(summary, indent=2) + "\n", args.out / "summary.json")

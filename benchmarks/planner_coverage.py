@@ -41,8 +41,7 @@ def plan_once(which: str, model_name: str, ranks: int, hbm_gib: float) -> dict[s
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     from benchmarks import mlperf_dcnv2
-    from dreamshard.interop.planner import DreamShardPlanner
-    from dreamshard.interop.torchrec import quiet_torchrec
+    from dreamshard.project.torchrec import DreamShardPlanner, quiet_torchrec
 
     model = mlperf_dcnv2.model() if model_name == "mlperf" else small_model()
     constraints = mlperf_dcnv2.constraints() if model_name == "mlperf" else {}

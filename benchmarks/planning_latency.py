@@ -26,10 +26,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dreamshard.data.examples import production_model_tables
-from dreamshard.errors import InfeasibleTaskError
-from dreamshard.sharders import load_model, make_sharder, spec
-from dreamshard.tasks import Task, stats_table
+from dreamshard.project.data import production_model_tables
+from dreamshard.project.domain import InfeasibleTaskError, Task, stats_table
+from dreamshard.project.sharders import load_model, make_sharder, spec
 
 CASES = [("dreamshard", 100, 8), ("dreamshard", 1000, 64), ("neuroshard", 100, 8), ("size_lookup_greedy", 100, 8),
          ("neuroshard", 856, 64), ("dreamshard_cut", 100, 8), ("dreamshard_cut", 200, 8), ("dreamshard_cut", 1000, 64)]

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--reference", default="torchrec_full")
     args = ap.parse_args(argv)
-    from dreamshard.evaluation.summary import bootstrap_ci
+    from dreamshard.project.evaluation import bootstrap_ci
 
     rows = pooled_rows(args.runs)
     costs = rows.pivot_table(index=["family", "task"], columns="sharder", values="cost_ms")

@@ -29,14 +29,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.data.dlrm import SyntheticConfig, generate_lookups, sample_table_profiles, table_seed
-from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.io import write_text
-from dreamshard.memory import GB
-from dreamshard.sharders import load_model, make_sharder
-from dreamshard.sharders.replan import replan
-from dreamshard.tables import BIN_COLUMNS, access_count_bins
-from dreamshard.tasks import Task, stats_table
+from dreamshard.project.data import SyntheticConfig, generate_lookups, sample_table_profiles, table_seed
+from dreamshard.project.domain import BIN_COLUMNS, GB, Task, access_count_bins, stats_table, write_text
+from dreamshard.project.hardware import AnalyticBackend, AnalyticConfig
+from dreamshard.project.sharders import load_model, make_sharder, replan
 
 FRACTIONS = (0.0, 0.05, 0.10, 0.25, 0.50, 1.00)
 DIMS = (4, 8, 16, 32, 64, 128)

@@ -27,14 +27,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args(argv)
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     huge_pages_from_params(args.params)  # before torch is imported
-    from dreamshard.hardware.fbgemm import FbgemmBackend
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.domain import read_tasks
+    from dreamshard.project.hardware import FbgemmBackend
     from dreamshard.project.params import load_params, section
-    from dreamshard.sharders import make_sharder
-    from dreamshard.tasks import read_tasks
+    from dreamshard.project.sharders import make_sharder
 
     params = load_params(args.params)
     base = backend_of(params)

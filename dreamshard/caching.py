@@ -2,26 +2,19 @@
 
 A cached table takes on its device a `load_factor` share of its weights and optimizer state, FBGEMM's cache
 bookkeeping (4 bytes a row and 16 a cache slot, as TorchRec's storage estimator counts it) and the usual
-buffers. The lookups the cache serves (its hit rate) are priced from the table's access-count bins: the cache
-holds load_factor x rows rows, the ones the last steps read (LRU), and the hit rate is the share of a step's
-lookups it finds there (`hit_rate`). Which tables
-are cached, and how much: `choose_caching`, called by `with_pieces` for tasks whose kernels allow it.
+buffers: Task.shard_bytes counts them (dreamshard.tasks holds the kernels' names and a cached shard's bytes,
+below this module, which chooses for a task). The lookups the cache serves (its hit rate) are priced from the
+table's access-count bins: the cache holds load_factor x rows rows, the ones the last steps read (LRU), and the
+hit rate is the share of a step's lookups it finds there (`hit_rate`). Which tables are cached, and how much:
+`choose_caching`, called by `with_pieces` for tasks whose kernels allow it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from dreamshard.tables import NUM_BINS, Table
+from dreamshard.tasks import HOST_KERNEL, UVM_KERNEL, Task
 
-if TYPE_CHECKING:
-    from dreamshard.tasks import Task
-
-UVM_KERNEL = "fused_uvm_caching"
-HOST_KERNEL = "fused_uvm"  # TorchRec's kernel for a table wholly in host memory: load factor 0, no cache
-# Task.kernels: "fused" (weights in HBM) always; UVM caching, and tables wholly in host memory, when asked for
-KERNELS = ("fused", UVM_KERNEL, HOST_KERNEL)
 DEFAULT_LOAD_FACTOR = 0.2  # TorchRec's default cache load factor (its planner's UVM_CACHING_RATIO)
 # the load factors `choose_caching` tries, smallest first: the smallest whose cache serves HIT_TARGET of the lookups
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -69,18 +62,6 @@ def load_factor_for(table: Table, batch_size: int) -> float:
         if hit_rate(table, factor, batch_size) >= HIT_TARGET:
             return factor
     return LOAD_FACTORS[-1]
-
-
-def cached_weight_bytes(weight_bytes_of_table: int, rows: int, width: int, table: Table, load_factor: float) -> int:
-    """HBM bytes of the weights of a rows x width shard of a cached `table`, as TorchRec's storage estimator counts
-    them: the table's weights times the load factor (rounded), the shard's share of it (rounded up)."""
-    return math.ceil(round(weight_bytes_of_table * load_factor) * rows * width / (table.rows * table.dim))
-
-
-def cache_state_bytes(rows: int, load_factor: float) -> int:
-    """FBGEMM's cache bookkeeping of a shard of `rows` rows, as TorchRec counts it: 4 bytes a row, 16 a slot;
-    none without a cache (load factor 0: fused_uvm)."""
-    return 0 if load_factor == 0 else math.ceil(rows * (4 + load_factor * 16))
 
 
 def choose_caching(task: Task, fill: float = CACHE_FILL) -> dict[str, float]:

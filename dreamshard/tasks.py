@@ -16,12 +16,30 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dreamshard.caching import KERNELS, cache_state_bytes, cached_weight_bytes
 from dreamshard.errors import DataFormatError
 from dreamshard.memory import GB, MemoryModel
 from dreamshard.tables import BIN_COLUMNS, Table
 
 MAX_MEMORY_GB = 1e6  # keeps byte counts far inside int64
+
+# the compute kernels a task may allow (Task.kernels; what they do: dreamshard.caching): "fused" (weights in HBM)
+# always; UVM caching, and tables wholly in host memory, when asked for
+UVM_KERNEL = "fused_uvm_caching"
+HOST_KERNEL = "fused_uvm"  # TorchRec's kernel for a table wholly in host memory: load factor 0, no cache
+KERNELS = ("fused", UVM_KERNEL, HOST_KERNEL)
+
+
+def cached_weight_bytes(weight_bytes_of_table: int, rows: int, width: int, table: Table, load_factor: float) -> int:
+    """HBM bytes of the weights of a rows x width shard of a cached `table`, as TorchRec's storage estimator counts
+    them: the table's weights times the load factor (rounded), the shard's share of it (rounded up)."""
+    return math.ceil(round(weight_bytes_of_table * load_factor) * rows * width / (table.rows * table.dim))
+
+
+def cache_state_bytes(rows: int, load_factor: float) -> int:
+    """FBGEMM's cache bookkeeping of a shard of `rows` rows, as TorchRec counts it: 4 bytes a row, 16 a slot;
+    none without a cache (load factor 0: fused_uvm)."""
+    return 0 if load_factor == 0 else math.ceil(rows * (4 + load_factor * 16))
+
 
 SHARDING_KINDS = ("table", "column", "row")  # whole tables, column slices, row ranges (TorchRec's layouts)
 # and "data": data-parallel, a copy of a small table on every device (sharders/replicas.py); asked for, never a default
@@ -62,7 +80,7 @@ class Task:
     whole: tuple[str, ...] = ()
     # tables never data-parallel, when the sharding allows "data" (their TorchRec constraints leave it out)
     model_parallel: tuple[str, ...] = ()
-    # the compute kernels sharders may choose (dreamshard.caching.KERNELS): "fused" always; "fused_uvm_caching" to
+    # the compute kernels sharders may choose (KERNELS): "fused" always; "fused_uvm_caching" to
     # keep tables that HBM cannot hold in host memory, cached
     kernels: tuple[str, ...] = ("fused",)
     # tables never UVM-cached, when the kernels allow it (their TorchRec constraints leave the kernel out)
@@ -273,7 +291,7 @@ class Task:
         weights, optimizer state and, at the memory model's batch size, its input and output buffers. A
         data-parallel `replica` buffers its own device's samples only, as TorchRec counts it. A UVM-cached shard
         (`cache`, else the table's cache_load_factor) holds that share of its weights and state, and the cache's
-        bookkeeping (dreamshard.caching)."""
+        bookkeeping (cache_state_bytes)."""
         rows = table.rows if rows is None else rows
         width = table.dim if width is None else width
         block = table.block_of_pooling is not None or rows < table.rows

@@ -85,7 +85,7 @@ ID_STRIDE = 1_000_000  # device-error: sample ids of the k-th pool start at k x 
 def in_project(root: Path) -> Iterator[None]:
     """Inside the project `root`, as a stage runs: its allocator setting (before torch is imported), its folder
     (params' paths are the project's), torch on one thread; back in the caller's folder afterwards."""
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     huge_pages_from_params(str(root / "params.yaml"))
     import torch
@@ -117,14 +117,14 @@ def measured_compute(data: Any) -> np.ndarray:
 
 def predicted_compute(net: Any, scaler: Any, data: Any) -> np.ndarray:
     """The network's compute (forward + backward, ms) of each device row of `data`."""
-    from dreamshard.learning.cost_model import device_predictions
+    from dreamshard.project.learning import device_predictions
 
     return device_predictions(net, scaler, data)[:, :2].sum(axis=1)
 
 
 def write_json(result: dict[str, Any], out: Path | None) -> None:
     if out:
-        from dreamshard.io import write_text
+        from dreamshard.project.domain import write_text
 
         write_text(json.dumps(result, indent=2) + "\n", out)
 
@@ -199,9 +199,9 @@ def check_seeds(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def seeds(args: argparse.Namespace) -> dict[str, Any]:
     """Every variant's held-out figures per fit seed, with their mean and range."""
-    from dreamshard.learning.cost_model import evaluate_cost_net
     from dreamshard.project.cost_network import fit_network
     from dreamshard.project.fit_data import load_single_devices
+    from dreamshard.project.learning import evaluate_cost_net
 
     base = load_params(args.params)
     scaler, data, tasks, held_idx, fit_idx = held_out_split(base)
@@ -283,12 +283,15 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
     import pandas as pd
     import pyarrow as pa
 
-    from dreamshard.errors import DreamShardError
-    from dreamshard.io import write_parquet
-    from dreamshard.learning.cost_model import load_cost_net
-    from dreamshard.learning.devices import DeviceSample, cost_data_from_device_rows, device_samples, measure_samples
     from dreamshard.project.backend import backend_of
-    from dreamshard.tasks import read_tasks, table_pool
+    from dreamshard.project.domain import DreamShardError, read_tasks, table_pool, write_parquet
+    from dreamshard.project.learning import (
+        DeviceSample,
+        cost_data_from_device_rows,
+        device_samples,
+        load_cost_net,
+        measure_samples,
+    )
 
     params = load_params("params.yaml")
     folder, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
@@ -340,7 +343,7 @@ def agreement(predicted: np.ndarray, measured: np.ndarray, device_pred: np.ndarr
     """Plan Kendall tau, MAPE and median ratio of `predicted` to `measured` (plan costs, ms), and the MAPE of
     the device compute costs `device_pred` against `device_true` (fwd + bwd per device row, ms) over the
     devices that compute anything."""
-    from dreamshard.learning.cost_model import kendall_tau
+    from dreamshard.project.learning import kendall_tau
 
     keep = device_true > 0
     return {"plan_kendall_tau": kendall_tau(predicted, measured),
@@ -366,12 +369,10 @@ def remeasure(args: argparse.Namespace) -> dict[str, Any]:
     import pandas as pd
     import pyarrow as pa
 
-    from dreamshard.errors import DreamShardError
-    from dreamshard.evaluation.collect import PlanToMeasure, measure_chunk
-    from dreamshard.io import write_parquet
-    from dreamshard.learning.cost_model import load_cost_net, plan_predictions
-    from dreamshard.plan import Plan
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.collection import PlanToMeasure, measure_chunk
+    from dreamshard.project.domain import DreamShardError, Plan, write_parquet
+    from dreamshard.project.learning import load_cost_net, plan_predictions
 
     params = load_params("params.yaml")
     _, data, tasks, held_idx, _ = held_out_split(params)
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, key, getattr(args, key).resolve())
     if getattr(args, "models", None) is not None:
         args.models_given, args.models = args.models, [Path(m).resolve() for m in args.models]
-    from dreamshard.errors import DreamShardError
+    from dreamshard.project.domain import DreamShardError
 
     try:
         with in_project(args.root.resolve()):

@@ -48,17 +48,17 @@ def main() -> None:
         parser.error(f"--splits: expected train, validation or test, got {args.splits}")
     names = list(settings)
 
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
 
     import torch
 
-    from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.domain import read_tasks
     from dreamshard.project.evaluation import evaluated_tasks
-    from dreamshard.sharders import make_sharder
-    from dreamshard.tasks import read_tasks
+    from dreamshard.project.hardware import measure_rounds, median_cost
+    from dreamshard.project.sharders import make_sharder
 
     torch.set_num_threads(1)
     params, model, base = project_at(args.root)

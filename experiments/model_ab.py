@@ -52,8 +52,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dreamshard.sharders.heuristics import GREEDY_KEYS
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -63,7 +61,7 @@ def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], rivals: l
     """Per family (training tasks under "train:<family>", and every test task under "test"): tasks, each
     model's mean cost over the best rival, the groups' means, the paired ratio A / B, and each group over
     each rival, every paired ratio with its 95% bootstrap interval over tasks."""
-    from dreamshard.evaluation.summary import bootstrap_ci
+    from dreamshard.project.evaluation import bootstrap_ci
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -94,7 +92,7 @@ def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], rivals: l
 
 def parse_families(text: str) -> list[Any]:
     """TaskFamily objects (test only) from "name:tables:devices:memory_gb:tasks,..."; ValueError naming the bad one."""
-    from dreamshard.data.sampling import TaskFamily
+    from dreamshard.project.tasks import TaskFamily
 
     out = []
     for item in (x for x in text.split(",") if x):
@@ -193,6 +191,13 @@ def sharder_of(params: dict[str, Any], name: str, decoding: dict[str, Any], chec
     return make_sharders(one, int(section(params, "backend.batch_size")))[0]
 
 
+def greedy_rivals() -> list[str]:
+    """Every greedy heuristic: the rivals a journal A/B's decoding picks among by default."""
+    from dreamshard.project.sharders import GREEDY_KEYS  # imports torch: only a journal A/B, which measures nothing
+
+    return list(GREEDY_KEYS)
+
+
 def variant_name(sharder: str, decoding: dict[str, Any]) -> str:
     """The journal A/B's label of `sharder` decoding with `decoding`, e.g. dreamshard+rivals."""
     return "+".join([sharder, *sorted(decoding)])
@@ -205,11 +210,11 @@ def counterfactual(params: dict[str, Any], sharder: str,
     plan not evaluated). A DreamShardError names the sharders the run did not evaluate."""
     import pandas as pd
 
-    from dreamshard.errors import DreamShardError
-    from dreamshard.plan import Plan
-    from tools.paper_cpu import evaluation_of
+    from dreamshard.project.domain import DreamShardError, Plan
+    from dreamshard.project.evaluation import evaluation_setup
 
-    _backend, sharders, journal, splits = evaluation_of(params)
+    setup = evaluation_setup(params, measuring=False)
+    sharders, journal, splits = setup.sharders, setup.journal, setup.splits
     rivals = list(decoding.get("rivals") or [])
     missing = sorted({sharder, *rivals} - {s.name for s in sharders})
     if missing:
@@ -243,7 +248,7 @@ def counterfactual(params: dict[str, Any], sharder: str,
 
 def decoding_summary(frame: pd.DataFrame, sharder: str, variant: str, seed: int) -> dict[str, Any]:
     """Per split and family, the sharder's and the variant's paired ratio to the best heuristic."""
-    from dreamshard.evaluation.summary import family_summary
+    from dreamshard.project.evaluation import family_summary
 
     out: dict[str, Any] = {}
     for split in ("test", "train"):
@@ -332,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a_decoding = parse_decoding(args.a_decoding or "{}", "--a-decoding")
         b_decoding = (parse_decoding(args.b_decoding, "--b-decoding") if args.b_decoding is not None
-                      else {"rivals": list(GREEDY_KEYS)} if args.journal else {})
+                      else {"rivals": greedy_rivals()} if args.journal else {})
     except ValueError as exc:
         ap.error(str(exc))
     if args.rows is not None:
@@ -362,16 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.tasks_per_family is not None and args.tasks_per_family < 1:
         ap.error(f"--tasks-per-family: expected an integer >= 1, got {args.tasks_per_family}")
     only = {x for x in args.only.split(",") if x}
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     root = args.root.resolve()
     out = args.out.resolve() if args.out else None
     huge_pages_from_params(str(root / "params.yaml"))  # before torch is imported
     os.chdir(root)
-    from dreamshard.errors import DreamShardError
-    from dreamshard.hardware.base import measure_rounds, median_cost
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.domain import DreamShardError
     from dreamshard.project.evaluation import evaluated_tasks
+    from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.params import load_params, section
 
     if args.journal:

@@ -15,30 +15,14 @@ def quiet_local_prefect() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
-def huge_pages_from_params(params_file: str) -> None:
-    """The fbgemm backend's allocator setting, in the environment before torch is imported (torch reads it at
-    its first allocation): params backend.fbgemm.huge_pages decides it, whatever the shell had."""
-    import yaml
-
-    from dreamshard.hardware.allocator import set_huge_pages
-
-    try:
-        with open(params_file) as fh:
-            params = yaml.safe_load(fh) or {}
-    except (OSError, yaml.YAMLError):
-        return  # the stage itself reports the missing or malformed file
-    backend = params.get("backend") if isinstance(params, dict) else None
-    fbgemm = backend.get("fbgemm") if isinstance(backend, dict) else None
-    wanted = isinstance(fbgemm, dict) and fbgemm.get("huge_pages") is True
-    set_huge_pages(wanted)
-
-
 def main() -> int:
     quiet_local_prefect()
+    from dreamshard.project.backend import huge_pages_from_params  # imports nothing heavy
+
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--params", default="params.yaml")
     huge_pages_from_params(early.parse_known_args()[0].params)  # before anything imports torch
-    from dreamshard.errors import DreamShardError
+    from dreamshard.project.domain import DreamShardError
     from pipeline.flows import STAGE_FLOWS  # after the environment is set: Prefect reads it on import
 
     parser = argparse.ArgumentParser(prog="python -m pipeline")

@@ -32,9 +32,9 @@ from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 from prefect.utilities.annotations import unmapped
 
-from dreamshard.errors import DreamShardError
-from dreamshard.evaluation.collect import PlanToMeasure, measure_chunk
-from dreamshard.hardware.base import CostBackend
+from dreamshard.project.collection import PlanToMeasure, measure_chunk
+from dreamshard.project.domain import DreamShardError
+from dreamshard.project.hardware import CostBackend
 from dreamshard.project.params import build, load_params
 
 RUNNERS = ("local", "dask")
@@ -91,7 +91,7 @@ def make_task_runner(cfg: RunnerConfig) -> TaskRunner:
 def measure_chunk_task(index: int, backend: CostBackend, chunk: list[PlanToMeasure],
                        extra: dict, rounds: int) -> tuple[list[dict], list[dict]]:
     """The rows of one chunk, each plan measured `rounds` times, wherever the task runner put this task."""
-    from dreamshard.hardware.fbgemm import pin_threads
+    from dreamshard.project.hardware import pin_threads
 
     pin_threads(backend)  # a worker process starts with torch's default thread count
     return measure_chunk(backend, chunk, extra, rounds)

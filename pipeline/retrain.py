@@ -34,7 +34,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from dreamshard.errors import DreamShardError
+from dreamshard.project.domain import DreamShardError
 
 
 class RetrainError(DreamShardError):
@@ -92,7 +92,7 @@ def stages_run(output: str) -> list[str]:
 
 def summary_markdown(metrics: dict, *, experiment: str | None, set_params: dict[str, Any], ran: list[str],
                      commit: str, remote: str | None) -> str:
-    from dreamshard.evaluation.report import eval_markdown
+    from dreamshard.project.evaluation import eval_markdown
 
     lines = ["# DreamShard retraining", "",
              f"- commit: `{commit or 'unknown'}`",

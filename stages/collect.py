@@ -23,14 +23,12 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
-from dreamshard.data.lookups import RecordedLookups
-from dreamshard.errors import DreamShardError
-from dreamshard.evaluation.collect import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
-from dreamshard.hardware.base import CostBackend
-from dreamshard.io import write_parquet
 from dreamshard.project.backend import backend_of
+from dreamshard.project.collection import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
+from dreamshard.project.data import RecordedLookups
+from dreamshard.project.domain import DreamShardError, read_tasks, write_parquet
+from dreamshard.project.hardware import CostBackend
 from dreamshard.project.params import ParamsError, section
-from dreamshard.tasks import read_tasks
 
 
 @dataclass

@@ -22,12 +22,10 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
-from dreamshard.errors import DreamShardError
-from dreamshard.io import write_parquet
-from dreamshard.learning.devices import DeviceJournal, device_samples, measure_samples, pending
 from dreamshard.project.backend import backend_of
+from dreamshard.project.domain import DreamShardError, read_tasks, table_pool, write_parquet
+from dreamshard.project.learning import DeviceJournal, device_samples, measure_samples, pending
 from dreamshard.project.params import ParamsError, section
-from dreamshard.tasks import read_tasks, table_pool
 
 KEYS = {"seed": 0, "samples": 1, "max_tables": 1, "chunk_size": 1, "rounds": 1}  # integer params and their least values
 

@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dreamshard.data.dlrm import MANIFEST, SyntheticConfig, generate_synthetic, is_dataset_file, load_dlrm_file, save_dlrm_file
-from dreamshard.io import atomic_path, write_text
+from dreamshard.project.data import MANIFEST, SyntheticConfig, generate_synthetic, is_dataset_file, load_dlrm_file, save_dlrm_file
+from dreamshard.project.domain import atomic_path, write_text
 from dreamshard.project.params import ParamsError, build, section
 
 

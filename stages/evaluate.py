@@ -23,29 +23,36 @@ import pandas as pd
 import pyarrow as pa
 from tqdm import tqdm
 
-from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, fusion_probe, regime_of
-from dreamshard.evaluation.evaluate import PlannedTask, ProbeCache, estimated_bins_check, evaluate_task, plan_with
-from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
-from dreamshard.evaluation.improve import ImproveConfig
-from dreamshard.evaluation.journal import EvalJournal
-from dreamshard.evaluation.summary import (
+from dreamshard.project.domain import Task, write_parquet, write_text
+from dreamshard.project.evaluation import (
+    BOUND_USED,
+    FusionProbe,
+    ImproveConfig,
+    PlannedTask,
+    ProbeCache,
     best_known_check,
     best_known_summary,
     bootstrap_meta,
+    bound_regime,
+    cost_ratio_figure,
+    cost_ratio_table,
+    estimated_bins_check,
     estimated_bins_summary,
+    evaluate_task,
+    evaluation_setup,
     exhaustive_check,
     family_summary,
     first_per_family,
+    fusion_probe,
     generalisation,
+    make_sharders,
+    plan_with,
+    regime_of,
     result_row,
     with_ratios,
 )
-from dreamshard.io import write_parquet, write_text
-from dreamshard.project.backend import backend_of
-from dreamshard.project.evaluation import evaluated_tasks, journal_fingerprint, make_sharders
 from dreamshard.project.params import ParamsError, build, section
-from dreamshard.sharders import Sharder, spec
-from dreamshard.tasks import Task
+from dreamshard.project.sharders import Sharder, spec
 
 
 def planning_settings(params: dict[str, Any]) -> tuple[int, int]:
@@ -113,11 +120,9 @@ class Planner:
 
 def run(params: dict[str, Any]) -> None:
     cfg = section(params, "evaluate")
-    backend = backend_of(params)
     batch_size = int(section(params, "backend.batch_size"))
-    tasks, splits = evaluated_tasks(params)
-    sharders = make_sharders(params, batch_size)
-    journal = EvalJournal(section(params, "paths.eval_journal"), journal_fingerprint(params, backend, sharders))
+    setup = evaluation_setup(params)
+    backend, sharders, journal, tasks, splits = setup.backend, setup.sharders, setup.journal, setup.tasks, setup.splits
 
     probe_tasks = tasks[: int(cfg["additivity_probes"])]
     # the regime is measured and reported; the bounds assume neither direction (EITHER), so that they hold on

@@ -12,12 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from dreamshard.data.dlrm import MANIFEST, load_dlrm_file, table_statistics
-from dreamshard.data.requests import TableRequests, requests_to_arrow
-from dreamshard.errors import DataFormatError
-from dreamshard.io import write_parquet
+from dreamshard.project.data import MANIFEST, TableRequests, load_dlrm_file, requests_to_arrow, table_statistics
+from dreamshard.project.domain import BIN_COLUMNS, TABLE_STATS_SCHEMA, DataFormatError, write_parquet
 from dreamshard.project.params import ParamsError, section
-from dreamshard.tables import BIN_COLUMNS, TABLE_STATS_SCHEMA
 
 
 def run(params: dict[str, Any]) -> None:

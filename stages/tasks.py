@@ -4,10 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dreamshard.io import write_parquet
+from dreamshard.project.domain import tasks_to_arrow, write_parquet
 from dreamshard.project.params import section
 from dreamshard.project.tasks import sample_family, sampling_inputs, task_families
-from dreamshard.tasks import tasks_to_arrow
 
 
 def run(params: dict[str, Any]) -> None:

@@ -24,17 +24,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.evaluation.figures import cost_model_scatter
-from dreamshard.io import write_text
-from dreamshard.learning.cost_model import (
-    evaluate_cost_net,
-    measurement_noise,
-    plan_predictions,
-    save_cost_net,
-)
 from dreamshard.project.cost_network import fit_network
 from dreamshard.project.costs import load_scaler_and_data
+from dreamshard.project.domain import write_text
 from dreamshard.project.fit_data import load_single_devices, plan_split, training_plans
+from dreamshard.project.learning import cost_model_scatter, evaluate_cost_net, measurement_noise, plan_predictions, save_cost_net
 from dreamshard.project.params import section
 
 

@@ -14,22 +14,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.data.bins import META_KEY, fit_tables_file
-from dreamshard.io import write_text
-from dreamshard.learning import devices
-from dreamshard.learning.cost_model import evaluate_cost_net
-from dreamshard.learning.features import FeatureScaler, table_features
-from dreamshard.learning.neuroshard import (
+from dreamshard.project.backend import backend_of
+from dreamshard.project.data import META_KEY, fit_tables_file
+from dreamshard.project.domain import read_tasks, table_pool, write_text
+from dreamshard.project.learning import (
     AugmentConfig,
+    FeatureScaler,
     NeuroShardModel,
     comm_dataset,
     comm_mape,
+    cost_data_from_device_rows,
+    evaluate_cost_net,
     fit_comm_net,
     fit_compute_net,
+    table_features,
 )
-from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
-from dreamshard.tasks import read_tasks, table_pool
 
 
 def run(params: dict[str, Any]) -> None:
@@ -45,7 +45,7 @@ def run(params: dict[str, Any]) -> None:
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
     backend = backend_of(params)
     measured = Path(section(params, "paths.single_devices")) / "devices.parquet"
-    data = devices.cost_data_from_device_rows(pd.read_parquet(measured), pool, tasks[0], str(measured))
+    data = cost_data_from_device_rows(pd.read_parquet(measured), pool, tasks[0], str(measured))
     cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), augment.dims, augment)
     n_hold = max(1, int(round(holdout * data.num_plans)))
     order = np.random.default_rng(augment.seed).permutation(data.num_plans)

@@ -13,11 +13,11 @@ from typing import Any
 
 import pandas as pd
 
-from dreamshard.io import write_text
-from dreamshard.learning.rnn import RnnPolicyConfig, RnnTrainConfig, RnnUpdateLog, train_rnn
 from dreamshard.project.backend import backend_of
 from dreamshard.project.costs import load_tasks_and_scaler
+from dreamshard.project.domain import write_text
 from dreamshard.project.learners import learner_meta, policy_tasks
+from dreamshard.project.learning import RnnPolicyConfig, RnnTrainConfig, RnnUpdateLog, train_rnn
 from dreamshard.project.params import build, section
 
 

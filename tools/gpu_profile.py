@@ -12,11 +12,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.cpu_kernels import reference_tables
-from dreamshard.data.lookups import GeneratedLookups
-from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig
-from dreamshard.plan import Shard
-from dreamshard.tasks import Task
+from dreamshard.project.data import GeneratedLookups
+from dreamshard.project.domain import Shard, Task
+from dreamshard.project.hardware import FbgemmBackend, FbgemmConfig
+from dreamshard.project.kernels import reference_tables
 
 for batch in (2048, 65536):
     refs = reference_tables(8, 1)

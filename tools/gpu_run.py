@@ -97,11 +97,10 @@ def reference_backend(device: str, batch_size: int, warmup: int, iterations: int
     """A one-device task of `tables` reference tables (benchmarks/cpu_kernels.py's, drawn with `seed`) and the
     fbgemm backend that measures them on `device`, thread count pinned, under the process's huge-page setting
     (main sets it from params before torch is imported)."""
-    from benchmarks.cpu_kernels import reference_tables
-    from dreamshard.data.lookups import GeneratedLookups
-    from dreamshard.hardware.allocator import huge_pages_enabled
-    from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, pin_threads
-    from dreamshard.tasks import Task
+    from dreamshard.project.data import GeneratedLookups
+    from dreamshard.project.domain import Task
+    from dreamshard.project.hardware import FbgemmBackend, FbgemmConfig, huge_pages_enabled, pin_threads
+    from dreamshard.project.kernels import reference_tables
 
     task = Task.uniform(name, reference_tables(tables, seed), 1, 64.0)
     backend = FbgemmBackend(GeneratedLookups(seed=0), FbgemmConfig(batch_size=batch_size, device=device, warmup=warmup,
@@ -114,7 +113,7 @@ def reference_backend(device: str, batch_size: int, warmup: int, iterations: int
 def fusion_regime(device: str, batch_size: int, warmup: int, iterations: int, repeats: int = 5,
                   tables: int = 20) -> dict[str, Any]:
     """Fused operator of the reference tables vs the sum of single-table operators, `repeats` times."""
-    from dreamshard.evaluation.bounds import fusion_probe, regime_of
+    from dreamshard.project.evaluation import fusion_probe, regime_of
 
     task, backend = reference_backend(device, batch_size, warmup, iterations, tables, 0, "fusion")
     probes = [fusion_probe(backend, task, tables) for _ in range(repeats)]
@@ -128,8 +127,8 @@ def fusion_regime(device: str, batch_size: int, warmup: int, iterations: int, re
 def measurement_noise(device: str, batch_size: int, warmup: int, iterations: int, repeats: int = 5,
                       tables: int = 8) -> dict[str, Any]:
     """Coefficient of variation (std / mean) over `repeats` fresh measurements of each single table and of all fused."""
-    from benchmarks.cpu_kernels import cv
-    from dreamshard.evaluation.bounds import whole_shards
+    from dreamshard.project.evaluation import whole_shards
+    from dreamshard.project.kernels import cv
 
     task, backend = reference_backend(device, batch_size, warmup, iterations, tables, 1, "noise")
     shards = whole_shards(task)
@@ -144,7 +143,7 @@ def measurement_noise(device: str, batch_size: int, warmup: int, iterations: int
 def device_record(device: str) -> dict[str, Any]:
     import torch
 
-    from dreamshard.hardware.fbgemm import fbgemm_version
+    from dreamshard.project.hardware import fbgemm_version
 
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
     return {"device": name, "torch": torch.__version__, "fbgemm_gpu": fbgemm_version(),
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a params.yaml value, e.g. evaluate.rounds=3 (repeatable)")
     args = ap.parse_args(argv)
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     huge_pages_from_params(str(args.params))  # as `python -m pipeline` does, before anything imports torch
     steps = [s for s in args.steps.split(",") if s]

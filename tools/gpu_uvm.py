@@ -111,16 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from dreamshard.caching import hit_rate
-    from dreamshard.data.dlrm import TableProfile, generate_lookups, table_statistics
-    from dreamshard.data.lookups import RecordedLookups
-    from dreamshard.data.requests import TableRequests
-    from dreamshard.hardware.allocator import huge_pages_enabled
-    from dreamshard.hardware.analytic import AnalyticConfig
-    from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, fbgemm_version, pin_threads
-    from dreamshard.plan import Shard
-    from dreamshard.tables import Table
-    from dreamshard.tasks import Task
+    from dreamshard.project.data import RecordedLookups, TableProfile, TableRequests, generate_lookups, table_statistics
+    from dreamshard.project.domain import Shard, Table, Task
+    from dreamshard.project.hardware import (
+        AnalyticConfig,
+        FbgemmBackend,
+        FbgemmConfig,
+        fbgemm_version,
+        hit_rate,
+        huge_pages_enabled,
+        pin_threads,
+    )
 
     factors = [None] + [float(f) for f in args.factors.split(",") if f]
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (params evaluate.seed)")
     args = ap.parse_args(argv)
-    from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
-    from dreamshard.evaluation.summary import bootstrap_meta, family_summary
+    from dreamshard.project.evaluation import bootstrap_meta, cost_ratio_figure, cost_ratio_table, family_summary
 
     rows = journal_rows(args.journal)
     devices = sorted(rows["device_name"].unique())

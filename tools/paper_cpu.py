@@ -9,11 +9,14 @@ same ones. This script keeps in git what a continuation needs, beside what a rea
     python -m tools.paper_cpu save [--root DIR] [--out results/paper-cpu] [--readme results/paper-cpu/README.md]
 
         In the run's workspace, while evaluate runs or after it stopped (it reads, it measures nothing):
-        params.yaml; the checkpoints evaluate loads; the journal; the training metrics; digests of the
+        params.yaml; the checkpoints evaluate loads; the journal, as one archive (state/eval_journal.tar.xz:
+        its Parquet files stored uncompressed, so that xz compresses across tasks; names sorted, times and
+        owners fixed, so the same journal gives the same bytes); the training metrics; digests of the
         deterministic data; provenance.json (processor, versions, commit, every stage's Prefect flow runs with
-        their wall times, progress); eval.json, summary.md and eval_cost_ratio.png over the tasks journaled so
-        far (partial: true), or the stage's own metrics once it finished. --readme replaces README's
-        paper-cpu block with the summary.
+        their wall times, progress); eval.json, summary.txt (the generated Markdown table of eval.json:
+        over 12 KB at paper scale, so kept as text beside the folder's README) and eval_cost_ratio.png over
+        the tasks journaled so far (partial: true), or the stage's own metrics once it finished. --readme
+        replaces a README's paper-cpu block with the summary.
 
     python -m tools.paper_cpu restore [--root DIR] [--from results/paper-cpu]
 
@@ -34,12 +37,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
+import lzma
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,7 +55,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dreamshard.errors import DreamShardError
+from dreamshard.project.domain import DreamShardError
 from dreamshard.project.params import load_params, section
 
 PROFILE_KEYS = ("tasks.profile", "data.synthetic.num_tables", "data.source")
@@ -59,6 +66,8 @@ STAGES = ("download", "process", "tasks", "collect", "collect_devices", "train_c
           "train_autoshard", "train_rnn", "train_neuroshard", "evaluate")
 TRAINING_METRICS = ("cost_model.json", "train_dreamshard.json", "train_autoshard.json", "train_rnn.json",
                     "neuroshard.json")
+JOURNAL_ARCHIVE = "eval_journal.tar.xz"  # under the kept folder's state/
+SUMMARY = "summary.txt"
 BEGIN = "<!-- paper-cpu:begin (python -m tools.paper_cpu save --readme README.md) -->"
 END = "<!-- paper-cpu:end -->"
 
@@ -72,16 +81,11 @@ class RunError(DreamShardError):
 
 def evaluation_of(params: dict[str, Any]):
     """The evaluate stage's backend, sharders, journal and (split, task) list for `params`, as the stage builds
-    them (nothing measured: the backend gets no lookups)."""
-    from dreamshard.data.lookups import RecordedLookups
-    from dreamshard.evaluation.journal import EvalJournal
-    from dreamshard.project.backend import backend_of
-    from dreamshard.project.evaluation import evaluated_tasks, journal_fingerprint, make_sharders
+    them (project.evaluation's evaluation_setup; nothing measured: the backend gets no lookups)."""
+    from dreamshard.project.evaluation import evaluation_setup
 
-    backend = backend_of(params, lookups=RecordedLookups({}))
-    sharders = make_sharders(params, int(section(params, "backend.batch_size")))
-    journal = EvalJournal(section(params, "paths.eval_journal"), journal_fingerprint(params, backend, sharders))
-    return backend, sharders, journal, evaluated_tasks(params)[1]
+    setup = evaluation_setup(params, measuring=False)
+    return setup.backend, setup.sharders, setup.journal, setup.splits
 
 
 def progress_of(journal, splits) -> dict[str, Any]:
@@ -99,8 +103,16 @@ def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits,
     after the last task (exhaustive, best known, estimated bins) are not in it."""
     import pandas as pd
 
-    from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, regime_of
-    from dreamshard.evaluation.summary import bootstrap_meta, family_summary, generalisation, with_ratios
+    from dreamshard.project.evaluation import (
+        BOUND_USED,
+        FusionProbe,
+        bootstrap_meta,
+        bound_regime,
+        family_summary,
+        generalisation,
+        regime_of,
+        with_ratios,
+    )
 
     cfg = section(params, "evaluate")
     rows = [r for s, t in splits if journal.has(s, t) for r in journal.read(s, t)]
@@ -129,6 +141,67 @@ def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits,
         "generalisation": with_ratios(generalisation(sharders, [t for s, t in splits if s == "test"]),
                                       families, train_families),
     }
+
+
+# ---------------------------------------------------------------- the journal as one archive
+
+
+def _stored(path: Path) -> bytes:
+    """A journal file's bytes as the archive keeps them: Parquet rewritten uncompressed (the same rows and
+    types; its readers take any codec), so that the archive's xz finds what tasks share; JSON as it is."""
+    if path.suffix != ".parquet":
+        return path.read_bytes()
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(pq.read_table(path), out, compression="NONE", use_dictionary=False)
+    return out.getvalue()
+
+
+def journal_members(archive: Path) -> dict[str, bytes]:
+    """The files of a journal archive, by name (empty when there is no archive)."""
+    if not archive.exists():
+        return {}
+    out = {}
+    with tarfile.open(archive, "r:xz") as tar:
+        for m in tar.getmembers():
+            name = Path(m.name).name
+            if m.isfile() and name and name == m.name.removeprefix("eval_journal/"):
+                f = tar.extractfile(m)
+                if f is not None:
+                    out[name] = f.read()
+    return out
+
+
+def pack_journal(files: list[Path], archive: Path) -> int:
+    """Add the journal files `files` to `archive` (made if absent; a name already there is kept, as a
+    journaled task never changes); deterministic: sorted names, mtime 0, owner root, mode 0644. Returns how
+    many files the archive holds."""
+    members = journal_members(archive)
+    added = {f.name: _stored(f) for f in sorted(files) if f.is_file() and f.name not in members}
+    if not added and archive.exists():
+        return len(members)
+    members.update(added)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(members):
+            info = tarfile.TarInfo(f"eval_journal/{name}")
+            info.size, info.mtime, info.mode, info.uid, info.gid = len(members[name]), 0, 0o644, 0, 0
+            tar.addfile(info, io.BytesIO(members[name]))
+    tmp.replace(archive)
+    return len(members)
+
+
+def unpack_journal(archive: Path, folder: Path) -> int:
+    """Write the archive's journal files into `folder`, leaving files already there; returns how many it wrote."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for name, data in sorted(journal_members(archive).items()):
+        if not (folder / name).exists():
+            (folder / name).write_bytes(data)
+            written += 1
+    return written
 
 
 # ---------------------------------------------------------------- provenance
@@ -209,10 +282,8 @@ def _version(dist: str) -> str | None:
 def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
          prefect_db: Path | None = None) -> dict[str, Any]:
     """Keep the run of `params_file` (paths relative to the working directory) in `out`; returns the provenance."""
-    from dreamshard.evaluation.figures import cost_ratio_figure
-    from dreamshard.evaluation.report import replace_block, summary_markdown
-    from dreamshard.io import write_text
-    from dreamshard.project.evaluation import model_paths_of
+    from dreamshard.project.domain import write_text
+    from dreamshard.project.evaluation import cost_ratio_figure, model_paths_of, replace_block, summary_markdown
 
     params = load_params(params_file)
     backend, sharders, journal, splits = evaluation_of(params)
@@ -234,11 +305,10 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
     for path in models.values():
         (state / "models").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, state / "models" / path.name)
-    kept = state / "eval_journal"
-    kept.mkdir(parents=True, exist_ok=True)
-    for f in sorted(journal.folder.glob("*")):
-        if f.is_file() and not (kept / f.name).exists():
-            shutil.copyfile(f, kept / f.name)
+    legacy = state / "eval_journal"  # the journal as a folder, as runs were kept before the archive
+    pack_journal([*legacy.glob("*"), *journal.folder.glob("*")], state / JOURNAL_ARCHIVE)
+    if legacy.is_dir():
+        shutil.rmtree(legacy)
     metrics_dir = Path(section(params, "paths.metrics"))
     (out / "metrics").mkdir(exist_ok=True)
     for name in TRAINING_METRICS:
@@ -278,7 +348,7 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
     head = ("Finished" if finished else f"Partial: {done} of {total} tasks journaled") + \
         f" (commit {commit[:10]}, {backend.device_name()}, saved {provenance['saved_at']})."
     summary = f"{head}\n\n{summary_markdown(metrics) if metrics['families'] else 'No task journaled yet.'}\n"
-    write_text(summary, out / "summary.md")
+    write_text(summary, out / SUMMARY)
     if metrics["families"]:
         cost_ratio_figure(metrics["families"], out / "eval_cost_ratio.png", backend=backend.name,
                           device=f"{backend.device_name()}; paper scale" + ("" if finished else f", {done}/{total} tasks"),
@@ -291,15 +361,27 @@ def save(params_file: Path, out: Path, root: Path, readme: Path | None = None,
 # ---------------------------------------------------------------- restore
 
 
-def saved_run_params(params: dict[str, Any], src: Path) -> dict[str, Any]:
-    """`params` reading the checkpoints and the journal saved in `src` (before they are put in place)."""
+def saved_run_params(params: dict[str, Any], src: Path, journal: Path) -> dict[str, Any]:
+    """`params` reading the checkpoints saved in `src` and the journal unpacked in `journal` (before they are
+    put in place)."""
     import copy
 
     saved = copy.deepcopy(params)
     for key in MODEL_PATHS:
         saved["paths"][key] = str(src / "state" / "models" / Path(section(params, f"paths.{key}")).name)
-    saved["paths"]["eval_journal"] = str(src / "state" / "eval_journal")
+    saved["paths"]["eval_journal"] = str(journal)
     return saved
+
+
+def saved_journal(src: Path, folder: Path) -> None:
+    """The journal kept in `src` unpacked into `folder`: its archive, or the folder a run was kept in before."""
+    archive, legacy = src / "state" / JOURNAL_ARCHIVE, src / "state" / "eval_journal"
+    if archive.exists():
+        unpack_journal(archive, folder)
+    elif legacy.is_dir():
+        shutil.copytree(legacy, folder, dirs_exist_ok=True)
+    else:
+        raise RunError(f"{archive}: not found (expected the run's journal, kept by `python -m tools.paper_cpu save`)")
 
 
 def journaled_test_tasks(journal, splits, per_family: int) -> list:
@@ -318,7 +400,7 @@ def replay_check(sharders, journal, splits, per_family: int = 1) -> int:
     `splits`: evaluation_of the saved run; the first `per_family` of each family's journaled test tasks), and
     refuse if any sharder's plan differs from the journal's: code that plans otherwise would mix its plans into
     the run. Returns how many tasks were replayed."""
-    from dreamshard.evaluation.evaluate import plan_with
+    from dreamshard.project.evaluation import plan_with
 
     tasks = journaled_test_tasks(journal, splits, per_family)
     for task in tasks:
@@ -340,9 +422,9 @@ def timing_check(params: dict[str, Any], journal, splits, tasks: int, tolerance:
     cost), and its timings must not join the run's. Returns the ratio and the tasks measured."""
     import statistics
 
-    from dreamshard.hardware.base import measure_rounds, median_cost
-    from dreamshard.plan import Plan
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.domain import Plan
+    from dreamshard.project.hardware import measure_rounds, median_cost
 
     if tasks < 1 or not tolerance > 1:
         raise ValueError(f"timing check: expected tasks >= 1 and tolerance > 1, got {tasks} and {tolerance}")
@@ -386,8 +468,8 @@ def restore(src: Path, params_file: Path, root: Path,
     would otherwise keep as the run's. Before anything is put in place: the data's digests, the replay check
     and the timing check (`timing_tasks`, `timing_tolerance`: timing_check's). `rebuild(params)`: makes the
     deterministic data (default: `dvc repro tasks` in `root`)."""
-    from dreamshard.hardware.fbgemm import cpu_model_name
     from dreamshard.project.evaluation import model_paths_of
+    from dreamshard.project.hardware import cpu_model_name
 
     prov_path = src / "provenance.json"
     if not prov_path.exists():
@@ -405,24 +487,26 @@ def restore(src: Path, params_file: Path, root: Path,
         if digests.get(key) != digest:
             raise RunError(f"{section(params, key)} ({key}): rebuilt data differs from the run's (sha1 {digest[:12]}, "
                            f"here {digests.get(key, 'none')[:12]}); the journal's tasks would not match")
-    _backend, sharders, journal, splits = evaluation_of(saved_run_params(params, src))
-    provenance["replayed_tasks"] = replay_check(sharders, journal, splits)
-    provenance["timing_check"] = timing_check(params, journal, splits, timing_tasks, timing_tolerance)
-    for name, path in model_paths_of(params).items():
-        saved = src / "state" / "models" / Path(path).name
-        if name in provenance["model_digests"]:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(saved, path)
-    metrics_dir = Path(section(params, "paths.metrics"))
-    for name in TRAINING_METRICS:
-        if (src / "metrics" / name).exists():
-            metrics_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / "metrics" / name, metrics_dir / name)
-    journal_dir = Path(section(params, "paths.eval_journal"))
-    journal_dir.mkdir(parents=True, exist_ok=True)
-    for f in sorted((src / "state" / "eval_journal").glob("*")):
-        if not (journal_dir / f.name).exists():
-            shutil.copyfile(f, journal_dir / f.name)
+    with tempfile.TemporaryDirectory(prefix="eval_journal-") as unpacked:
+        saved_journal(src, Path(unpacked))
+        _backend, sharders, journal, splits = evaluation_of(saved_run_params(params, src, Path(unpacked)))
+        provenance["replayed_tasks"] = replay_check(sharders, journal, splits)
+        provenance["timing_check"] = timing_check(params, journal, splits, timing_tasks, timing_tolerance)
+        for name, path in model_paths_of(params).items():
+            saved = src / "state" / "models" / Path(path).name
+            if name in provenance["model_digests"]:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(saved, path)
+        metrics_dir = Path(section(params, "paths.metrics"))
+        for name in TRAINING_METRICS:
+            if (src / "metrics" / name).exists():
+                metrics_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src / "metrics" / name, metrics_dir / name)
+        journal_dir = Path(section(params, "paths.eval_journal"))
+        journal_dir.mkdir(parents=True, exist_ok=True)
+        for f in sorted(Path(unpacked).glob("*")):
+            if not (journal_dir / f.name).exists():
+                shutil.copyfile(f, journal_dir / f.name)
     return provenance
 
 
@@ -442,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     folder = (args.folder or root / "results" / "paper-cpu").resolve()
     readme = args.readme.resolve() if args.readme else None
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     # the backend's allocator setting, before torch starts: the saved run's for restore (its timing check measures)
     huge_pages_from_params(str(folder / "params.yaml" if args.command == "restore" else root / "params.yaml"))

@@ -137,8 +137,11 @@ def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
 
 
 def plan_id(task: Task, plan: Plan, fingerprint: str) -> str:
-    # a shard's row range only where it has one
-    shards = sorted((s.table, s.device, s.col_start, s.col_end, *((s.row_start, s.row_end) if s.is_row_range else ()))
+    """The plan's id in the journal: its task, its shards (every field of Shard.key(); a row range, a replica and
+    a cache only where a shard has one, so ids of plans without them are those the journal has always had), and
+    the backend's fingerprint."""
+    shards = sorted((s.table, s.device, s.col_start, s.col_end, *((s.row_start, s.row_end) if s.is_row_range else ()),
+                     *(("replica",) if s.replica else ()), *(("cache", s.cache) if s.cache is not None else ()))
                     for s in plan.shards)
     text = json.dumps([task.name, [(t.name, t.dim) for t in task.tables], shards, fingerprint])
     return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dreamshard.data.lookups import LookupSource
     from dreamshard.hardware.base import ComputeCost, CostBackend, DeviceCost, PlanCost
-    from dreamshard.hardware.comm import Topology
+    from dreamshard.hardware.topology import Topology
 
 BACKENDS = ("fbgemm", "analytic")
 _EXPORTS = {"ComputeCost": "dreamshard.hardware.base", "CostBackend": "dreamshard.hardware.base",
             "DeviceCost": "dreamshard.hardware.base", "PlanCost": "dreamshard.hardware.base",
-            "Topology": "dreamshard.hardware.comm"}
+            "Topology": "dreamshard.hardware.topology"}
 
 
 def __getattr__(name: str) -> Any:
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
 def make_backend(name: str, lookups: LookupSource, topology: Topology | None = None, **options: Any) -> CostBackend:
     """Build a backend by name; `options` are its config fields (batch_size, iterations, ...)."""
-    from dreamshard.hardware.comm import Topology
+    from dreamshard.hardware.topology import Topology
 
     topology = topology or Topology()
     if name == "fbgemm":

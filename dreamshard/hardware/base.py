@@ -16,7 +16,7 @@ from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:
-    from dreamshard.hardware.comm import Topology
+    from dreamshard.hardware.topology import Topology
 
 R = TypeVar("R")
 
@@ -145,7 +145,8 @@ class MeasureCount:
 
 
 def _device_key(shards: Sequence[Shard]) -> tuple:
-    return tuple(sorted((s.table, s.col_start, s.col_end, s.row_start, s.row_end or -1, s.replica) for s in shards))
+    """One device's shard set, whichever device holds it (the backends' compute cost is a reference device's)."""
+    return tuple(sorted(s.key(device=False) for s in shards))
 
 
 def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Sequence[Plan],

@@ -9,28 +9,13 @@ The model and what it leaves out: docs/cost-backends.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
+from dreamshard.hardware.topology import Topology
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
-
-
-@dataclass(frozen=True)
-class Topology:
-    devices_per_host: int = 8
-    intra_host_gbps: float = 150.0  # GB/s per device, e.g. NVLink
-    inter_host_gbps: float = 12.5  # GB/s per device, e.g. 100 Gb/s network
-    latency_us: float = 10.0  # per collective
-    output_bytes: int = 4  # bytes per pooled-output element (fp32)
-
-    def __post_init__(self) -> None:
-        if self.devices_per_host < 1 or self.intra_host_gbps <= 0 or self.inter_host_gbps <= 0:
-            raise ValueError("topology: devices_per_host >= 1 and positive bandwidths required")
-        if self.latency_us < 0 or self.output_bytes < 1:
-            raise ValueError("topology: latency_us >= 0 and output_bytes >= 1 required")
 
 
 def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:

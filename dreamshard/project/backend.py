@@ -1,4 +1,5 @@
-"""The project's cost backend: params `backend`, fed with the process stage's recorded lookups."""
+"""The project's cost backend: params `backend`, fed with the process stage's recorded lookups; and the allocator
+setting it measures under, set before torch is imported (this module imports nothing heavy at load)."""
 from __future__ import annotations
 
 from typing import Any
@@ -37,3 +38,22 @@ def backend_of(params: dict[str, Any], lookups=None):
 
     pin_threads(backend)  # a stage (or benchmark) is a program: it sets the measurement thread count once, here
     return backend
+
+
+def huge_pages_from_params(params_file: str) -> None:
+    """The fbgemm backend's allocator setting, in the environment before torch is imported (torch reads it at
+    its first allocation): params backend.fbgemm.huge_pages decides it, whatever the shell had. For programs'
+    starts: `python -m pipeline`, the benchmarks, experiments and tools that measure."""
+    import yaml
+
+    from dreamshard.hardware.allocator import set_huge_pages
+
+    try:
+        with open(params_file) as fh:
+            params = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError):
+        return  # the stage itself reports the missing or malformed file
+    backend = params.get("backend") if isinstance(params, dict) else None
+    fbgemm = backend.get("fbgemm") if isinstance(backend, dict) else None
+    wanted = isinstance(fbgemm, dict) and fbgemm.get("huge_pages") is True
+    set_huge_pages(wanted)

@@ -1,18 +1,52 @@
 """What the evaluate stage evaluates: the tasks in its order, the sharders of `evaluate.sharders` with their trained
-models, and the fingerprint of everything that decides an evaluated task's rows."""
+models, the fingerprint of everything that decides an evaluated task's rows, and all of it set up at once
+(`evaluation_setup`: the stage, and the tools and experiments that read its journal). Also the evaluation's
+parts the stages, benchmarks, experiments and tools use: bounds, measuring plans, the measured search, the
+journal, summaries, figures, reports (dreamshard.evaluation; collecting the cost data: project.collection)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dreamshard.evaluation.journal import file_digest
-from dreamshard.evaluation.summary import first_per_family, interleave_families
+from dreamshard.data.lookups import RecordedLookups
+from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, fusion_probe, regime_of, whole_shards
+from dreamshard.evaluation.evaluate import PlannedTask, ProbeCache, estimated_bins_check, evaluate_task, plan_with
+from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
+from dreamshard.evaluation.improve import ImproveConfig
+from dreamshard.evaluation.journal import EvalJournal, file_digest
+from dreamshard.evaluation.report import eval_markdown, replace_block, summary_markdown
+from dreamshard.evaluation.summary import (
+    best_known_check,
+    best_known_summary,
+    bootstrap_ci,
+    bootstrap_meta,
+    estimated_bins_summary,
+    exhaustive_check,
+    family_summary,
+    first_per_family,
+    generalisation,
+    interleave_families,
+    result_row,
+    with_ratios,
+)
+from dreamshard.hardware.base import CostBackend
+from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
 from dreamshard.sharders.cuts import CutConfig
 from dreamshard.sharders.search import SearchConfig
 from dreamshard.tasks import Task, read_tasks
+
+__all__ = [
+    "BOUND_USED", "EvalJournal", "Evaluation", "FusionProbe", "ImproveConfig", "PlannedTask", "ProbeCache",
+    "best_known_check", "best_known_summary", "bootstrap_ci", "bootstrap_meta", "bound_regime", "cost_ratio_figure",
+    "cost_ratio_table", "estimated_bins_check", "estimated_bins_summary", "eval_markdown", "evaluate_task",
+    "evaluated_tasks", "evaluation_setup", "exhaustive_check", "family_summary", "first_per_family", "fusion_probe",
+    "generalisation", "journal_fingerprint", "make_sharders", "model_paths_of", "plan_with", "regime_of",
+    "replace_block", "result_row", "summary_markdown", "whole_shards", "with_ratios",
+]
 
 
 def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
@@ -82,3 +116,24 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
         "cut_search": section(params, "cut_search"),
         "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
     }, sort_keys=True, default=str)
+
+
+@dataclass
+class Evaluation:
+    """What the evaluate stage evaluates with, built from params (`evaluation_setup`)."""
+
+    backend: CostBackend
+    sharders: list[Sharder]  # evaluate.sharders, with their trained models
+    journal: EvalJournal  # paths.eval_journal, under the fingerprint of backend, settings and models
+    tasks: list[Task]  # the test tasks in file order
+    splits: list[tuple[str, Task]]  # every (split, task) evaluated, in the stage's order (evaluated_tasks)
+
+
+def evaluation_setup(params: dict[str, Any], measuring: bool = True) -> Evaluation:
+    """The evaluate stage's backend, sharders, journal and tasks for `params`, as the stage builds them; with
+    `measuring` false the backend gets no lookups (to read a journal, plan again, fingerprint: nothing measured)."""
+    backend = backend_of(params) if measuring else backend_of(params, lookups=RecordedLookups({}))
+    tasks, splits = evaluated_tasks(params)
+    sharders = make_sharders(params, int(section(params, "backend.batch_size")))
+    journal = EvalJournal(section(params, "paths.eval_journal"), journal_fingerprint(params, backend, sharders))
+    return Evaluation(backend, sharders, journal, tasks, splits)

@@ -7,8 +7,10 @@ backend wrapper that raises after k plan measurements.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -394,6 +396,14 @@ def test_plans_with_cuts_are_valid_and_priced_piece_by_piece(data, analytic):
                                            + [Shard(u.name, 0, 0, u.dim) for u in task.tables[1:]]))
               for cut in (t.rows // 2, t.rows // 2 + 1)]
     assert plan_id(task, halves[0], "fp") != plan_id(task, halves[1], "fp")
+    # and caches and replicas: every field of a shard (Plan.key()), where the plain plan keeps the id it had
+    whole = Plan(task.num_devices, tuple(Shard(u.name, 0, 0, u.dim) for u in task.tables))
+    variants = [whole] + [Plan(task.num_devices, (replace(whole.shards[0], **change), *whole.shards[1:]))
+                          for change in ({"cache": 0.2}, {"cache": 0.0}, {"replica": True})]
+    assert len({plan_id(task, p, "fp") for p in variants}) == len({p.key() for p in variants}) == 4
+    legacy = [(s.table, s.device, s.col_start, s.col_end) for s in sorted(whole.shards, key=lambda s: s.table)]
+    assert plan_id(task, whole, "fp") == hashlib.sha1(json.dumps(
+        [task.name, [(t.name, t.dim) for t in task.tables], sorted(legacy), "fp"]).encode()).hexdigest()[:16]
     rng = np.random.default_rng(0)
     for it in items:
         assert cut_tables(it.task, it.plan, rng) is not None  # cutting a cut plan again stays valid (validated inside)

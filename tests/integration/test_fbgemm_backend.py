@@ -172,7 +172,7 @@ def test_the_allocator_setting_is_importable_before_torch():
 
 def test_the_pipeline_sets_the_allocator_from_params_before_torch(tmp_path, monkeypatch):
     from dreamshard.hardware.allocator import HUGE_PAGES_ENV, huge_pages_enabled
-    from pipeline.__main__ import huge_pages_from_params
+    from dreamshard.project.backend import huge_pages_from_params
 
     params = tmp_path / "params.yaml"
     monkeypatch.setenv(HUGE_PAGES_ENV, "1")  # the shell's setting loses to params

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +32,18 @@ def git_repo(path: Path) -> Path:
     for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "run"]):
         subprocess.run(["git", *cmd], cwd=path, check=True)
     return path
+
+
+@contextmanager
+def journal_files(kept: Path, tmp_path: Path) -> Iterator[list[Path]]:
+    """The kept journal's files, unpacked to change them; packed into a fresh archive afterwards."""
+    folder = tmp_path / "unpacked_journal"
+    paper_cpu.unpack_journal(kept / "state" / paper_cpu.JOURNAL_ARCHIVE, folder)
+    yield sorted(folder.glob("task-*.parquet"))
+    (kept / "state" / paper_cpu.JOURNAL_ARCHIVE).unlink()
+    paper_cpu.pack_journal(sorted(folder.glob("*")), kept / "state" / paper_cpu.JOURNAL_ARCHIVE)
+    for f in folder.glob("*"):
+        f.unlink()
 
 
 def data_stages(params):
@@ -98,8 +112,12 @@ def test_a_stopped_run_is_saved_with_its_progress_and_a_partial_summary(stopped_
     assert counts == {f: {s: 1 for s in SHARDERS} for f in ("tiny-6-2", "tiny-8-4")}
     assert metrics["additivity"]["fused_over_sum_of_singles"]  # the run's fusion probe, read not measured
     assert (kept / "state" / "models" / "neuroshard.pt").exists()
-    assert len(list((kept / "state" / "eval_journal").glob("task-*.parquet"))) == 2
-    assert "Partial: 2 of" in (kept / "summary.md").read_text()
+    archive = kept / "state" / paper_cpu.JOURNAL_ARCHIVE
+    assert sorted(n for n in paper_cpu.journal_members(archive) if n.startswith("task-")) == sorted(
+        f.name for f in Path("data/eval_journal").glob("task-*.parquet"))  # the journal, as one archive
+    assert len([n for n in paper_cpu.journal_members(archive) if n.startswith("task-")]) == 2
+    assert not (kept / "state" / "eval_journal").exists()
+    assert "Partial: 2 of" in (kept / paper_cpu.SUMMARY).read_text()
     assert (kept / "eval_cost_ratio.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -136,24 +154,25 @@ def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp
     clone.mkdir()
     monkeypatch.chdir(clone)
     # a journaled plan that this code would not make (as code changed since the run would)
-    first = sorted((kept / "state" / "eval_journal").glob("task-*.parquet"))[0]
-    original = pd.read_parquet(first)
-    changed = original.copy()
-    shards = json.loads(changed.loc[0, "shards"])
-    shards[0]["device"] = (shards[0]["device"] + 1) % 2
-    changed.loc[0, "shards"] = json.dumps(shards)
-    changed.to_parquet(first)
+    with journal_files(kept, tmp_path) as files:
+        original = pd.read_parquet(files[0])
+        changed = original.copy()
+        shards = json.loads(changed.loc[0, "shards"])
+        shards[0]["device"] = (shards[0]["device"] + 1) % 2
+        changed.loc[0, "shards"] = json.dumps(shards)
+        changed.to_parquet(files[0])
     with pytest.raises(paper_cpu.RunError, match=f"this clone's {changed.loc[0, 'algorithm']} plans it otherwise"):
         paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data)
     assert not Path("data/eval_journal").exists()  # refused before anything was put in place
-    original.to_parquet(first)
+    with journal_files(kept, tmp_path) as files:
+        original.to_parquet(files[0])
 
     # a machine that runs the run's plans at another speed, though it reports the same processor: here the
     # journal says they cost a third of what this machine measures them at
-    files = sorted((kept / "state" / "eval_journal").glob("task-*.parquet"))
-    originals = [pd.read_parquet(f) for f in files]
-    for f, rows in zip(files, originals, strict=True):
-        rows.assign(cost_ms=rows["cost_ms"] / 3).to_parquet(f)
+    with journal_files(kept, tmp_path) as files:
+        originals = [pd.read_parquet(f) for f in files]
+        for f, rows in zip(files, originals, strict=True):
+            rows.assign(cost_ms=rows["cost_ms"] / 3).to_parquet(f)
     with pytest.raises(paper_cpu.RunError, match=r"measures the run's journaled plans of .* at 3\.00x"):
         paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data)
     assert not Path("data/eval_journal").exists()
@@ -162,8 +181,9 @@ def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp
     paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=tiny_data, timing_tolerance=3.5)  # allowed
     assert Path("data/eval_journal").exists()
     monkeypatch.chdir(clone)
-    for f, rows in zip(files, originals, strict=True):
-        rows.to_parquet(f)
+    with journal_files(kept, tmp_path) as files:
+        for f, rows in zip(files, originals, strict=True):
+            rows.to_parquet(f)
 
     prov = json.loads((kept / "provenance.json").read_text())
     (kept / "provenance.json").write_text(json.dumps({**prov, "measured": True, "processor": "cpu: Other CPU (1 thread)"}))
@@ -177,3 +197,25 @@ def test_restore_refuses_other_plans_timings_processor_and_data(stopped_run, tmp
 
     with pytest.raises(paper_cpu.RunError, match=r"paths.tables\): rebuilt data differs"):
         paper_cpu.restore(kept, Path("params.yaml"), root, rebuild=other_data)
+
+
+def test_the_journal_archive_is_deterministic_keeps_what_it_holds_and_reads_back(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    pq.write_table(pa.table({"cost_ms": [1.5, 2.5], "shards": ["[]", "[]"]}), journal / "task-a.parquet")
+    (journal / "fusion_probes-x.json").write_text("[1]")
+    first, second = tmp_path / "one" / "j.tar.xz", tmp_path / "two" / "j.tar.xz"
+    assert paper_cpu.pack_journal(sorted(journal.glob("*")), first) == 2
+    (journal / "task-a.parquet").touch()  # another mtime: the same bytes
+    paper_cpu.pack_journal(sorted(journal.glob("*")), second)
+    assert first.read_bytes() == second.read_bytes()
+    pq.write_table(pa.table({"cost_ms": [9.0], "shards": ["[]"]}), journal / "task-a.parquet")
+    pq.write_table(pa.table({"cost_ms": [3.0], "shards": ["[]"]}), journal / "task-b.parquet")
+    assert paper_cpu.pack_journal(sorted(journal.glob("*")), first) == 3  # task-a journaled once: kept as it was
+    out = tmp_path / "out"
+    assert paper_cpu.unpack_journal(first, out) == 3 and paper_cpu.unpack_journal(first, out) == 0
+    assert pd.read_parquet(out / "task-a.parquet")["cost_ms"].tolist() == [1.5, 2.5]
+    assert (out / "fusion_probes-x.json").read_text() == "[1]"

@@ -18,7 +18,7 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType  #
 from torchrec.distributed.sharding_plan import get_default_sharders  # noqa: E402
 from torchrec.distributed.types import CacheAlgorithm, CacheParams, ShardingPlan  # noqa: E402
 
-from dreamshard.interop.planner import DreamShardPlanner  # noqa: E402
+from dreamshard.planner import DreamShardPlanner  # noqa: E402
 
 PLANNERS = {"torchrec": EmbeddingShardingPlanner, "dreamshard": DreamShardPlanner}
 

@@ -26,8 +26,8 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType  #
 from torchrec.distributed.types import ShardingPlan  # noqa: E402
 
 from dreamshard.errors import DreamShardError  # noqa: E402
-from dreamshard.interop.planner import DreamShardPlanner  # noqa: E402
 from dreamshard.plan import device_memory_bytes, row_blocks  # noqa: E402
+from dreamshard.planner import DreamShardPlanner  # noqa: E402
 
 MB = 1024**2
 NO_RESERVATION = FixedPercentageStorageReservation(0.0)  # tests of other things keep the topology's whole HBM
@@ -360,7 +360,7 @@ from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec.modules.embedding_configs import DataType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from dreamshard.interop.planner import DreamShardPlanner
+from dreamshard.planner import DreamShardPlanner
 
 TABLES = [("big", 60_000, 32), ("mid", 3_000, 16), ("small", 100, 8)]  # big: 7.3 MB, more than a rank's 6 MB
 BUDGET = 6 * 1024**2
@@ -593,7 +593,7 @@ from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
 from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from dreamshard.interop.planner import DreamShardPlanner
+from dreamshard.planner import DreamShardPlanner
 
 ROWS, DIM = 40_000, 16  # 2.4 MB a table, a rank holds 3 MB: one table on each
 
@@ -694,7 +694,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from dreamshard.interop.planner import DreamShardPlanner
+from dreamshard.planner import DreamShardPlanner
 
 DIM = 16
 BAGS = [("pa", 40_000), ("pb", 10_000)]

@@ -44,6 +44,17 @@ def test_a_device_shard_set_shared_by_plans_is_measured_once_per_round():
         assert [d.fwd_ms for d in cost.devices] == pytest.approx([d.fwd_ms for d in exact.plan_cost(task, plan).devices])
 
 
+def test_shard_sets_that_differ_only_in_cache_or_replicas_are_measured_apart():
+    from dataclasses import replace
+
+    task = Task("t", tuple(BIG + SMALL), (Device(2**34), Device(2**34), Device(2**34)))
+    a = Plan.from_assignment(task, [0, 0, 1, 1, 2, 2, 2])
+    cached = Plan(3, (replace(a.shards[0], cache=0.5), *a.shards[1:]))  # device 0's first table UVM-cached
+    backend, count = Counting(), MeasureCount()
+    measure_rounds(backend, task, [a, cached], 1, median_cost, count=count)
+    assert (count.measured, count.reused) == (4, 2)  # device 0 twice: a cached table is another operator
+
+
 def test_bound_probes_are_measured_once_per_table_and_width_across_tasks():
     from dreamshard.evaluation.evaluate import ProbeCache, evaluate_task
     from dreamshard.sharders import make_sharder

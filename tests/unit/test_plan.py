@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -262,3 +263,33 @@ def test_plan_key_is_the_plans_identity_whatever_the_shard_order():
     assert Plan(2, (Shard("x", 1, 0, 8), *a.shards[1:])).key() != a.key()  # another device
     assert Plan(2, (Shard("x", 0, 0, 8, 0, 5), Shard("x", 0, 0, 8, 5, None))).key() != \
         Plan(2, (Shard("x", 0, 0, 8),)).key()  # row ranges are part of it
+    x = Shard("x", 0, 0, 8)
+    in_hbm, in_host, cached = (Plan(1, (replace(x, cache=c),)).key() for c in (None, 0.0, 0.5))
+    assert len({in_hbm, in_host, cached}) == 3  # device memory, host memory (fused_uvm) and a cache differ
+    assert Plan(1, (replace(x, replica=True),)).key() != in_hbm
+
+
+def test_a_whole_table_its_limits_refuse_is_refused(task):
+    """The checks a whole table in device memory passes quickly still hold its own limits."""
+    from dataclasses import replace as with_
+
+    row_only = with_(task, sharding=("table", "row"), table_kinds=(("a", ("row",)),))
+    with pytest.raises(InvalidPlanError, match=r"table 'a' is planned table, but it allows row only"):
+        validate_plan(row_only, plan(*VALID))
+    cached = with_(task, kernels=("fused", "fused_uvm_caching"), must_cache=("b",))
+    with pytest.raises(InvalidPlanError, match=r"table 'b' must be UVM-cached"):
+        validate_plan(cached, plan(*VALID))
+    validate_plan(with_(task, table_kinds=(("a", ("table",)),)), plan(*VALID))
+
+
+def test_plan_json_writes_a_shard_a_line_and_reads_back(tmp_path, task):
+    p = plan(*VALID)
+    path = tmp_path / "plan.json"
+    p.save_json(path, note='"shards": null')
+    lines = path.read_text().splitlines()
+    assert lines[2] == '  "shards": [' and lines[3] == '    {"table": "a", "device": 0, "col_start": 0, "col_end": 16},'
+    assert json.loads(path.read_text())["note"] == '"shards": null' and Plan.load_json(path) == p
+    Plan(2, ()).save_json(path)
+    assert json.loads(path.read_text()) == {"num_devices": 2, "shards": []}
+    with pytest.raises(ValueError, match="num_devices or shards"):
+        p.save_json(path, shards=[])

@@ -13,7 +13,7 @@ from helpers import PROJECT_ROOT as ROOT
 
 README = ROOT / "README.md"
 METRICS = ROOT / "metrics" / "eval.json"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("**/README*.md"))]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("**/*.md"))]
 
 # [text](target) and ![alt](target), target up to a space or ')'; reference definitions `[x]: target`
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)

@@ -41,3 +41,70 @@ def test_docs_layout_names_every_module():
                if p.stem not in ("__init__", "__main__")]
     missing = sorted(str(p.relative_to(ROOT)) for p in modules if not re.search(rf"\b{re.escape(p.stem)}\b", text))
     assert not missing, f"docs/layout.md does not name: {missing}"
+
+
+# ---------------------------------------------------------------- results/ as findings (issue 54)
+
+PAGE_LIMIT = 12 * 1024  # bytes: a page a reader reads whole
+RESULTS_LIMIT = 8_000_000  # bytes of results/ in git
+# a count of work periods as a time marker ("the eighth session", "this session", "issue 35's pass"); a
+# measurement pass ("pass 2", "a second pass of the same plans") is not one
+WORK_PERIOD = re.compile(
+    r"\b(?:(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|this|that|next|"
+    r"previous|last|earlier|later|one|a|another)\s+(?:work(?:ing)?\s+)?(?:session|work\s+period)s?"
+    r"|(?:sixth|seventh|eighth|ninth|tenth|eleventh|twelfth)\s+pass(?:es)?"
+    r"|pass(?:es)?\s+of\s+work"
+    r"|issue\s+\d+'s\s+(?:pass|session|work))\b", re.I)
+
+
+def markdown_pages() -> list[Path]:
+    return sorted([*(ROOT / "results").rglob("*.md"), *(ROOT / "docs").glob("*.md")])
+
+
+def results_files() -> list[Path]:
+    """results/'s files in git, or to be added (tracked or not ignored: `git ls-files`), else every file there."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "results"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in (ROOT / "results").rglob("*") if p.is_file()]
+    return [ROOT / n for n in out.decode().split("\0") if n and (ROOT / n).is_file()]
+
+
+def work_periods(text: str) -> list[str]:
+    return [m.group(0) for m in WORK_PERIOD.finditer(text)]
+
+
+def test_no_results_or_docs_page_is_over_12_kb():
+    over = {str(p.relative_to(ROOT)): p.stat().st_size for p in markdown_pages() if p.stat().st_size > PAGE_LIMIT}
+    assert not over, f"markdown pages over {PAGE_LIMIT} bytes (split or fold them): {over}"
+
+
+def test_results_in_git_are_at_most_8_mb():
+    files = results_files()
+    total = sum(p.stat().st_size for p in files)
+    largest = sorted(files, key=lambda p: p.stat().st_size)[-5:]
+    assert total <= RESULTS_LIMIT, (f"results/ holds {total} bytes in git (limit {RESULTS_LIMIT}); largest: "
+                                    f"{[(str(p.relative_to(ROOT)), p.stat().st_size) for p in largest]}")
+
+
+def test_no_journal_folder_is_kept_in_results():
+    big = [p for p in (ROOT / "results").rglob("eval_journal") if p.is_dir()
+           and sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) > 1_000_000]
+    assert not big, f"journals over 1 MB are kept as one archive (tools.paper_cpu.pack_journal): {big}"
+
+
+def test_no_page_names_a_work_period():
+    found = {str(p.relative_to(ROOT)): work_periods(p.read_text()) for p in markdown_pages()}
+    found = {k: v for k, v in found.items() if v}
+    assert not found, f"dates and commits say when, not a count of work periods: {found}"
+
+
+def test_the_work_period_check_finds_them_and_spares_measurement_passes():
+    assert work_periods("as in the eighth session's run; this session; issue 35's pass; the ninth pass") == [
+        "eighth session", "this session", "issue 35's pass", "ninth pass"]
+    assert work_periods("longer than one working session") == ["one working session"]
+    assert not work_periods("pass 2 of the evaluation; a second pass of the same plans; the first pass read 0.9; "
+                            "Prefect's sessions; a tenth of the time")
