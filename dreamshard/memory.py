@@ -24,7 +24,7 @@ OPTIMIZER_STATE_BYTES = {
 }
 INPUT_BYTES = 8  # TorchRec counts each looked-up index as int64 (FBGEMM's TBE converts int32 ids to int64)
 DEFAULT_RESERVATION = 0.15  # TorchRec's planner default (HeuristicalStorageReservation's percentage)
-DEFAULT_BATCH_SIZE = 512  # TorchRec's planner default batch size per device
+DEFAULT_BATCH_SIZE = 512  # samples per device and step wherever none is given: TorchRec's planner's default (BATCH_SIZE)
 
 GB = 1024**3
 

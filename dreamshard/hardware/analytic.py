@@ -14,7 +14,7 @@ import numpy as np
 from dreamshard.caching import hit_rate
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
-from dreamshard.memory import BYTES_PER_WEIGHT
+from dreamshard.memory import BYTES_PER_WEIGHT, DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan, Shard
 from dreamshard.tables import NUM_BINS, Table
 from dreamshard.tasks import Task
@@ -36,7 +36,7 @@ def cold_fraction(table: Table) -> float:
 @dataclass(frozen=True)
 class AnalyticConfig:
     regime: str  # one of REGIMES: how fusing tables changes their cost (see the module docstring)
-    batch_size: int = 4096
+    batch_size: int = DEFAULT_BATCH_SIZE
     launch_us: float = 50.0
     lookup_ns: float = 1.0  # per looked-up element of a row
     output_ns: float = 0.5  # per pooled-output element

@@ -15,6 +15,7 @@ import numpy as np
 from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
 from dreamshard.hardware.topology import Topology
 from dreamshard.plan import Plan
+from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 
@@ -100,14 +101,20 @@ def output_widths(plan: Plan, task: Task | None = None) -> list[float]:
     tables = {t.name: t for t in task.tables} if task is not None else {}
     out = [0.0] * plan.num_devices
     for s in plan.shards:
-        if s.replica:
-            continue
         t = tables.get(s.table)
-        if t is not None and t.sequence:
-            out[s.device] += s.width * t.pooling_factor * s.num_rows(t.rows) / t.rows
-        else:
-            out[s.device] += s.width
+        out[s.device] += (0.0 if s.replica else float(s.width)) if t is None else \
+            output_width(t, s.width, s.num_rows(t.rows), s.replica)
     return out
+
+
+def output_width(table: Table, width: int, rows: int | None = None, replica: bool = False) -> float:
+    """The output elements per sample a shard of `width` columns (and `rows` of the rows; all by default) of
+    `table` sends through the all-to-all (output_widths): what the backends and the cost network both count."""
+    if replica:
+        return 0.0
+    if table.sequence:
+        return width * table.pooling_factor * (table.rows if rows is None else rows) / table.rows
+    return float(width)
 
 
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,

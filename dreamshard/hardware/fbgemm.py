@@ -24,7 +24,7 @@ from dreamshard.errors import DreamShardError, InvalidPlanError, OverBudgetError
 from dreamshard.hardware.allocator import HUGE_PAGES_ENV, huge_pages_enabled
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
-from dreamshard.memory import GB
+from dreamshard.memory import DEFAULT_BATCH_SIZE, GB
 from dreamshard.plan import Plan, Shard, check_shard_block
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -52,7 +52,7 @@ INIT_BLOCK = 1 << 20  # values drawn once from the seeded generator, then repeat
 
 @dataclass(frozen=True)
 class FbgemmConfig:
-    batch_size: int = 4096
+    batch_size: int = DEFAULT_BATCH_SIZE
     warmup: int = 3
     iterations: int = 15
     threads: int = 1  # CPU threads of a measurement: torch.get_num_threads() must equal it (see pin_threads)

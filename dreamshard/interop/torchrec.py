@@ -19,11 +19,11 @@ from typing import Any
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.io import atomic_path
+from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.tasks import Task
 
 DEFAULT_FQN = "ebc"
-DEFAULT_BATCH_SIZE = 2048  # per-rank batch size TorchRec's perf model assumes
 COMPUTE_DEVICE = "cuda"  # plans are for GPU training; planning itself runs anywhere
 COMPUTE_KERNEL = "fused"  # FBGEMM TBE with the weights in device memory (HBM)
 TABLE_WISE = "table_wise"

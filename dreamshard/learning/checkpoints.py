@@ -101,6 +101,9 @@ def _rebuild(path: Path, role: str, expected: str, entry: dict[str, Any]) -> nn.
     cls = getattr(importlib.import_module(CONFIGS[name]), name)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     stored = entry["config"]
+    upgrade = getattr(cls, "stored_fields", None)  # a config class that reads older checkpoints' fields
+    if upgrade is not None and isinstance(stored, dict):
+        stored = upgrade(stored)
     unknown = sorted(set(stored) - set(fields))
     if unknown:
         raise DataFormatError(f"{path}: network {role!r}: {name} has no field(s) {', '.join(unknown)}")

@@ -19,9 +19,9 @@ from torch import nn
 
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
-from dreamshard.hardware.comm import Topology, seconds_per_byte
+from dreamshard.hardware.comm import Topology, output_width, output_widths, seconds_per_byte
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
-from dreamshard.memory import MemoryModel
+from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
 from dreamshard.plan import Plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -55,6 +55,9 @@ def log_cost(ms: torch.Tensor) -> torch.Tensor:
     return torch.log(ms + TARGET_EPS_MS)
 
 
+LEGACY_TOPOLOGY_FIELDS = ("devices_per_host", "intra_host_gbps", "inter_host_gbps", "latency_us", "output_bytes")
+
+
 @dataclass(frozen=True)
 class CostNetConfig:
     """Everything that shapes a CostNet; a checkpoint stores it beside the weights."""
@@ -65,33 +68,36 @@ class CostNetConfig:
     scale_ms: float = 1.0  # heads output softplus x scale_ms: the median measured device cost
     plan_estimate: str = "device_max"
     comm: str = "head"  # a device's communication: the comm head, or the all-to-all model (module docstring)
-    # the all-to-all the "model" communication assumes: samples per step and the topology (hardware/comm.py)
-    batch_size: int = 2048
-    devices_per_host: int = 8
-    intra_host_gbps: float = 150.0
-    inter_host_gbps: float = 12.5
-    latency_us: float = 10.0
-    output_bytes: int = 4
+    # the all-to-all the "model" communication assumes: samples per step and the cluster's links (a Topology; a
+    # stored config's dict of its fields is read back as one)
+    batch_size: int = DEFAULT_BATCH_SIZE
+    topology: Topology = Topology()
 
     def __post_init__(self) -> None:
+        if isinstance(self.topology, dict):  # as a checkpoint stores it
+            object.__setattr__(self, "topology", Topology(**self.topology))
+        if not isinstance(self.topology, Topology):
+            raise ValueError(f"topology: expected a Topology, got {type(self.topology).__name__}")
         if self.plan_estimate not in PLAN_ESTIMATES:
             raise ValueError(f"plan_estimate: expected one of {PLAN_ESTIMATES}, got {self.plan_estimate!r}")
         if self.comm not in COMM_SOURCES:
             raise ValueError(f"comm: expected one of {COMM_SOURCES}, got {self.comm!r}")
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {self.batch_size!r}")
-        self.topology()  # checks the topology fields
 
     @classmethod
     def with_topology(cls, topology: Topology, batch_size: int, **fields) -> CostNetConfig:
         """A config whose "model" communication is the all-to-all of `topology` at `batch_size`."""
-        return cls(batch_size=batch_size, devices_per_host=topology.devices_per_host,
-                   intra_host_gbps=topology.intra_host_gbps, inter_host_gbps=topology.inter_host_gbps,
-                   latency_us=topology.latency_us, output_bytes=topology.output_bytes, **fields)
+        return cls(batch_size=batch_size, topology=topology, **fields)
 
-    def topology(self) -> Topology:
-        return Topology(self.devices_per_host, self.intra_host_gbps, self.inter_host_gbps, self.latency_us,
-                        self.output_bytes)
+    @staticmethod
+    def stored_fields(stored: dict) -> dict:
+        """A stored config's fields as this class takes them: checkpoints before the topology was one field kept
+        its fields flat (LEGACY_TOPOLOGY_FIELDS)."""
+        flat = {k: stored[k] for k in LEGACY_TOPOLOGY_FIELDS if k in stored}
+        if not flat or "topology" in stored:
+            return stored
+        return {**{k: v for k, v in stored.items() if k not in flat}, "topology": flat}
 
     def build(self, generator: torch.Generator) -> CostNet:
         return CostNet(self, generator)
@@ -108,7 +114,7 @@ class DeviceLinks:
     def of(cls, config: CostNetConfig, speeds, hosts=None) -> DeviceLinks:
         """The cluster of devices of `speeds` on `hosts` (Task.host_ids; None: consecutive devices per host)."""
         n = len(speeds)
-        spb = seconds_per_byte(config.topology(), n, hosts)
+        spb = seconds_per_byte(config.topology, n, hosts)
         return cls(torch.tensor(speeds, dtype=torch.float32), torch.from_numpy(spb).float())
 
 
@@ -137,10 +143,10 @@ class CostNet(nn.Module):
         n = dims.shape[-1]
         if n == 1:
             return torch.zeros_like(dims)
-        block = self.config.batch_size / n * dims * self.config.output_bytes  # bytes d -> e
+        block = self.config.batch_size / n * dims * self.config.topology.output_bytes  # bytes d -> e
         send = block * cluster.seconds_per_byte.sum(dim=1)
         recv = block @ cluster.seconds_per_byte  # [d] = sum_e block_e spb[e, d]
-        return (self.config.latency_us * 1e-6 + torch.maximum(send, recv)) * 1e3
+        return (self.config.topology.latency_us * 1e-6 + torch.maximum(send, recv)) * 1e3
 
     def device_costs(self, device_sum: torch.Tensor, dims: torch.Tensor | None = None,
                      cluster: DeviceLinks | None = None) -> torch.Tensor:
@@ -183,13 +189,14 @@ def plan_piece_features(task: Task, plan: Plan) -> tuple[list[np.ndarray], list[
     return raw, owner
 
 
-def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, list[int]]:
-    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and its dim sum."""
+def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, list[float]]:
+    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and the output width its
+    all-to-all sends (hardware.comm.output_widths, as the backends count it)."""
     raw, owner = plan_piece_features(task, plan)
     with torch.no_grad():
         enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
         sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
-    return sums, [sum(s.width for s in plan.device_shards(d)) for d in range(plan.num_devices)]
+    return sums, output_widths(plan, task)
 
 
 @dataclass
@@ -232,6 +239,12 @@ class CostData:
     device_plan: np.ndarray  # [K] index of the device row's plan
     device_ms: np.ndarray  # [K, 3] fwd, bwd, comm
     plan_cost_ms: np.ndarray  # [P]
+    # [M] what each shard sends through the all-to-all (hardware.comm.output_width); None: its width (feature 0)
+    shard_out: np.ndarray | None = None
+
+    @property
+    def out_widths(self) -> np.ndarray:
+        return self.shard_raw[:, 0] if self.shard_out is None else self.shard_out
 
     @property
     def num_plans(self) -> int:
@@ -252,7 +265,8 @@ class CostData:
         dev_map[devices] = np.arange(len(devices))
         shards = np.flatnonzero(dev_map[self.shard_device] >= 0)
         return CostData(self.shard_raw[shards], dev_map[self.shard_device[shards]],
-                        plan_map[self.device_plan[devices]], self.device_ms[devices], self.plan_cost_ms[plans])
+                        plan_map[self.device_plan[devices]], self.device_ms[devices], self.plan_cost_ms[plans],
+                        None if self.shard_out is None else self.shard_out[shards])
 
     def concat(self, other: CostData) -> CostData:
         return CostData(
@@ -261,6 +275,8 @@ class CostData:
             np.concatenate([self.device_plan, other.device_plan + self.num_plans]),
             np.concatenate([self.device_ms, other.device_ms]),
             np.concatenate([self.plan_cost_ms, other.plan_cost_ms]),
+            None if self.shard_out is None and other.shard_out is None else
+            np.concatenate([self.out_widths, other.out_widths]),
         )
 
 
@@ -276,16 +292,21 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
     dev_plan: list[int] = []
     dev_ms: list[tuple[float, float, float]] = []
     plan_cost_ms: list[float] = []
+    outs: list[float] = []
     for p, (task, plan, cost) in enumerate(task_plans):
         features, owner = plan_piece_features(task, plan)
         raw += features
+        tables = {t.name: t for t in task.tables}
+        outs += [output_width(tables[s.table], s.width, s.num_rows(tables[s.table].rows), s.replica)
+                 for d in range(plan.num_devices) for s in plan.device_shards(d)]  # plan_piece_features' order
         shard_dev += [len(dev_plan) + d for d in owner]  # the plan's device rows follow those already there
         for dc in cost.devices:
             dev_plan.append(p)
             dev_ms.append((dc.fwd_ms, dc.bwd_ms, dc.fwd_comm_ms + dc.bwd_comm_ms))
         plan_cost_ms.append(cost.cost_ms)
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
-                    np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3), np.asarray(plan_cost_ms))
+                    np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3), np.asarray(plan_cost_ms),
+                    np.asarray(outs, dtype=np.float64))
 
 
 def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
@@ -296,17 +317,18 @@ def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
                               "of the collect stage; collect again")
     plan_index = {pid: i for i, pid in enumerate(plans["plan_id"])}
     by_task = {t.name: ({tb.name: tb for tb in t.tables}, t.memory) for t in tasks}
-    raw, shard_dev, dev_plan, dev_ms = [], [], [], []
+    raw, shard_dev, dev_plan, dev_ms, outs = [], [], [], [], []
     for k, row in enumerate(devices.itertuples(index=False)):
         tables, memory = by_task[row.task_id]
         for name, start, end, r0, r1 in zip(row.tables, row.col_starts, row.col_ends, row.row_starts, row.row_ends):
             raw.append(piece_features(tables[name], int(r0), int(r1), int(end - start), memory))
+            outs.append(output_width(tables[name], int(end - start), int(r1 - r0)))
             shard_dev.append(k)
         dev_plan.append(plan_index[row.plan_id])
         dev_ms.append((row.fwd_ms, row.bwd_ms, row.fwd_comm_ms + row.bwd_comm_ms))
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3),
-                    plans["cost_ms"].to_numpy(dtype=np.float64))
+                    plans["cost_ms"].to_numpy(dtype=np.float64), np.asarray(outs, dtype=np.float64))
 
 
 # ---------------------------------------------------------------- training
@@ -336,7 +358,7 @@ def device_predictions(net: CostNet, scaler: FeatureScaler, data: CostData) -> n
             return net.head_costs(dev).numpy().astype(np.float64)
         out = np.zeros((len(data.device_plan), 3))
         dims = np.zeros(len(data.device_plan))
-        np.add.at(dims, data.shard_device, data.shard_raw[:, 0])  # feature 0: the shard's width
+        np.add.at(dims, data.shard_device, data.out_widths)
         for p in range(data.num_plans):
             rows = np.flatnonzero(data.device_plan == p)
             cluster = DeviceLinks.of(net.config, [1.0] * len(rows))

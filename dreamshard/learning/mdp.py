@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dreamshard.hardware.comm import output_width
 from dreamshard.learning.cost_model import CostNet, DeviceLinks
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.policy import PolicyNet
@@ -37,7 +38,7 @@ class TaskContext:
     order: list[int]  # placement order: predicted single-table cost, descending
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
-    widths: torch.Tensor  # [T] columns: what a table adds to its device's dim sum
+    widths: torch.Tensor  # [T] what a table sends through its device's all-to-all per sample (comm.output_width)
     cluster: DeviceLinks  # the devices' speeds and links, for the cost network's estimates
 
     @classmethod
@@ -49,7 +50,7 @@ class TaskContext:
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
         sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
         capacity = torch.tensor(task.capacities(), dtype=torch.float64)
-        widths = torch.tensor([float(t.dim) for t in task.tables])
+        widths = torch.tensor([output_width(t, t.dim) for t in task.tables])
         return cls(task, x, enc, order, sizes, capacity, widths,
                    DeviceLinks.of(cost_net.config, task.speeds(), task.host_ids()))
 

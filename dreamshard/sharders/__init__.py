@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dreamshard.errors import DataFormatError
+from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan
 from dreamshard.sharders.heuristics import GREEDY_KEYS, GreedySharder, RandomSharder
 from dreamshard.tasks import Task
@@ -136,7 +137,7 @@ def _torchrec_model(batch_size: int | None = None, time_limit: float | None = No
 
 
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
-    def factory(batch_size: int = 2048, sharding_types: tuple[str, ...] | None = None) -> Sharder:
+    def factory(batch_size: int = DEFAULT_BATCH_SIZE, sharding_types: tuple[str, ...] | None = None) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
 
         return make(name, full_search, batch_size, sharding_types)

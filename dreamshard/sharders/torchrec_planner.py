@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dreamshard.errors import DreamShardError, InfeasibleTaskError
-from dreamshard.interop.torchrec import COLUMN_WISE, DEFAULT_BATCH_SIZE, TABLE_WISE
+from dreamshard.interop.torchrec import COLUMN_WISE, TABLE_WISE
+from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 

@@ -212,3 +212,31 @@ def test_samples_are_measured_in_rounds_and_keep_their_medians_and_every_round(d
         assert row["fwd_ms"] == pytest.approx(np.median(row["fwd_ms_rounds"]))
         assert row["bwd_ms"] == pytest.approx(np.median(row["bwd_ms_rounds"]))
         assert once["fwd_ms_rounds"] == [once["fwd_ms"]]
+
+
+def test_the_network_feeds_its_all_to_all_the_widths_the_backends_do(analytic):
+    """A sequence table sends a row per id and a replica sends nothing: the cost network's all-to-all (its plan
+    estimates, its training data, the MDP's widths) counts what hardware.comm.output_widths counts."""
+    from dataclasses import replace
+
+    from dreamshard.hardware.comm import output_widths
+    from dreamshard.learning.cost_model import plan_device_sums
+    from dreamshard.learning.features import FeatureScaler, table_features
+    from dreamshard.learning.mdp import TaskContext
+    from dreamshard.plan import Shard
+    from dreamshard.tables import Table
+
+    tables = [Table(f"t{i}", 1000 * (i + 1), 8 * (i + 1), 5.0 + i, tuple([1.0] + [0.0] * 16)) for i in range(3)]
+    tables[1] = replace(tables[1], sequence=True)
+    task = replace(Task.uniform("x", tables, 2, 1.0), sharding=("table", "row", "data"))
+    plan = Plan(2, (Shard("t0", 0, 0, 8, replica=True), Shard("t0", 1, 0, 8, replica=True),
+                    Shard("t1", 0, 0, 16, 0, 500), Shard("t1", 1, 0, 16, 500, 2000), Shard("t2", 1, 0, 24)))
+    widths = output_widths(plan, task)
+    assert widths == [16 * 6.0 * 500 / 2000, 16 * 6.0 * 1500 / 2000 + 24]  # not the raw 8 + 16 and 8 + 16 + 24
+    scaler = FeatureScaler.fit(table_features(tables, task.memory))
+    net = CostNetConfig.with_topology(Topology(), 512, comm="model").build(torch.Generator().manual_seed(0))
+    assert plan_device_sums(net, scaler, task, plan)[1] == pytest.approx(widths)
+    data = cost_data_from_plans([(task, plan, analytic.plan_cost(task, plan))])
+    assert np.bincount(data.shard_device, weights=data.out_widths).tolist() == pytest.approx(widths)
+    ctx = TaskContext.build(task, net, scaler)
+    assert ctx.widths.tolist() == pytest.approx([8.0, 16 * 6.0, 24.0])  # whole tables, a sequence table's rows

@@ -35,7 +35,7 @@ from dreamshard.interop.torchrec import (  # noqa: E402
     to_torchrec_plan,
     torchrec_perf_estimate,
 )
-from dreamshard.memory import GB, MemoryModel  # noqa: E402
+from dreamshard.memory import DEFAULT_BATCH_SIZE, GB, MemoryModel  # noqa: E402
 from dreamshard.plan import Plan, Shard, validate_plan  # noqa: E402
 from dreamshard.sharders import SHARDERS, make_sharder  # noqa: E402
 from dreamshard.sharders.torchrec_planner import TorchRecSharder, from_torchrec_plan  # noqa: E402
@@ -367,13 +367,17 @@ def test_perf_estimate_equals_the_planners_own_rating():
     task = random_task(50, 8, seed=5)
     topo = tx.topology(task)
     constraints = tx.table_constraints(task, {t.name: ["table_wise"] for t in task.tables})
-    planner = EmbeddingShardingPlanner(topology=topo, batch_size=2048, constraints=constraints, debug=False, stats=[],
-                                       enumerator=tx.enumerator(task, topo, constraints, 2048),
-                                       storage_reservation=FixedPercentageStorageReservation(0.0))
-    plan = from_torchrec_plan(task, planner.plan(meta_ebc(task), [EmbeddingBagCollectionSharder()]))
-    assert plan == make_sharder("torchrec").shard(task)  # deterministic, and what the sharder does
-    rating = NoopPerfModel(topo).rate(planner._best_plan)
-    assert torchrec_perf_estimate(task, plan).cost_ms == pytest.approx(rating, rel=1e-9)
+    for batch in (DEFAULT_BATCH_SIZE, 2048):
+        planner = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=constraints, debug=False,
+                                           stats=[], enumerator=tx.enumerator(task, topo, constraints, batch),
+                                           storage_reservation=FixedPercentageStorageReservation(0.0))
+        plan = from_torchrec_plan(task, planner.plan(meta_ebc(task), [EmbeddingBagCollectionSharder()]))
+        default = batch == DEFAULT_BATCH_SIZE  # the sharder's and the estimate's default: TorchRec's own
+        sharder = make_sharder("torchrec") if default else make_sharder("torchrec", batch_size=batch)
+        assert plan == sharder.shard(task)  # deterministic, and what the sharder does
+        rating = NoopPerfModel(topo).rate(planner._best_plan)
+        ours = torchrec_perf_estimate(task, plan) if default else torchrec_perf_estimate(task, plan, batch)
+        assert ours.cost_ms == pytest.approx(rating, rel=1e-9)
 
 
 # ---------------------------------------------------------------- training with the exported plan

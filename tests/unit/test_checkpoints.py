@@ -108,3 +108,25 @@ def test_kind_format_and_missing_files(tmp_path):
         save_checkpoint(tmp_path / "x.pt", "neuroshard", {"compute": CostNetConfig().build(torch.Generator())},
                         scaler(), {})
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_cost_network_keeps_one_topology_and_reads_checkpoints_that_kept_its_fields_flat(tmp_path):
+    from dreamshard.hardware.topology import Topology
+
+    links = Topology(devices_per_host=4, intra_host_gbps=100.0, inter_host_gbps=5.0, latency_us=20.0)
+    net = CostNetConfig(comm="model", batch_size=1024, topology=links).build(torch.Generator().manual_seed(0))
+    save_cost_net(net, scaler(), tmp_path / "cost.pt")
+    state = torch.load(tmp_path / "cost.pt", weights_only=True)
+    stored = state["networks"]["cost_net"]["config"]
+    assert stored["topology"] == dataclasses.asdict(links)  # the topology's own fields, nested: one definition
+    assert load_cost_net(tmp_path / "cost.pt")[0].config.topology == links
+    # as checkpoints stored it before: the topology's fields beside the others
+    state["networks"]["cost_net"]["config"] = {**{k: v for k, v in stored.items() if k != "topology"},
+                                               **dataclasses.asdict(links)}
+    torch.save(state, tmp_path / "old.pt")
+    old, _ = load_cost_net(tmp_path / "old.pt")
+    assert old.config == net.config and same_weights(old, net)
+    state["networks"]["cost_net"]["config"] = {**stored, "topology": {**stored["topology"], "hops": 2}}
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(DataFormatError, match="cannot rebuild it from its CostNetConfig"):
+        load_cost_net(tmp_path / "bad.pt")

@@ -121,10 +121,9 @@ def test_the_cost_networks_all_to_all_is_the_models_formula():
 
     from dreamshard.learning.cost_model import CostNet, CostNetConfig, DeviceLinks
 
-    config = CostNetConfig(comm="model", batch_size=4096, devices_per_host=4, intra_host_gbps=150.0,
-                           inter_host_gbps=12.5, latency_us=10.0, output_bytes=4)
-    net = CostNet(config, torch.Generator().manual_seed(0))
     topo = Topology(devices_per_host=4, intra_host_gbps=150.0, inter_host_gbps=12.5, latency_us=10.0, output_bytes=4)
+    config = CostNetConfig(comm="model", batch_size=4096, topology=topo)
+    net = CostNet(config, torch.Generator().manual_seed(0))
     rng = np.random.default_rng(0)
     for n, hosts in ((2, None), (4, None), (8, None), (8, [0, 1, 0, 1, 0, 1, 0, 1])):
         dims = rng.integers(4, 1024, size=(3, n))
