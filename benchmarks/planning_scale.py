@@ -13,8 +13,8 @@ sizes of that sharder, on as many devices or more, are skipped. The sharders are
 no trained model: the heuristics and TorchRec's planners (`torchrec_full` given `--full-timeout`, 10 minutes). Besides,
 the goals of issue 53: 1M tables on 1024 devices with `--sharding table`, and at 1% of memory; 100k tables on 128
 devices with cuts. Writes summary.json, README.md (its first line the answer) and planning_scale.png (log-log time
-and memory against tables); `--update` replaces the cases of the sharders run and keeps the others' (and the goals,
-with `--no-goals`), each case with the run that made it.
+and memory against tables); `--update` replaces the cases run again and keeps the others (and the goals, with
+`--no-goals`), each case with the run that made it.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def main() -> None:
                 gb = memory_gb(files[n], devices, FILL)
                 for algo in sharders:
                     skipped = any(c["status"] == "timeout" and c["sharder"] == algo and c["devices"] <= devices
-                                  for c in cases)
+                                  and c["tables"] <= n for c in cases)
                     case = {"sharder": algo, "tables": n, "devices": devices, "memory_gb": gb, "fill": FILL,
                             "sharding": "table,column,row", "run": run["command"]}
                     if skipped:
@@ -191,9 +191,10 @@ def main() -> None:
 
 def merged(old: dict[str, Any], cases: list[dict[str, Any]], goals: list[dict[str, Any]], run: dict[str, Any],
            sharders: list[str], keep_goals: bool) -> tuple[list, list, list]:
-    """The cases of `old` (a summary.json) of sharders other than `sharders`, then `cases`; old goals when
-    `keep_goals`; the runs whose cases or goals are still there, then `run`."""
-    kept = [c for c in old["cases"] if c["sharder"] not in sharders] + cases
+    """The cases of `old` (a summary.json) that `cases` do not run again (sharder, devices, tables), then `cases`;
+    old goals when `keep_goals`; the runs whose cases or goals are still there, then `run`."""
+    again = {(c["sharder"], c["devices"], c["tables"]) for c in cases}
+    kept = [c for c in old["cases"] if (c["sharder"], c["devices"], c["tables"]) not in again] + cases
     goals = old.get("goals", []) if keep_goals else goals
     used = {c.get("run") for c in kept} | {g.get("run") for g in goals}
     runs = [r for r in old.get("runs", []) if r["command"] in used and r["command"] != run["command"]] + [run]

@@ -24,6 +24,12 @@ MAX_PIECES = 2**21  # tables and pieces of cut tables together (row-wise cuts ma
 # --samples x tables: each sample places every table with the policy network (26 tables x 10,000 samples took 94 s)
 MAX_SAMPLED_TABLES = 100_000
 
+MAX_TIME_LIMIT = 86_400.0  # --time-limit, seconds: a day
+# the searches that rate many whole plans grow faster than the tables: past these sizes (tables x devices, measured
+# on 8 devices: results/planning-scale) they took over 10 minutes (torchrec_full at 1,000 tables), or over 150 s
+# (torchrec_model at 10,000, torchrec at 100,000), so `plan` asks for --time-limit there instead of running on
+SEARCH_SCALE = {"torchrec_full": 8 * 300, "torchrec_model": 8 * 3_000, "torchrec": 8 * 30_000}
+
 # bytes the cost model allocates per device (the all-to-all model's float64 arrays, a few at once: linear in the
 # devices, hardware/comm.py), per (table, device) pair, and per looked-up id (int64 indices and offsets)
 BYTES_PER_DEVICE = 128
@@ -36,6 +42,17 @@ def check_limit(value: int, limit: int, what: str) -> None:
     if value > limit:
         raise DreamShardError(f"{what}: {value} is more than {limit}, the most this tool accepts "
                               f"(dreamshard.limits)")
+
+
+def check_search_scale(sharder: str, num_tables: int, num_devices: int, time_limited: bool) -> None:
+    """Refuse, before any work, a search sharder (SEARCH_SCALE) on a task past the size it plans in minutes,
+    unless it is given a time limit."""
+    most = SEARCH_SCALE.get(sharder)
+    if most is None or time_limited or num_tables * max(num_devices, 8) <= most:
+        return
+    raise DreamShardError(f"--algo {sharder}: {num_tables} tables on {num_devices} devices is past the "
+                          f"{most // 8} tables on 8 devices it plans within minutes (dreamshard.limits); give "
+                          "--time-limit SECONDS to keep the best plan it finds by then, or plan with another sharder")
 
 
 def available_memory_bytes() -> int:

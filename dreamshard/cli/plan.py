@@ -26,8 +26,10 @@ from dreamshard.limits import (
     MAX_SAMPLES,
     MAX_TABLE_DEVICES,
     MAX_TABLES,
+    MAX_TIME_LIMIT,
     available_memory_bytes,
     check_limit,
+    check_search_scale,
     cost_memory_bytes,
 )
 from dreamshard.memory import (
@@ -80,6 +82,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "hardware all the same")
     p.add_argument("--samples", type=int,
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="torchrec, torchrec_full, torchrec_model: stop searching after this long and keep the best "
+                        "plan found (TorchRec's timeout_seconds; our search's moves); needed past the task sizes "
+                        "they take over 10 minutes for (docs/cli.md)")
     p.add_argument("--sharding", default=",".join(SHARDING_KINDS), type=sharding_kinds,
                    help="the ways tables may be cut, comma-separated: table (whole tables, always), column "
                         "(column slices), row (TorchRec's row-wise blocks), data (small tables data-parallel, "
@@ -132,15 +138,17 @@ def sharding_kinds(text: str) -> tuple[str, ...]:
 def sharder_options(args: argparse.Namespace) -> dict:
     """The options of `--algo` from the command line; one it does not take is an error."""
     s = spec(args.algo)
-    given = {"seed": args.seed, "samples": args.samples, "model": args.model}
+    given = {"seed": args.seed, "samples": args.samples, "model": args.model, "time_limit": args.time_limit}
     options = {}
     for name, value in given.items():
         if value is None:
             continue
         if name not in s.options:
-            raise DreamShardError(f"--{name}: sharder {args.algo!r} takes no {name}")
+            raise DreamShardError(f"--{name.replace('_', '-')}: sharder {args.algo!r} takes no {name.replace('_', ' ')}")
         if name == "samples":
             check_limit(value, MAX_SAMPLES, "--samples")
+        if name == "time_limit" and not 0 < value <= MAX_TIME_LIMIT:
+            raise DreamShardError(f"--time-limit: expected seconds in (0, {MAX_TIME_LIMIT:g}], got {value:g}")
         if name == "model" and value.is_dir():
             raise DreamShardError(f"--model {value}: is a directory; expected a checkpoint file that training wrote "
                                   f"for {args.algo}, e.g. models/{spec(args.algo).trained_as}.pt")
@@ -374,6 +382,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     task = task_of(args)
     tables = list(task.tables)
     check_samples(args.samples, len(tables))
+    check_search_scale(args.algo, len(tables), task.num_devices, args.time_limit is not None)
     options = sharder_options(args)
     sharder = make_sharder(args.algo, **options)
     replanned = replan_of(args, task, sharder) if args.previous is not None else None

@@ -7,6 +7,7 @@ sharding types: docs/torchrec.md.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,10 +29,15 @@ class TorchRecSharder:
     full_search: bool = False
     batch_size: int = DEFAULT_BATCH_SIZE
     sharding_types: tuple[str, ...] | None = None  # full search only: restrict to these (None: all)
+    # seconds: TorchRec's own timeout_seconds, after which its planner rates no more proposals and keeps the best
+    # found (whole seconds, at least 1; None: every proposal)
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"sharder {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"sharder {self.name!r}: time_limit must be > 0 seconds, got {self.time_limit}")
         if self.sharding_types is not None and not self.full_search:
             raise ValueError(f"sharder {self.name!r}: sharding_types needs full_search=True")
 
@@ -87,6 +93,7 @@ class TorchRecSharder:
                 constraints=constraints,
                 debug=False,
                 stats=[],
+                timeout_seconds=None if self.time_limit is None else max(1, math.ceil(self.time_limit)),
             )
             try:
                 return planner.plan(tx.meta_ebc(task), [EmbeddingBagCollectionSharder()])
@@ -120,6 +127,6 @@ def _one_line(exc: BaseException) -> str:
 
 
 def make(name: str, full_search: bool, batch_size: int = DEFAULT_BATCH_SIZE,
-         sharding_types: Sequence[str] | None = None) -> TorchRecSharder:
+         sharding_types: Sequence[str] | None = None, time_limit: float | None = None) -> TorchRecSharder:
     return TorchRecSharder(name, full_search, int(batch_size),
-                           tuple(sharding_types) if sharding_types is not None else None)
+                           tuple(sharding_types) if sharding_types is not None else None, time_limit)

@@ -104,6 +104,27 @@ def test_small_task_gives_a_valid_table_wise_plan():
     assert whole_tables(SMALL, plan)
 
 
+def test_a_time_limit_is_torchrecs_own_timeout(monkeypatch):
+    """time_limit reaches TorchRec's planner as its timeout_seconds (whole seconds, at least 1): after it, the
+    best plan of the proposals rated so far."""
+    import torchrec.distributed.planner as tp
+
+    seen = []
+    real = tp.EmbeddingShardingPlanner
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("timeout_seconds"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tp, "EmbeddingShardingPlanner", spy)
+    for limit, passed in ((None, None), (0.3, 1), (2.5, 3)):
+        plan = make_sharder("torchrec_full", time_limit=limit).shard(SMALL)
+        validate_plan(SMALL, plan)
+        assert seen.pop() == passed
+    with pytest.raises(ValueError, match="time_limit must be > 0"):
+        make_sharder("torchrec", time_limit=0)
+
+
 def test_100_tables_on_8_devices():
     task = random_task(100, 8)
     plan = make_sharder("torchrec").shard(task)

@@ -149,6 +149,21 @@ def test_plan_refuses_at_once_what_would_not_finish(tmp_path, capsys, monkeypatc
                    "--samples", "2000", "--model", str(tmp_path / "none.pt"), "-o", str(out)], capsys)
     assert rc == 1 and "--samples: 2000 samples x 60 tables = 120000 placements is more than 100000" in err
     assert not out.exists()
+    # the searches that rate whole plans, past the size they plan in minutes: a time limit, or a refusal
+    monkeypatch.setattr(cli_plan, "MAX_TABLES", 2**20)
+    monkeypatch.setattr(cli_plan, "MAX_TABLE_DEVICES", 2**30)
+    tables.write_text("name,rows,dim,pooling_factor\n" + "".join(f"t{i},100,16,1\n" for i in range(301)))
+    rc, err = run(["plan", "--tables", str(tables), "--devices", "8", "--memory-gb", "1", "--algo", "torchrec_full",
+                   "-o", str(out)], capsys)
+    assert rc == 1 and "301 tables on 8 devices is past the 300 tables on 8 devices it plans within minutes" in err
+    assert "give --time-limit SECONDS" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    for bad, said in (("0", "expected seconds in (0, 86400], got 0"), ("nan", "got nan")):
+        rc, err = run(["plan", "--tables", str(tables), "--devices", "8", "--memory-gb", "1", "--algo", "torchrec",
+                       "--time-limit", bad, "-o", str(out)], capsys)
+        assert rc == 1 and said in err
+    rc, err = run(["plan", "--tables", str(tables), "--devices", "8", "--memory-gb", "1", "--time-limit", "5",
+                   "-o", str(out)], capsys)
+    assert rc == 1 and "--time-limit: sharder 'size_lookup_greedy' takes no time limit" in err and not out.exists()
 
 
 def test_too_many_pieces_is_an_error_before_placing_them(monkeypatch):
