@@ -110,8 +110,13 @@ def run_case(argv: list[str], timeout: float) -> dict[str, Any]:
 
 
 def plan_argv(path: Path, devices: int, gb: float, algo: str, out: Path, sharding: str | None = None) -> list[str]:
+    from dreamshard.project.domain import MAX_TIME_LIMIT, SEARCH_SCALE
+
     argv = ["--tables", str(path), "--devices", str(devices), "--memory-gb", str(gb), "--algo", algo, "-o", str(out)]
     argv += ["--seed", "0"] if algo == "random" else []
+    # the searches run to their end, where the tool asks for a time limit past SEARCH_SCALE: the case's own limit
+    # stops them (a time-out), and the table shows where they stop finishing
+    argv += ["--time-limit", str(MAX_TIME_LIMIT)] if algo in SEARCH_SCALE else []
     return argv + (["--sharding", sharding] if sharding else [])
 
 
