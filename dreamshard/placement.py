@@ -1,9 +1,12 @@
-"""Placing whole tables in a given order, each onto the device a ranking prefers.
+"""The one placement engine: tables and pieces onto devices, each onto the device a ranking prefers.
 
-Every sharder that assigns whole tables goes through `place_tables`: the first device of its ranking with
-room, backing up depth-first from memory dead ends, so a plan is found whenever one exists within
-`max_steps` and the plain greedy plan comes out where no dead end is met. Pinned tables go first; avoid
-lists and groups hold whatever the ranking says. Details: docs/sharders.md, docs/clusters.md.
+`Rules` holds what every placement keeps (each device's capacity, pins, avoid lists, groups), `Room` one placement
+in progress and `Rooms` several side by side; no sharder checks these itself, its search is an order and moves
+over them (tests/unit/test_one_engine.py). `place_tables` places the tables of a task: the first device of
+each ranking with room, backing up depth-first from memory dead ends, so a plan is found whenever one exists
+within `max_steps` and the plain greedy plan comes out where no dead end is met (`place_items`: that first pass
+alone). Pinned tables go first; avoid lists and groups hold whatever the ranking says. Details:
+docs/sharders.md, docs/clusters.md.
 """
 from __future__ import annotations
 
@@ -70,6 +73,202 @@ class PlacementState:
 DeviceRanking = Callable[[int, PlacementState], Sequence[int]]
 
 
+class Rules:
+    """Where each item (a table of a task, or a piece of one) may go: the rules every placement keeps, written once.
+
+    Each device's capacity and each item's bytes; an item's pin (the one device it takes, its ranking not asked:
+    a user's pin, a row-wise block's own device), the devices it must avoid, and its group (a group's items share
+    the device its first placed item took). `place_items` keeps them, and so does every search that moves items
+    itself, through `Room` (one placement), `Rooms` (several side by side) and `with_room`; no sharder checks
+    capacity, pins, avoid lists or groups on its own (tests/unit/test_one_engine.py)."""
+
+    def __init__(self, capacity: np.ndarray, sizes: np.ndarray, pins: dict[int, int], banned: dict[int, set[int]],
+                 group: dict[int, int]) -> None:
+        self.capacity = capacity  # bytes each device holds, int64
+        self.sizes = sizes  # bytes of each item, int64
+        self.pins = pins  # item -> the device it must take
+        self.banned = banned  # item -> the devices it must not take
+        self.group = group  # item -> its group
+        self._masks: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def of_task(cls, task: Task, sizes: np.ndarray | None = None) -> Rules:
+        """The rules of `task`'s tables (`sizes`: their bytes, `table_sizes` by default)."""
+        pinned, avoided, group_names = task.pinned_device(), task.avoided(), task.group_of()
+        pins: dict[int, int] = {}
+        banned: dict[int, set[int]] = {}
+        group: dict[int, int] = {}
+        if pinned or avoided or group_names:
+            for i, t in enumerate(task.tables):
+                if t.name in pinned:
+                    pins[i] = pinned[t.name]
+                if t.name in avoided:
+                    banned[i] = set(avoided[t.name])
+                if t.name in group_names:
+                    group[i] = group_names[t.name]
+        return cls(np.array(task.capacities(), dtype=np.int64), table_sizes(task) if sizes is None else sizes,
+                   pins, banned, group)
+
+    def of_pieces(self, owner: Sequence[int], sizes: Sequence[int] | np.ndarray,
+                  fixed: Sequence[int | None] | None = None) -> Rules:
+        """The rules of pieces of these rules' tables, as `Task.derived` carries them over: piece p of table
+        `owner[p]` (`sizes[p]` bytes) keeps its table's pin, avoid list and group; `fixed[p]`, where not None, pins
+        it (a row-wise block to its device)."""
+        pins: dict[int, int] = {}
+        banned: dict[int, set[int]] = {}
+        group: dict[int, int] = {}
+        if self.pins or self.banned or self.group:
+            for p, t in enumerate(owner):
+                if t in self.pins:
+                    pins[p] = self.pins[t]
+                if t in self.banned:
+                    banned[p] = self.banned[t]
+                if t in self.group:
+                    group[p] = self.group[t]
+        if fixed is not None:
+            pins.update((p, d) for p, d in enumerate(fixed) if d is not None)
+        return Rules(self.capacity, np.asarray(sizes, dtype=np.int64), pins, banned, group)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.capacity)
+
+    def may_use(self, i: int) -> list[int]:
+        """The devices item `i` may take, lowest first (groups aside)."""
+        devices = [self.pins[i]] if i in self.pins else range(self.num_devices)
+        banned = self.banned.get(i, ())
+        return [d for d in devices if d not in banned]
+
+    def one_device(self) -> list[bool]:
+        """Of each item: may it take one device at most (pinned, or avoiding all others; groups aside)?"""
+        if self.num_devices <= 1:
+            return [True] * len(self.sizes)
+        single = [False] * len(self.sizes)
+        for i in self.pins:
+            single[i] = True
+        for i in self.banned:
+            single[i] = single[i] or len(self.may_use(i)) <= 1
+        return single
+
+    def movable(self, i: int) -> bool:
+        """May a search move item `i` alone (neither pinned nor grouped)?"""
+        return i not in self.pins and i not in self.group
+
+    def with_room(self, i: int, used: Sequence[int] | np.ndarray) -> list[int]:
+        """The devices item `i` may take that have room for it beside the `used` bytes, lowest first (groups
+        aside: for a search moving items that are in no group, `movable`)."""
+        size = self.sizes[i]
+        return [d for d in self.may_use(i) if used[d] + size <= self.capacity[d]]
+
+    def mask(self, i: int) -> np.ndarray:
+        """[devices] bool: the devices item `i` may take (groups aside)."""
+        key = i if i in self.pins or i in self.banned else -1  # -1: every device
+        m = self._masks.get(key)
+        if m is None:
+            m = np.zeros(self.num_devices, dtype=bool)
+            m[self.may_use(i)] = True
+            m.flags.writeable = False
+            self._masks[key] = m
+        return m
+
+    def pinned_first(self, order: Sequence[int]) -> list[int]:
+        """`order` with the pinned items first, each part in its given order: every placement places them
+        first, so that every other item's ranking sees their load."""
+        if not self.pins:
+            return list(order)
+        return [t for t in order if t in self.pins] + [t for t in order if t not in self.pins]
+
+
+class Room:
+    """One placement in progress under `Rules`: the state the rankings see (PlacementState) and the device each
+    group took."""
+
+    def __init__(self, rules: Rules, weights: np.ndarray, speed: Sequence[float]) -> None:
+        n = rules.num_devices
+        self.rules = rules
+        self.weights = weights
+        self.state = PlacementState(np.zeros(n, np.int64), np.zeros((n, *weights.shape[1:])), rules.capacity.copy(),
+                                    np.array(speed, dtype=np.float64))
+        self.group_device: dict[int, int] = {}  # group -> the device of its placed items
+        self.group_placed: dict[int, int] = {}  # group -> how many of its items are placed
+        # read once per item: kept at hand
+        self._sizes, self._pins, self._banned, self._group = rules.sizes, rules.pins, rules.banned, rules.group
+        self._used, self._free, self._load = self.state.used_bytes, self.state.free_bytes, self.state.load
+
+    def ranking(self, i: int, rank_devices: DeviceRanking) -> Sequence[int]:
+        """The devices item `i` may take now, in `rank_devices`' order (its pin alone, unranked, when pinned): its
+        group's device once the group has one."""
+        ranking = [self._pins[i]] if i in self._pins else rank_devices(i, self.state)
+        if i in self._banned:
+            ranking = [d for d in ranking if d not in self._banned[i]]
+        group = self._group
+        if i in group and group[i] in self.group_device:
+            ranking = [d for d in ranking if d == self.group_device[group[i]]]
+        return ranking
+
+    def first_with_room(self, i: int, ranking: Sequence[int], at: int) -> int:
+        """The position in `ranking`, from `at` on, of the first device with room for item `i`; len(ranking) when
+        none has room."""
+        free, size, end = self._free, self._sizes[i], len(ranking)
+        while at < end:
+            if free[ranking[at]] >= size:
+                return at
+            at += 1
+            if end - at >= SCAN_AT_ONCE:  # the next device with room, found in one pass
+                rest = np.asarray(ranking[at:], dtype=np.int64)
+                room = np.flatnonzero(free[rest] >= size)
+                return at + int(room[0]) if room.size else end
+        return at
+
+    def place(self, i: int, d: int) -> None:
+        size = self._sizes[i]
+        self._used[d] += size
+        self._free[d] -= size
+        self._load[d] += self.weights[i]
+        group = self._group
+        if i in group:
+            self.group_device[group[i]] = d
+            self.group_placed[group[i]] = self.group_placed.get(group[i], 0) + 1
+
+    def remove(self, i: int, d: int) -> None:
+        size = self._sizes[i]
+        self._used[d] -= size
+        self._free[d] += size
+        self._load[d] -= self.weights[i]
+        group = self._group
+        if i in group:
+            self.group_placed[group[i]] -= 1
+            if not self.group_placed[group[i]]:
+                del self.group_device[group[i]]
+
+
+class Rooms:
+    """`copies` placements under `Rules` side by side, each item placed in all of them at once (NeuroShard's grid
+    of scales): each one's bytes per device and the device each of its groups took."""
+
+    def __init__(self, rules: Rules, copies: int) -> None:
+        self.rules = rules
+        self.used = np.zeros((copies, rules.num_devices), dtype=np.int64)
+        self.group_device = np.full((copies, max(rules.group.values(), default=-1) + 1), -1)
+
+    def open(self, i: int) -> np.ndarray:
+        """[copies, devices] bool: where item `i` may go in each placement, with room and its group's device."""
+        rules = self.rules
+        room = (self.used + rules.sizes[i] <= rules.capacity) & rules.mask(i)
+        g = rules.group.get(i, -1)
+        if g >= 0:  # a group's later items follow its first one
+            placed = self.group_device[:, g]
+            room &= (placed[:, None] < 0) | (np.arange(rules.num_devices) == placed[:, None])
+        return room
+
+    def place(self, i: int, choice: np.ndarray) -> None:
+        """Item `i` onto device choice[c] in placement c."""
+        self.used[np.arange(len(choice)), choice] += self.rules.sizes[i]
+        g = self.rules.group.get(i, -1)
+        if g >= 0:
+            self.group_device[:, g] = choice
+
+
 def place_tables(
     task: Task,
     order: Sequence[int],
@@ -88,12 +287,9 @@ def place_tables(
     patience = patience_of(n) if patience is None else patience
     if len(order) != n or not np.array_equal(np.sort(np.asarray(order, dtype=np.int64)), np.arange(n)):
         raise ValueError("order must list every table of the task exactly once")
-    pinned = task.pinned_device()
-    pins = {i: pinned[t.name] for i, t in enumerate(task.tables) if t.name in pinned}
-    if pins:
-        order = [t for t in order if t in pins] + [t for t in order if t not in pins]
-    sizes = table_sizes(task)
-    capacity = np.array(task.capacities(), dtype=np.int64)
+    rules = Rules.of_task(task)
+    order = rules.pinned_first(order)
+    sizes, capacity = rules.sizes, rules.capacity
     _check_each_table_fits(task, sizes, capacity)
     if sizes.sum() > capacity.sum():
         raise InfeasibleTaskError(
@@ -102,14 +298,14 @@ def place_tables(
         )
     _check_packing_bound(task, sizes, capacity)
     w = np.zeros(n) if weights is None else np.asarray(weights, dtype=np.float64)
-    order = list(order)
-    first_budget = max_steps if patience >= max_steps or _largest_first(order, sizes, pins) == order else patience
+    first_budget = max_steps if patience >= max_steps or _largest_first(order, sizes, rules.pins) == order \
+        else patience
     restart = first_budget < max_steps and _RESTART.get()
     searches = [(order, first_budget)]
     if restart:
-        searches.append((_largest_first(order, sizes, pins), max_steps - first_budget))
+        searches.append((_largest_first(order, sizes, rules.pins), max_steps - first_budget))
     for tried_order, budget in searches:
-        assignment, deepest, exhausted = _depth_first(task, tried_order, rank_devices, sizes, capacity, w, pins,
+        assignment, deepest, exhausted = _depth_first(Room(rules, w, task.speeds()), tried_order, rank_devices,
                                                       budget)
         if assignment is not None:
             return assignment
@@ -125,6 +321,17 @@ def place_tables(
         f"table {task.tables[searches[-1][0][deepest]].name!r} was the hardest to fit "
         f"({_capacities(task)})"
     )
+
+
+def place_items(rules: Rules, order: Sequence[int], rank_devices: DeviceRanking,
+                weights: Sequence[float] | np.ndarray, speed: Sequence[float]) -> list[int] | None:
+    """`place_tables`' first pass alone: each item in `order` (as given: callers put the pinned first,
+    `Rules.pinned_first`) onto the first device of its ranking with room, None at the first item that finds
+    none, where `place_tables` would back up. For searches that place many candidate layouts of one task (its
+    pieces at other cuts, `Rules.of_pieces`) and cannot afford a Task for each."""
+    room = Room(rules, np.asarray(weights, dtype=np.float64), speed)
+    assignment, _, _ = _depth_first(room, order, rank_devices, len(order), backing_up=False)
+    return assignment
 
 
 _last_sizes: tuple[weakref.ref[Task], np.ndarray] | None = None  # table_sizes of the task asked last
@@ -156,77 +363,48 @@ def _largest_first(order: list[int], sizes: np.ndarray, pins: dict[int, int]) ->
 SCAN_AT_ONCE = 16  # from this many devices left in a ranking on, those without room are skipped in one pass
 
 
-def _depth_first(task: Task, order: Sequence[int], rank_devices: DeviceRanking, sizes: np.ndarray,
-                 capacity: np.ndarray, w: np.ndarray, pins: dict[int, int],
-                 max_steps: int) -> tuple[list[int] | None, int, bool]:
-    """(device of each table, or None when there is none; position in `order` of the deepest table reached;
-    whether the search ran to its end, rather than out of `max_steps` placements)."""
+def _depth_first(room: Room, order: Sequence[int], rank_devices: DeviceRanking, max_steps: int,
+                 backing_up: bool = True) -> tuple[list[int] | None, int, bool]:
+    """(device of each item, or None when there is none; position in `order` of the deepest item reached;
+    whether the search ran to its end, rather than out of `max_steps` placements). Without `backing_up`, the
+    first dead end ends the search."""
     n = len(order)
-    avoided = task.avoided()
-    banned = {i: set(avoided[t.name]) for i, t in enumerate(task.tables) if t.name in avoided}
-    group_names = task.group_of()
-    group = {i: group_names[t.name] for i, t in enumerate(task.tables) if t.name in group_names}
-    group_device: dict[int, int] = {}  # group -> the device of its placed tables
-    group_placed: dict[int, int] = {}  # group -> how many of its tables are placed
-    state = PlacementState(np.zeros(task.num_devices, np.int64),
-                           np.zeros((task.num_devices, *w.shape[1:])), capacity.copy(),
-                           np.array(task.speeds(), dtype=np.float64))
     assignment = [-1] * n
     steps = 0
     deepest = 0
 
     # depth-first search with an explicit stack (no recursion): rankings[k] is the ranking of the
-    # k-th table in `order`, made when the search first reached it; tried[k] how much of it is used
+    # k-th item in `order`, made when the search first reached it; tried[k] how much of it is used
     rankings: list[Sequence[int]] = []
     tried: list[int] = []
+    ranking_of, first_with_room, place = room.ranking, room.first_with_room, room.place
     k = 0
     while 0 <= k < n:
         t = order[k]
-        if len(rankings) == k:  # reaching this table from the one before: rank its devices now
-            deepest = max(deepest, k)
-            ranking = [pins[t]] if t in pins else rank_devices(t, state)
-            if t in banned:
-                ranking = [d for d in ranking if d not in banned[t]]
-            if t in group and group.get(t) in group_device:
-                ranking = [d for d in ranking if d == group_device[group[t]]]
-            rankings.append(ranking)
+        if len(rankings) == k:  # reaching this item from the one before: rank its devices now
+            if k > deepest:
+                deepest = k
+            rankings.append(ranking_of(t, rank_devices))
             tried.append(0)
-        elif assignment[t] != -1:  # back from a dead end below: take this table off its device
+        elif assignment[t] != -1:  # back from a dead end below: take this item off its device
             if not isinstance(rankings[k], list):  # a lazy ranking (by_least_load): its devices listed once
                 rankings[k] = list(rankings[k])
-            d = assignment[t]
+            room.remove(t, assignment[t])
             assignment[t] = -1
-            state.used_bytes[d] -= sizes[t]
-            state.free_bytes[d] += sizes[t]
-            state.load[d] -= w[t]
-            if t in group:
-                group_placed[group[t]] -= 1
-                if not group_placed[group[t]]:
-                    del group_device[group[t]]
-        placed = False
-        while tried[k] < len(rankings[k]) and not placed:
-            d = rankings[k][tried[k]]
-            tried[k] += 1
-            if state.free_bytes[d] < sizes[t]:
-                if len(rankings[k]) - tried[k] >= SCAN_AT_ONCE:  # the next device with room, found in one pass
-                    rest = np.asarray(rankings[k][tried[k]:], dtype=np.int64)
-                    room = np.flatnonzero(state.free_bytes[rest] >= sizes[t])
-                    tried[k] += int(room[0]) if room.size else len(rest)
-                continue
+        ranking = rankings[k]
+        at = first_with_room(t, ranking, tried[k])
+        if at < len(ranking):
+            tried[k] = at + 1
             steps += 1
             if steps > max_steps:
                 return None, deepest, False
+            d = ranking[at]
             assignment[t] = d
-            state.used_bytes[d] += sizes[t]
-            state.free_bytes[d] -= sizes[t]
-            state.load[d] += w[t]
-            if t in group:
-                group_device[group[t]] = d
-                group_placed[group[t]] = group_placed.get(group[t], 0) + 1
-            placed = True
-        if placed:
+            place(t, d)
             k += 1
-        else:  # every device of the ranking tried: back up to the table before
+        elif not backing_up:
+            return None, deepest, True
+        else:  # every device of the ranking tried: back up to the item before
             rankings.pop()
             tried.pop()
             k -= 1
@@ -348,8 +526,12 @@ LAZY_RANKING_DEVICES = 16  # from this many devices on, by_least_load ranks lazi
 def by_least_load(t: int, state: PlacementState) -> Sequence[int]:
     """Greedy ranking: smallest accumulated weight per unit of speed first (the weight itself when devices are
     alike), then least memory, then lowest index. Scalar weights only."""
-    if len(state.load) < LAZY_RANKING_DEVICES:
-        return sorted(range(len(state.load)), key=lambda d: (state.load[d] / state.speed[d], state.used_bytes[d], d))
+    if len(state.load) < LAZY_RANKING_DEVICES:  # as Python numbers: the same values, read faster
+        load, used = state.load.tolist(), state.used_bytes.tolist()
+        if state.alike:  # load / 1.0 is the load
+            return sorted(range(len(load)), key=lambda d: (load[d], used[d], d))
+        speed = state.speed.tolist()
+        return sorted(range(len(load)), key=lambda d: (load[d] / speed[d], used[d], d))
     return LeastLoadRanking(state)
 
 

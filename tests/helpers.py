@@ -112,13 +112,16 @@ def analytic(regime: str = "super_additive", batch_size: int = 2048, topology: T
 
 
 def brute_force_feasible(task) -> bool:
-    """Whether some assignment of whole tables to devices fits every device's memory (tried exhaustively)."""
+    """Whether some assignment of whole tables to devices fits every device's usable memory (tried exhaustively),
+    each table on its pinned device when it has one (a cut task pins its row-wise blocks)."""
     sizes = [task.table_bytes(i) for i in range(len(task.tables))]
-    for devices in itertools.product(range(task.num_devices), repeat=len(sizes)):
+    pinned = task.pinned_device()
+    choices = [[pinned[t.name]] if t.name in pinned else range(task.num_devices) for t in task.tables]
+    for devices in itertools.product(*choices):
         used = [0] * task.num_devices
         for size, d in zip(sizes, devices):
             used[d] += size
-        if all(u <= dev.memory_bytes for u, dev in zip(used, task.devices)):
+        if all(u <= task.capacity(d) for d, u in enumerate(used)):
             return True
     return False
 

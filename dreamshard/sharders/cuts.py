@@ -17,7 +17,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
-from dreamshard.placement import place_tables
+from dreamshard.placement import Rules, place_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, table_pieces
@@ -121,22 +121,27 @@ class _Universe:
     sizes: np.ndarray  # bytes of each universe piece
     scorer: StepScorer
     order: list[int]  # universe indices by predicted single cost, descending
+    rules: Rules  # where each universe piece may go: its table's constraints, a row-wise block its own device
 
     @classmethod
     def build(cls, task: Task, model: LearnedModel, options: list[list[int]]) -> _Universe:
         tables = list(task.tables)
+        owner: list[int] = list(range(len(tables)))  # the table of each universe piece
+        fixed: list[int | None] = [None] * len(tables)  # the device of a row-wise block
         pieces: dict[tuple[int, int], list[int]] = {}
         for i, t in enumerate(task.tables):
             pieces[(i, 1)] = [i]
             for k in options[i][1:]:
-                one = [piece for piece, _, _ in table_pieces(t, as_cut(k), task.num_devices)]
-                pieces[(i, k)] = list(range(len(tables), len(tables) + len(one)))
-                tables += one
+                cut = table_pieces(t, as_cut(k), task.num_devices)
+                pieces[(i, k)] = list(range(len(tables), len(tables) + len(cut)))
+                tables += [piece for piece, _, _ in cut]
+                owner += [i] * len(cut)
+                fixed += [device for _, _, device in cut]
         ctx = TaskContext.build(replace(task, tables=tuple(tables), pins=(), avoid=(), groups=(), whole=()),
                                 model.cost_net, model.scaler)
         scorer = StepScorer.build(model.cost_net, model.policy, ctx)
         sizes = np.array([task.shard_bytes(t) for t in tables], dtype=np.int64)
-        return cls(pieces, sizes, scorer, ctx.order)
+        return cls(pieces, sizes, scorer, ctx.order, Rules.of_task(task).of_pieces(owner, sizes, fixed))
 
     def load(self, cuts: list[int], where: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Each device's summed scorer input and bytes, with the pieces of `cuts` on the devices `where`."""
@@ -267,7 +272,6 @@ class CutSearchSharder(LearnedSharder):
         """From `cuts` with row-wise tables: each of them, the cheapest first, made whole again on the device the
         policy ranks best with room, where the cost network rates that no worse (TorchRec's planner cuts most
         tables row-wise; this start lets the search begin near such a plan)."""
-        capacity = np.array(task.capacities(), dtype=np.int64)
         load, used = u.load(cuts, where)
         current = float(u.devices(load).max())
         cuts, where = cuts.copy(), where.copy()
@@ -279,7 +283,7 @@ class CutSearchSharder(LearnedSharder):
             for q, d in zip(u.pieces[(i, ROW_WISE)], where[i]):
                 trial_load[d] -= w[q]
                 trial_used[d] -= u.sizes[q]
-            room = [d for d in task.allowed_devices(task.tables[i].name) if trial_used[d] + u.sizes[i] <= capacity[d]]
+            room = u.rules.with_room(i, trial_used)
             if not room:
                 continue
             logits = u.scorer.logits(i, trial_load)
@@ -295,10 +299,6 @@ class CutSearchSharder(LearnedSharder):
     def _search(self, task: Task, u: _Universe, options: list[list[int]], cuts: list[int],
                 where: list[list[int]]) -> tuple[list[list[int]], list[int]]:
         cfg, scorer, w = self.config, u.scorer, u.scorer.weights
-        capacity = np.array(task.capacities(), dtype=np.int64)
-        allowed = [task.allowed_devices(t.name) for t in task.tables]
-        fixed = {t for t, _ in task.pins} | {t for g in task.groups for t in g}  # never moved alone
-        movable = [t.name not in fixed for t in task.tables]
         load, used = u.load(cuts, where)
 
         per_device = u.devices(load)
@@ -318,12 +318,9 @@ class CutSearchSharder(LearnedSharder):
                         trial_load[d] -= w[p]
                         trial_used[d] -= u.sizes[p]
                     devices: list[int] = []
-                    for j, p in enumerate(u.pieces[(i, k)]):
-                        if k == ROW_WISE:  # block j on device j (TorchRec's row-wise layout)
-                            room = [j] if trial_used[j] + u.sizes[p] <= capacity[j] else []
-                        else:
-                            room = [d for d in allowed[i]
-                                    if d not in devices and trial_used[d] + u.sizes[p] <= capacity[d]]
+                    for p in u.pieces[(i, k)]:
+                        # a row-wise block on its own device (TorchRec's row-wise layout), slices on distinct devices
+                        room = [d for d in u.rules.with_room(p, trial_used) if d not in devices]
                         if not room:
                             break
                         if len(room) == 1:  # no choice: the policy is not asked
@@ -336,10 +333,10 @@ class CutSearchSharder(LearnedSharder):
                         trial_used[d] += u.sizes[p]
                     if len(devices) == len(u.pieces[(i, k)]):
                         moves.append(_move(u, i, k, devices, trial_load, trial_used))
-                if movable[i] and cuts[i] != ROW_WISE:  # its piece on the busiest device to another device
+                if u.rules.movable(i) and cuts[i] != ROW_WISE:  # its piece on the busiest device to another device
                     j = where[i].index(busiest)
                     p = u.pieces[(i, cuts[i])][j]
-                    targets = [d for d in allowed[i] if d not in where[i] and used[d] + u.sizes[p] <= capacity[d]]
+                    targets = [d for d in u.rules.with_room(p, used) if d not in where[i]]
                     if targets:  # rated together: one call of the cost heads for every target
                         trial = np.repeat(load[None], len(targets), axis=0)
                         trial[:, busiest] -= w[p]

@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from dreamshard.caching import CACHE_FILLS, choose_caching
 from dreamshard.errors import DreamShardError, InfeasibleTaskError
@@ -287,30 +288,11 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
             " (allow the fused_uvm_caching kernel to keep the largest tables in host memory, cached)"
         raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
-    refinable = Refinable(task, cuts)
-    refined = 0  # pieces cut finer so far
-    singly = max(SINGLE_CUT_PASSES, SINGLE_CUT_WORK // len(task.tables))
-    count = sum(num_pieces(c, task.num_devices) for c in cuts.values())
-    check_pieces(task, count)
 
-    def cut_finer() -> None:
-        nonlocal refined, count
-        for _ in range(max(1, refined + 1 - singly)):
-            name = refinable.top()
-            if name is None:
-                break
-            before = num_pieces(cuts[name], task.num_devices)
-            refinable.pop()
-            count += num_pieces(cuts[name], task.num_devices) - before
-            check_pieces(task, count)
-            refined += 1
-
-    while True:
+    def attempt(first: bool, last: bool) -> Plan | None:
         cut, pieces = cut_task(task, cuts)
-        last = refinable.last  # no finer cut is left
         if pieces and not last and not packs(cut):
-            cut_finer()  # too coarse to pack quickly: cut finer before the sharder tries
-            continue
+            return None  # too coarse to pack quickly: cut finer before the sharder tries
         try:
             # a search in the sharder's order that runs long: cut finer instead; at the last cut, placements may
             # start again largest first
@@ -319,13 +301,48 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
         except InfeasibleTaskError:
             if last:
                 raise
-            cut_finer()
-            continue
+            return None
         if pieces:
             validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
             plan = merge_pieces(cut, plan, pieces)
             validate_plan(task, plan)
         return plan
+
+    return refine(task, cuts, attempt, singly=max(SINGLE_CUT_PASSES, SINGLE_CUT_WORK // len(task.tables)))
+
+
+R = TypeVar("R")
+
+
+def refine(task: Task, cuts: dict[str, Cut], attempt: Callable[[bool, bool], R | None],
+           singly: int | None = None) -> R:
+    """The one cut-finer-while-it-does-not-pack loop: `attempt(first, last)` at `cuts` as they stand (`first`: none
+    cut finer yet; `last`: none can be), its result returned where not None; else the table with the largest piece
+    is cut finer (`Refinable`, in `cuts`) and `attempt` asked again. At the last cut `attempt` returns or raises.
+    `singly`: passes that cut one table each, after which each pass cuts as many as the passes before it together
+    (SINGLE_CUT_PASSES); None: one table a pass throughout. A cut task of more than MAX_PIECES pieces is refused."""
+    refinable = Refinable(task, cuts)
+    refined = 0  # pieces cut finer so far
+    count = sum(num_pieces(c, task.num_devices) for c in cuts.values())
+    check_pieces(task, count)
+    first = True
+    while True:
+        last = refinable.last  # no finer cut is left
+        found = attempt(first, last)
+        if found is not None:
+            return found
+        if last:
+            raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory")
+        for _ in range(1 if singly is None else max(1, refined + 1 - singly)):
+            name = refinable.top()
+            if name is None:
+                break
+            before = num_pieces(cuts[name], task.num_devices)
+            refinable.pop()
+            count += num_pieces(cuts[name], task.num_devices) - before
+            check_pieces(task, count)
+            refined += 1
+        first = False
 
 
 def num_pieces(cut: Cut, num_devices: int) -> int:

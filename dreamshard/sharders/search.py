@@ -17,7 +17,7 @@ import torch
 from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
-from dreamshard.placement import PlacementState, place_tables
+from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
 from dreamshard.plan import Plan, Shard
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.tables import Table
@@ -97,17 +97,7 @@ class _Evaluator:
     def __init__(self, model: NeuroShardModel, task: Task) -> None:
         self.model, self.task = model, task
         self.cache: dict[tuple[int, int, int], np.ndarray] = {}  # (table, rows, width) -> encoding
-        self.capacity = np.array(task.capacities(), dtype=np.float64)
-        pinned = task.pinned_device()
-        self.pins = [pinned.get(t.name) for t in task.tables]  # device a table's shards must go to, or None
-        n = task.num_devices
-        self.allowed = np.zeros((len(task.tables), n), dtype=bool)  # [table, device]: pins and avoid lists
-        for i, t in enumerate(task.tables):
-            self.allowed[i, task.allowed_devices(t.name)] = True
-        groups = task.group_of()
-        self.group = [groups.get(t.name, -1) for t in task.tables]  # group index of each table, -1 for none
-        uncut = task.never_cut()
-        self.uncut = [t.name in uncut for t in task.tables]  # pinned, grouped or whole: never cut
+        self.rules = Rules.of_task(task)  # capacity, pins, avoid lists and groups of the tables
         self.speed = np.asarray(task.speeds(), dtype=np.float64)  # compute on device d = reference / speed[d]
 
     def encode(self, shards: Sequence[Sequence[int]]) -> np.ndarray:
@@ -154,24 +144,20 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
     widths = np.array([b.width for b in blocks], dtype=np.float64)
     sizes = ev.sizes(blocks)
     _, single = ev.compute_ms(enc)
+    rules = ev.rules.of_pieces([b.table for b in blocks], sizes)  # each block under its table's constraints
     # pinned shards first, as placement.place_tables places them, so every other shard sees their load
-    order = sorted(np.argsort(-single, kind="stable").tolist(), key=lambda i: ev.pins[blocks[i].table] is None)
+    order = rules.pinned_first(np.argsort(-single, kind="stable").tolist())
     scales = np.linspace(cfg.scale_min, cfg.scale_max, cfg.scale_steps)
     bound = scales[:, None] * widths.sum() / n  # [S, 1]
     k = len(scales)
     dev = np.zeros((k, n, enc.shape[1]))
     dims = np.zeros((k, n))
-    used = np.zeros((k, n))
+    rooms = Rooms(rules, k)  # each scale's bytes per device and its groups' devices
     alive = np.ones(k, dtype=bool)
     assign = np.full((k, len(blocks)), -1)
-    group_device = np.full((k, max(ev.group, default=-1) + 1), -1)  # [S, groups]: where each group went
     for i in order:
         _, after = ev.device_compute_ms(dev + enc[i])  # [S, D] predicted cost of each device with shard i added
-        room = (used + sizes[i] <= ev.capacity) & ev.allowed[blocks[i].table]
-        g = ev.group[blocks[i].table]
-        if g >= 0:  # a group's later tables follow its first one
-            placed = group_device[:, g]
-            room &= (placed[:, None] < 0) | (np.arange(n) == placed[:, None])
+        room = rooms.open(i)
         balanced = room & (dims + widths[i] <= bound)
         allowed = np.where(balanced.any(axis=1, keepdims=True), balanced, room)
         alive &= allowed.any(axis=1)
@@ -179,10 +165,8 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
         rows = np.arange(k)
         dev[rows, choice] += enc[i]
         dims[rows, choice] += widths[i]
-        used[rows, choice] += sizes[i]
+        rooms.place(i, choice)
         assign[:, i] = choice
-        if g >= 0:
-            group_device[:, g] = choice
     if not alive.any():
         return None
     scores = np.where(alive, ev.score(dev, dims), np.inf)

@@ -26,17 +26,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from dreamshard.errors import InfeasibleTaskError
-from dreamshard.placement import by_least_load, find_feasible_assignment, place_tables
+from dreamshard.placement import Rules, by_least_load, find_feasible_assignment, place_items, place_tables
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders.pieces import (
     Cut,
-    Refinable,
     cut_task,
     first_cut,
     first_cuts,
     fits_row_wise,
     merge_pieces,
     packs,
+    refine,
     table_pieces,
     with_pieces,
 )
@@ -104,22 +104,23 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
 
 def _first_fit(task: Task) -> dict[str, Cut]:
     """The start: every table whole, or at its first cut when too large for a device (`pieces.first_cut`), cut
-    finer (`pieces`' rule) while a plain packing does not place the pieces; raises when none does. A direct pass
-    decides at each cut (`_packs_directly`), the placement that backs up at the first and the last only."""
+    finer (`pieces.refine`, one table at a time) while a plain packing does not place the pieces; raises when none
+    does. A direct pass decides at each cut (`_packs_directly`), the placement that backs up at the first and the
+    last only."""
     cuts = first_cuts(task)
-    refinable = Refinable(task, cuts)  # cuts finer in `cuts`, as `pieces` does
-    first = True
-    while not _packs_directly(task, cuts):
+    rules = Rules.of_task(task)
+
+    def attempt(first: bool, last: bool) -> dict[str, Cut] | None:
         # the first and the last cut: the packing every sharder's placement backs up to (slower), before cutting
         # finer or giving up
-        if (first or refinable.last) and _packs_fully(task, cuts):
-            break
-        if refinable.last:
+        if _packs_directly(task, rules, cuts) or ((first or last) and _packs_fully(task, cuts)):
+            return {n: c for n, c in cuts.items() if not c.whole}
+        if last:
             raise InfeasibleTaskError(f"task {task.name!r}: no cut of its tables packs into device memory "
                                       f"({_cut_names(cuts)})")
-        refinable.pop()
-        first = False
-    return {n: c for n, c in cuts.items() if not c.whole}
+        return None
+
+    return refine(task, cuts, attempt)
 
 
 def _packs_fully(task: Task, cuts: dict[str, Cut]) -> bool:
@@ -130,14 +131,14 @@ def _packs_fully(task: Task, cuts: dict[str, Cut]) -> bool:
     return True
 
 
-def _packs_directly(task: Task, cuts: dict[str, Cut]) -> bool:
+def _packs_directly(task: Task, rules: Rules, cuts: dict[str, Cut]) -> bool:
     """Does one pass, largest piece first onto the least-used device with room (`_direct_pass` by size), place
     the pieces at `cuts`? Linear in the pieces, where `packs` backs up for thousands of steps before it fails."""
-    if task.groups:  # left to place_tables
+    if rules.group:  # left to place_tables
         return packs(cut_task(task, cuts)[0])
     layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in [cuts.get(t.name, Cut())]}
     sizes = [float(b) for piece_bytes, _ in layouts.values() for b in piece_bytes]  # in the tables' order
-    return _direct_pass(task, cuts, sizes, layouts, by_size=True) is not None
+    return _direct_pass(task, rules, cuts, sizes, layouts, by_size=True) is not None
 
 
 def _row_wise_start(task: Task) -> dict[str, Cut]:
@@ -226,7 +227,8 @@ class TorchRecModelSharder:
                     options[name].append(cut)
         prices = piece_prices(task, options, self._batch(task), memo)
         layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in options[t.name]}
-        ends = [self._descend(task, start, options, prices, layouts, deadline) for start in starts]
+        rules = Rules.of_task(task)
+        ends = [self._descend(task, rules, start, options, prices, layouts, deadline) for start in starts]
         found = [e for e in ends if e is not None]
         if not found:
             raise InfeasibleTaskError(f"task {task.name!r}: torchrec_model found no placement of its tables at "
@@ -235,20 +237,20 @@ class TorchRecModelSharder:
         validate_plan(task, plan)
         return plan
 
-    def _descend(self, task: Task, start: dict[str, Cut], options: dict[str, list[Cut]],
+    def _descend(self, task: Task, rules: Rules, start: dict[str, Cut], options: dict[str, list[Cut]],
                  prices: dict[tuple[str, Cut], list[float]], layouts: dict[tuple[str, Cut], _Layout],
                  deadline: float = float("inf")) -> _Placed | None:
         """Step 3 of the module docstring from `start`, no move after `deadline`: the plan TorchRec rates best
         among those placed."""
-        current = _place(task, start, prices, layouts, backing_up=True)
+        current = _place(task, rules, start, prices, layouts, backing_up=True)
         if current is None:
             return None
         best = current
         for _ in range(self.config.depth):
             if time.perf_counter() > deadline:
                 break
-            tried = [p for p in (_place(task, cuts, prices, layouts) for cuts in self._moves(current, options, prices))
-                     if p is not None]
+            tried = [p for p in (_place(task, rules, cuts, prices, layouts)
+                                 for cuts in self._moves(current, options, prices)) if p is not None]
             best = min([best, *tried], key=lambda p: p.cost)
             step = min(tried, key=_score, default=None)
             if step is None or _score(step) >= _score(current) * (1 - 1e-9):
@@ -285,50 +287,40 @@ class TorchRecModelSharder:
         return out
 
 
-_Layout = tuple[list[int], list[list[int]]]  # a table's pieces at one cut: bytes of each, devices each may use
+_Layout = tuple[list[int], list["int | None"]]  # a table's pieces at one cut: bytes of each, the device of a row-wise block
 
 
 def _layout(task: Task, table: Table, cut: Cut) -> _Layout:
-    """`table`'s pieces at `cut` (`table_pieces`): the bytes of each as `cut_task` counts them, and the devices
-    each may use (a row-wise block its own; a pinned table its pin; else the devices the table may use)."""
-    pinned = task.pinned_device()
-    allowed = [pinned[table.name]] if table.name in pinned else task.allowed_devices(table.name)
+    """`table`'s pieces at `cut` (`table_pieces`): the bytes of each as `cut_task` counts them, and the device a
+    row-wise block is pinned to (None for the others)."""
     pieces = table_pieces(table, cut, task.num_devices)
-    return [task.shard_bytes(p) for p, _, _ in pieces], [allowed if d is None else [d] for _, _, d in pieces]
+    return [task.shard_bytes(p) for p, _, _ in pieces], [d for _, _, d in pieces]
 
 
-def _direct_pass(task: Task, cuts: dict[str, Cut], weights: list[float], layouts: dict[tuple[str, Cut], _Layout],
-                 by_size: bool = False) -> list[int] | None:
-    """`place_tables`' first pass without backing up (pinned pieces first, then largest estimate first, or largest
-    in bytes first `by_size`, each onto the least-loaded device with room it may use; ties: less memory, lower
-    index): None where a piece finds no room, or where the task groups tables (left to `place_tables`)."""
-    if task.groups:
+def _direct_pass(task: Task, rules: Rules, cuts: dict[str, Cut], weights: list[float],
+                 layouts: dict[tuple[str, Cut], _Layout], by_size: bool = False) -> list[int] | None:
+    """`place_tables`' first pass without backing up (`place_items`: pieces with one device first, then largest
+    estimate first, or largest in bytes first `by_size`, each onto the least-loaded device with room it may use;
+    ties: less memory, lower index): None where a piece finds no room, or where the task groups tables (`rules`:
+    the task's; left to `place_tables`)."""
+    if rules.group:
         return None
-    n = task.num_devices
     sizes: list[int] = []
-    devices: list[list[int]] = []
-    for t in task.tables:
-        layout = layouts[(t.name, cuts.get(t.name, Cut()))]
-        sizes += layout[0]
-        devices += layout[1]
+    fixed: list[int | None] = []
+    owner: list[int] = []
+    for i, t in enumerate(task.tables):
+        piece_bytes, devices = layouts[(t.name, cuts.get(t.name, Cut()))]
+        sizes += piece_bytes
+        fixed += devices
+        owner += [i] * len(piece_bytes)
+    pieces = rules.of_pieces(owner, sizes, fixed)
     key_of = sizes if by_size else weights
-    order = sorted(range(len(sizes)), key=lambda i: (len(devices[i]) > 1, -key_of[i], i))
-    load, used = [0.0] * n, [0] * n
-    free = task.capacities()
-    speed = task.speeds()
-    assignment = [0] * len(sizes)
-    for i in order:
-        room = [d for d in devices[i] if used[d] + sizes[i] <= free[d]]
-        if not room:
-            return None
-        d = min(room, key=lambda d: (load[d] / speed[d], used[d], d))
-        assignment[i] = d
-        load[d] += weights[i]
-        used[d] += sizes[i]
-    return assignment
+    single = pieces.one_device()
+    order = sorted(range(len(sizes)), key=lambda i: (not single[i], -key_of[i], i))
+    return place_items(pieces, order, by_least_load, weights, task.speeds())
 
 
-def _place(task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
+def _place(task: Task, rules: Rules, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
            layouts: dict[tuple[str, Cut], _Layout], backing_up: bool = False) -> _Placed | None:
     """Pieces at `cuts` placed largest estimate first onto the least-loaded device with room, else largest in
     bytes first (`place_tables`' rule, in a direct pass); None if neither places them. With `backing_up`
@@ -339,7 +331,8 @@ def _place(task: Task, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[
         if (t.name, c) not in prices:
             return None  # an oversized table's first cut that the search does not try
         weights += prices[(t.name, c)]
-    assignment = _direct_pass(task, cuts, weights, layouts) or _direct_pass(task, cuts, weights, layouts, by_size=True)
+    assignment = _direct_pass(task, rules, cuts, weights, layouts) or \
+        _direct_pass(task, rules, cuts, weights, layouts, by_size=True)
     if assignment is None and backing_up:
         cut, _ = cut_task(task, cuts)
         order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
