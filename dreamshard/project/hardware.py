@@ -6,10 +6,10 @@ from __future__ import annotations
 from dreamshard.caching import hit_rate
 from dreamshard.hardware.allocator import huge_pages_enabled
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.hardware.base import CostBackend, measure_rounds, median_cost
+from dreamshard.hardware.base import CostBackend, measure_rounds, median_cost, turns
 from dreamshard.hardware.fbgemm import FbgemmBackend, FbgemmConfig, cpu_model_name, fbgemm_version, pin_threads
 
 __all__ = [
     "AnalyticBackend", "AnalyticConfig", "CostBackend", "FbgemmBackend", "FbgemmConfig", "cpu_model_name",
-    "fbgemm_version", "hit_rate", "huge_pages_enabled", "measure_rounds", "median_cost", "pin_threads",
+    "fbgemm_version", "hit_rate", "huge_pages_enabled", "measure_rounds", "median_cost", "pin_threads", "turns",
 ]

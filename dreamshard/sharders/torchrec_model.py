@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dreamshard.errors import InfeasibleTaskError
+from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.placement import Rules, by_least_load, find_feasible_assignment, place_items, place_tables
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders.pieces import (
@@ -187,8 +188,6 @@ class TorchRecModelSharder:
         self.time_limit = time_limit  # seconds: the moves stop there, keeping the best plan found (None: no limit)
 
     def _batch(self, task: Task) -> int:
-        from dreamshard.interop.torchrec import DEFAULT_BATCH_SIZE
-
         return self.batch_size or task.memory.batch_size or DEFAULT_BATCH_SIZE
 
     def shard(self, task: Task) -> Plan:
