@@ -30,6 +30,11 @@ MAX_TIME_LIMIT = 86_400.0  # --time-limit, seconds: a day
 # (torchrec_model at 10,000, torchrec at 100,000), so `plan` asks for --time-limit there instead of running on
 SEARCH_SCALE = {"torchrec_full": 8 * 300, "torchrec_model": 8 * 3_000, "torchrec": 8 * 30_000}
 
+# bytes dreamshard_cut holds per piece it may place (each table whole and at each cut; a row-wise cut is a block per
+# device): the features, encodings and the policy's inputs of every piece (10,000 tables on 128 devices: 1.41M
+# pieces, 11.2 GB at the peak); it refuses, before building them, what the machine cannot hold
+BYTES_PER_CUT_PIECE = 8 * 1024
+
 # bytes the cost model allocates per device (the all-to-all model's float64 arrays, a few at once: linear in the
 # devices, hardware/comm.py), per (table, device) pair, and per looked-up id (int64 indices and offsets)
 BYTES_PER_DEVICE = 128
@@ -79,9 +84,9 @@ def cost_memory_bytes(num_devices: int, num_tables: int, batch_size: int, lookup
                + lookups + weights_bytes)
 
 
-def check_memory(needed: int, what: str) -> None:
+def check_memory(needed: int, what: str, advice: str = "cost fewer devices or tables, or run on a larger machine") -> None:
     """Refuse before allocating `needed` bytes for `what` when the machine has less available."""
     have = available_memory_bytes()
     if needed > have:
         raise DreamShardError(f"{what} would need about {needed / 2**30:.1f} GiB of memory, but {have / 2**30:.1f} "
-                              "GiB are available; cost fewer devices or tables, or run on a larger machine")
+                              f"GiB are available; {advice}")

@@ -17,6 +17,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
+from dreamshard.limits import BYTES_PER_CUT_PIECE, check_memory
 from dreamshard.placement import Rules, place_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.learned import LearnedSharder
@@ -180,6 +181,10 @@ class CutSearchSharder(LearnedSharder):
     def _shard(self, task: Task) -> Plan:
         n = len(task.tables)
         options = [cut_options(task, t, self.config) for t in task.tables]
+        pieces = sum(1 + sum(task.num_devices if k == ROW_WISE else k for k in o[1:]) for o in options)
+        check_memory(pieces * BYTES_PER_CUT_PIECE, f"{self.name}: scoring {pieces} pieces ({n} tables whole and at "
+                     "each cut, a row-wise cut a block per device)", "plan fewer tables or devices, without row-wise "
+                     "cuts (--sharding table,column), with whole tables (dreamshard), or on a larger machine")
         u = _Universe.build(task, self.model, options)
 
         def decode(cuts: list[int]) -> list[list[int]]:

@@ -182,3 +182,29 @@ def test_too_many_pieces_is_an_error_before_placing_them(monkeypatch):
         make_sharder("size_greedy").shard(task)
     assert not isinstance(caught.value, InfeasibleTaskError)
     assert cut == ["t0", "t1"]  # refused as soon as the count passes the limit: the other tables are not cut
+
+
+def test_the_cut_search_refuses_before_building_what_the_machine_cannot_hold(monkeypatch):
+    """dreamshard_cut scores every piece of every cut (row-wise: a block per device): past the memory available,
+    one clear error before any piece is built, not an out-of-memory kill."""
+    import torch
+
+    import dreamshard.limits as limits
+    import dreamshard.sharders.cuts as cuts
+    from dreamshard.errors import DreamShardError
+    from dreamshard.learning.cost_model import CostNetConfig
+    from dreamshard.learning.features import NUM_FEATURES, FeatureScaler
+    from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+
+    gen = torch.Generator().manual_seed(0)
+    scaler = FeatureScaler.fit(np.abs(np.random.default_rng(0).normal(size=(64, NUM_FEATURES))) * 100)
+    model = LearnedModel(CostNetConfig().build(gen), PolicyNetConfig().build(gen), scaler, {})
+    task = padded(tables_of(40), 16, 0.5)
+    task = replace(task, tables=tuple(replace(t, bins=tuple([1.0] + [0.0] * 16)) for t in task.tables))
+    built = []
+    monkeypatch.setattr(cuts._Universe, "build", classmethod(lambda cls, *a: built.append(a) or 1 / 0))
+    monkeypatch.setattr(limits, "available_memory_bytes", lambda: 40 * 16 * limits.BYTES_PER_CUT_PIECE)
+    with pytest.raises(DreamShardError, match=r"dreamshard_cut: scoring \d+ pieces .* would need about .* GiB of "
+                                              r"memory, but .* available; plan fewer tables or devices"):
+        make_sharder("dreamshard_cut", model=model).shard(task)
+    assert not built
