@@ -25,10 +25,13 @@ MAX_PIECES = 2**21  # tables and pieces of cut tables together (row-wise cuts ma
 MAX_SAMPLED_TABLES = 100_000
 
 MAX_TIME_LIMIT = 86_400.0  # --time-limit, seconds: a day
-# the searches that rate many whole plans grow faster than the tables: past these sizes (tables x devices, measured
-# on 8 devices: results/planning-scale) they took over 10 minutes (torchrec_full at 1,000 tables), or over 150 s
-# (torchrec_model at 10,000, torchrec at 100,000), so `plan` asks for --time-limit there instead of running on
-SEARCH_SCALE = {"torchrec_full": 8 * 300, "torchrec_model": 8 * 3_000, "torchrec": 8 * 30_000}
+# the searches that rate many whole plans grow faster than the tables: (most tables, most tables x devices) each
+# planned within minutes in results/planning-scale; past them `plan` asks for --time-limit instead of running on.
+# torchrec_full: 300 x 8 in 76 s, 100 x 128 in 25 s, 1,000 on 8 or 128 devices past 10 minutes; torchrec_model:
+# 1,000 x 8 in 21 s, 100 x 128 in 16 s, 10,000 x 8 and 1,000 x 128 past 150 s; torchrec: 10,000 tables on 8 to
+# 1024 devices within 30 s, 100,000 past 150 s
+SEARCH_SCALE = {"torchrec_full": (300, 100 * 128), "torchrec_model": (3_000, 200 * 128),
+                "torchrec": (30_000, 2**30)}
 
 # bytes dreamshard_cut holds per piece it may place (each table whole and at each cut; a row-wise cut is a block per
 # device): the features, encodings and the policy's inputs of every piece (10,000 tables on 128 devices: 1.41M
@@ -52,12 +55,16 @@ def check_limit(value: int, limit: int, what: str) -> None:
 def check_search_scale(sharder: str, num_tables: int, num_devices: int, time_limited: bool) -> None:
     """Refuse, before any work, a search sharder (SEARCH_SCALE) on a task past the size it plans in minutes,
     unless it is given a time limit."""
-    most = SEARCH_SCALE.get(sharder)
-    if most is None or time_limited or num_tables * max(num_devices, 8) <= most:
+    scale = SEARCH_SCALE.get(sharder)
+    if scale is None or time_limited:
         return
-    raise DreamShardError(f"--algo {sharder}: {num_tables} tables on {num_devices} devices is past the "
-                          f"{most // 8} tables on 8 devices it plans within minutes (dreamshard.limits); give "
-                          "--time-limit SECONDS to keep the best plan it finds by then, or plan with another sharder")
+    tables, pairs = scale
+    if num_tables <= tables and num_tables * num_devices <= pairs:
+        return
+    raise DreamShardError(f"--algo {sharder}: {num_tables} tables on {num_devices} devices is past the size it plans "
+                          f"within minutes (at most {tables} tables and tables x devices {pairs}: dreamshard.limits); "
+                          "give --time-limit SECONDS to keep the best plan it finds by then, or plan with another "
+                          "sharder")
 
 
 def available_memory_bytes() -> int:

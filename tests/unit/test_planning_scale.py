@@ -155,8 +155,11 @@ def test_plan_refuses_at_once_what_would_not_finish(tmp_path, capsys, monkeypatc
     tables.write_text("name,rows,dim,pooling_factor\n" + "".join(f"t{i},100,16,1\n" for i in range(301)))
     rc, err = run(["plan", "--tables", str(tables), "--devices", "8", "--memory-gb", "1", "--algo", "torchrec_full",
                    "-o", str(out)], capsys)
-    assert rc == 1 and "301 tables on 8 devices is past the 300 tables on 8 devices it plans within minutes" in err
+    assert rc == 1 and "301 tables on 8 devices is past the size it plans within minutes (at most 300 tables" in err
     assert "give --time-limit SECONDS" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    rc, err = run(["plan", "--tables", str(tables), "--devices", "128", "--memory-gb", "1", "--algo",
+                   "torchrec_model", "-o", str(out)], capsys)  # few enough tables, but on many devices
+    assert rc == 1 and "301 tables on 128 devices is past" in err and "tables x devices 25600" in err
     for bad, said in (("0", "expected seconds in (0, 86400], got 0"), ("nan", "got nan")):
         rc, err = run(["plan", "--tables", str(tables), "--devices", "8", "--memory-gb", "1", "--algo", "torchrec",
                        "--time-limit", bad, "-o", str(out)], capsys)
