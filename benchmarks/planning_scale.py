@@ -269,6 +269,12 @@ def figure(cases: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def short(error: str, width: int = 90) -> str:
+    """An error line without the tool's prefix, cut at `width` characters."""
+    text = error.removeprefix("dreamshard: error: ")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def readme(summary: dict[str, Any]) -> str:
     cases, goals = summary["cases"], summary["goals"]
     done = [c for c in cases if c["status"] == "ok"]
@@ -319,8 +325,11 @@ def readme(summary: dict[str, Any]) -> str:
                 cells.append(c["status"])
         lines.append(f"| {s} | {d} | " + " | ".join(cells) + " |")
     if failed:
-        lines += ["", "Not planned: " + "; ".join(f"{c['sharder']} {c['tables']:,} x {c['devices']}: {c['status']}"
-                                                  f"{' (' + c['error'] + ')' if c['error'] else ''}" for c in failed)]
+        errors = [c for c in failed if c["status"] == "error"]
+        lines += ["", "Errors (the full message in summary.json): " + "; ".join(
+            f"{c['sharder']} {c['tables']:,} x {c['devices']}: {short(c['error'])}" for c in errors)] if errors else []
+        lines += ["", "Timed out: " + ", ".join(f"{c['sharder']} {c['tables']:,} x {c['devices']}"
+                                                for c in failed if c["status"] == "timeout")]
     lines += ["", "![time and memory against tables](planning_scale.png)", ""]
     return "\n".join(lines)
 
