@@ -181,8 +181,8 @@ class CutSearchSharder(LearnedSharder):
     def _shard(self, task: Task) -> Plan:
         n = len(task.tables)
         options = [cut_options(task, t, self.config) for t in task.tables]
-        pieces = sum(1 + sum(task.num_devices if k == ROW_WISE else k for k in o[1:]) for o in options)
-        check_memory(pieces * BYTES_PER_CUT_PIECE, f"{self.name}: scoring {pieces} pieces ({n} tables whole and at "
+        scored = sum(1 + sum(task.num_devices if k == ROW_WISE else k for k in o[1:]) for o in options)
+        check_memory(scored * BYTES_PER_CUT_PIECE, f"{self.name}: scoring {scored} pieces ({n} tables whole and at "
                      "each cut, a row-wise cut a block per device)", "plan fewer tables or devices, without row-wise "
                      "cuts (--sharding table,column), with whole tables (dreamshard), or on a larger machine")
         u = _Universe.build(task, self.model, options)
