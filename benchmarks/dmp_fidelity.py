@@ -43,12 +43,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import queue
 import socket
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -57,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.run_info import commit, machine
 
 HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "random")
 TORCHREC = ("torchrec_full", "torchrec")  # TorchRec's own planners; the reference is the first that planned
@@ -573,27 +572,6 @@ def our_costs(params: dict[str, Any], task, plans: list, lookups, fit: dict[str,
 
 
 # ---------------------------------------------------------------- the run
-
-def commit() -> str:
-    """The checkout's commit, `+` when it has changes not committed; `unknown` outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
-
 
 def parse_range(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition("-")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.run_info import commit, machine
 
 SHARDERS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "random", "torchrec", "torchrec_model",
             "torchrec_full")
@@ -204,27 +205,6 @@ def merged(old: dict[str, Any], cases: list[dict[str, Any]], goals: list[dict[st
     used = {c.get("run") for c in kept} | {g.get("run") for g in goals}
     runs = [r for r in old.get("runs", []) if r["command"] in used and r["command"] != run["command"]] + [run]
     return kept, goals, runs
-
-
-def commit() -> str:
-    """The checkout's commit, `+` when it has changes not committed; `unknown` outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def growth(cases: list[dict[str, Any]]) -> dict[str, float]:
