@@ -13,7 +13,7 @@
 # RESUME=1 (a second call on the same warm machine): straight to evaluate, which continues from its journal.
 # TORCHREC_MODEL=1: also evaluate torchrec_model (our search rated by TorchRec's perf model) where TorchRec plans.
 # The trainings run one after another: two torch fits side by side on the 16-core GPU host finished
-# nothing in 6 minutes (results/gpu/b65536_learned_attempt/).
+# nothing in 6 minutes (the first attempt of 2026-11-26: results/gpu/README.md, History).
 set -u
 BUDGET=${1:-480}
 DEVICE=${DEVICE:-cuda}; BATCH=${BATCH:-65536}; PARAMS=${PARAMS:-params.yaml}; PY=${PY:-python3}  # smoke test: cpu, tiny
@@ -81,7 +81,7 @@ fi
 wait $INSTALL; [ -f "$G/installed" ] || { log "install failed"; cat "$G/install.log"; finish; }
 cat "$G/install.log"; [ -z "${UVM:-}" ] || log "uvm check: $(tail -c 300 "$G/uvm.log")"
 log "collect"
-# within the budget too: at 4 s a plan (results/gpu/b65536_learned_attempt2/) collect alone outlasted a 600 s call
+# within the budget too: at 4 s a plan (the second attempt: results/gpu/README.md, History) collect alone outlasted a 600 s call
 within "$(left)" collect || { log "collect failed or stopped"; tail -5 "$G/collect.log"; finish; }
 # each training within its cap and the time left
 for item in train_cost:${CAP_COST:-120} train_policy:${CAP_POLICY:-150} train_neuroshard:${CAP_NEURO:-120} \

@@ -82,7 +82,7 @@ def test_rotating_batches_split_one_draw_unless_asked_for_a_draw_each():
     assert hottest(seeded[0][0]) != hottest(seeded[3][0])
 
 
-PAPER_80_4 = [Path("results/cut_designs/paper-tenth/80-4-first20"), Path("results/cut_designs/paper-tenth/80-4-next20")]
+PAPER_80_4 = [Path("results/cut_designs/paper-2026-11-27/80-4-first20"), Path("results/cut_designs/paper-2026-11-27/80-4-next20")]
 
 
 def test_pooled_tasks_give_the_mean_of_every_tasks_paired_ratio(tmp_path):
