@@ -285,7 +285,8 @@ def validate_plan(task: Task, plan: Plan) -> None:
     must_cache = set(task.must_cache)
     for name, t in tables.items():
         placed = blocks.get(name, [])
-        if len(placed) == 1 and _plain_whole(placed[0], t) and name not in must_cache \
+        if len(placed) == 1 and placed[0].kind(t.rows, t.dim) == "table" and placed[0].load_factor(t) is None \
+                and name not in must_cache \
                 and (task.num_devices == 1 or "table" in task.kinds_of(name)):
             continue  # a whole table in device memory, as its kinds allow: what the checks below would find
         _check_cache(task, t, placed)
@@ -319,12 +320,6 @@ def validate_plan(task: Task, plan: Plan) -> None:
             raise InvalidPlanError(f"device {d}: {used} bytes placed, capacity {task.capacity(d)}"
                                    + (f" ({task.devices[d].memory_bytes} less the {task.memory.reservation:g} "
                                       "reservation)" if task.memory.reservation else ""))
-
-
-def _plain_whole(s: Shard, t: Table) -> bool:
-    """Is `s` all of table `t`, once, in device memory (no replica, no cache)?"""
-    return (not s.replica and s.cache is None and t.cache_load_factor is None and s.col_start == 0
-            and s.col_end == t.dim and s.row_start == 0 and (s.row_end is None or s.row_end == t.rows))
 
 
 def check_cover(t: Table, placed: Sequence[Shard], num_devices: int) -> None:

@@ -239,12 +239,7 @@ class CostData:
     device_plan: np.ndarray  # [K] index of the device row's plan
     device_ms: np.ndarray  # [K, 3] fwd, bwd, comm
     plan_cost_ms: np.ndarray  # [P]
-    # [M] what each shard sends through the all-to-all (hardware.comm.output_width); None: its width (feature 0)
-    shard_out: np.ndarray | None = None
-
-    @property
-    def out_widths(self) -> np.ndarray:
-        return self.shard_raw[:, 0] if self.shard_out is None else self.shard_out
+    shard_out: np.ndarray  # [M] what each shard sends through the all-to-all (hardware.comm.output_width)
 
     @property
     def num_plans(self) -> int:
@@ -253,7 +248,7 @@ class CostData:
     @classmethod
     def empty(cls) -> CostData:
         return cls(np.zeros((0, NUM_FEATURES)), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                   np.zeros((0, 3)), np.zeros(0))
+                   np.zeros((0, 3)), np.zeros(0), np.zeros(0))
 
     def subset(self, which: Sequence[int] | np.ndarray) -> CostData:
         plans = np.asarray(which, dtype=np.int64)
@@ -266,7 +261,7 @@ class CostData:
         shards = np.flatnonzero(dev_map[self.shard_device] >= 0)
         return CostData(self.shard_raw[shards], dev_map[self.shard_device[shards]],
                         plan_map[self.device_plan[devices]], self.device_ms[devices], self.plan_cost_ms[plans],
-                        None if self.shard_out is None else self.shard_out[shards])
+                        self.shard_out[shards])
 
     def concat(self, other: CostData) -> CostData:
         return CostData(
@@ -275,8 +270,7 @@ class CostData:
             np.concatenate([self.device_plan, other.device_plan + self.num_plans]),
             np.concatenate([self.device_ms, other.device_ms]),
             np.concatenate([self.plan_cost_ms, other.plan_cost_ms]),
-            None if self.shard_out is None and other.shard_out is None else
-            np.concatenate([self.out_widths, other.out_widths]),
+            np.concatenate([self.shard_out, other.shard_out]),
         )
 
 
@@ -358,7 +352,7 @@ def device_predictions(net: CostNet, scaler: FeatureScaler, data: CostData) -> n
             return net.head_costs(dev).numpy().astype(np.float64)
         out = np.zeros((len(data.device_plan), 3))
         dims = np.zeros(len(data.device_plan))
-        np.add.at(dims, data.shard_device, data.out_widths)
+        np.add.at(dims, data.shard_device, data.shard_out)
         for p in range(data.num_plans):
             rows = np.flatnonzero(data.device_plan == p)
             cluster = DeviceLinks.of(net.config, [1.0] * len(rows))

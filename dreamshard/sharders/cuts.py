@@ -21,7 +21,7 @@ from dreamshard.limits import BYTES_PER_CUT_PIECE, check_memory
 from dreamshard.placement import Rules, place_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.learned import LearnedSharder
-from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, table_pieces
+from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, num_pieces, table_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -181,7 +181,8 @@ class CutSearchSharder(LearnedSharder):
     def _shard(self, task: Task) -> Plan:
         n = len(task.tables)
         options = [cut_options(task, t, self.config) for t in task.tables]
-        scored = sum(1 + sum(task.num_devices if k == ROW_WISE else k for k in o[1:]) for o in options)
+        # what _Universe.build makes: each table whole, then its pieces at each further cut
+        scored = sum(1 + sum(num_pieces(as_cut(k), task.num_devices) for k in o[1:]) for o in options)
         check_memory(scored * BYTES_PER_CUT_PIECE, f"{self.name}: scoring {scored} pieces ({n} tables whole and at "
                      "each cut, a row-wise cut a block per device)", "plan fewer tables or devices, without row-wise "
                      "cuts (--sharding table,column), with whole tables (dreamshard), or on a larger machine")

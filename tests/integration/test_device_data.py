@@ -237,6 +237,6 @@ def test_the_network_feeds_its_all_to_all_the_widths_the_backends_do(analytic):
     net = CostNetConfig.with_topology(Topology(), 512, comm="model").build(torch.Generator().manual_seed(0))
     assert plan_device_sums(net, scaler, task, plan)[1] == pytest.approx(widths)
     data = cost_data_from_plans([(task, plan, analytic.plan_cost(task, plan))])
-    assert np.bincount(data.shard_device, weights=data.out_widths).tolist() == pytest.approx(widths)
+    assert np.bincount(data.shard_device, weights=data.shard_out).tolist() == pytest.approx(widths)
     ctx = TaskContext.build(task, net, scaler)
     assert ctx.widths.tolist() == pytest.approx([8.0, 16 * 6.0, 24.0])  # whole tables, a sequence table's rows

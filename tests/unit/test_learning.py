@@ -214,7 +214,7 @@ def test_cost_data_subset_and_concat_are_consistent(world, backend):
     assert both.num_plans == 10 and len(both.device_plan) == len(a.device_plan) + len(b.device_plan)
 
     def same(x: CostData, y: CostData):
-        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms"):
+        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms", "shard_out"):
             np.testing.assert_array_equal(getattr(x, field), getattr(y, field), err_msg=field)
 
     same(both.subset(range(6)), a)
@@ -242,7 +242,7 @@ def test_cost_data_from_collected_rows_equals_cost_data_from_plans(world, backen
     rows = cost_data_from_rows(journal.read("plans", ids), journal.read("devices", ids), world["train"])
     direct = cost_data_from_plans([(by_id[i].task, by_id[i].plan, backend.plan_cost(by_id[i].task, by_id[i].plan))
                                    for i in ids])
-    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms"):
+    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms", "shard_out"):
         np.testing.assert_allclose(getattr(rows, field), getattr(direct, field), rtol=1e-12, err_msg=field)
 
 
