@@ -271,24 +271,18 @@ def task_fill(task) -> float:
 # ---------------------------------------------------------------- the plans
 
 def make_sharders(params: dict[str, Any], names: tuple[str, ...], models: Path | None, seed: int) -> dict:
-    """Each sharder named, given the options it takes (batch size, seed, params' cut and NeuroShard searches) and
-    its checkpoint from `models`."""
-    from dreamshard.project.params import build, section
-    from dreamshard.project.sharders import CutConfig, SearchConfig, load_model, make_sharder, spec
+    """Each sharder named, as `evaluate` makes it (the options it takes: batch size, seed, params' cut and NeuroShard
+    searches, `evaluate.decoding`), its checkpoint from `models`."""
+    from dreamshard.project.evaluation import make_sharders as evaluated_sharders
+    from dreamshard.project.params import section
+    from dreamshard.project.sharders import spec
 
-    settings = {"seed": seed, "batch_size": int(section(params, "backend.batch_size")),
-                "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard"),
-                "cuts": build(CutConfig, section(params, "cut_search"), "cut_search")}
-    out = {}
-    for name in names:
-        s = spec(name)
-        options = s.taken_from(settings)
-        if s.needs_model:
-            if models is None:
-                raise SystemExit(f"sharder {name}: needs a trained model; give --models DIR")
-            options["model"] = load_model(name, models / f"{s.trained_as}.pt")
-        out[name] = make_sharder(name, **options)
-    return out
+    needing = [n for n in names if spec(n).needs_model]
+    if needing and models is None:
+        raise SystemExit(f"sharder {needing[0]}: needs a trained model; give --models DIR")
+    paths = {n: models / f"{spec(n).trained_as}.pt" for n in needing} if models is not None else {}
+    made = evaluated_sharders(params, int(section(params, "backend.batch_size")), list(names), paths, seed)
+    return dict(zip(names, made))
 
 
 def plan_task(task, sharders: dict) -> tuple[list[str], list, dict[str, str], dict[str, float]]:

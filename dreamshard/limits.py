@@ -21,21 +21,20 @@ MAX_SAMPLES = 10_000  # --samples: each decodes a whole plan with the policy net
 MAX_TABLES = 2**20  # tables of one tables file
 MAX_TABLE_DEVICES = 2**30  # tables x devices: each table's placement looks at every device
 MAX_PIECES = 2**21  # tables and pieces of cut tables together (row-wise cuts make a piece per device)
-# --samples x tables: each sample places every table with the policy network (26 tables x 10,000 samples took 94 s)
+# --samples x tables: each sample places every table with the policy network (about a minute at this count: issue 53)
 MAX_SAMPLED_TABLES = 100_000
 
 MAX_TIME_LIMIT = 86_400.0  # --time-limit, seconds: a day
-# the searches that rate many whole plans grow faster than the tables: (most tables, most tables x devices) each
-# planned within minutes in results/planning-scale; past them `plan` asks for --time-limit instead of running on.
-# torchrec_full: 300 x 8 in 76 s, 100 x 128 in 25 s, 1,000 on 8 or 128 devices past 10 minutes; torchrec_model:
-# 1,000 x 8 in 21 s, 100 x 128 in 16 s, 10,000 x 8 and 1,000 x 128 past 150 s; torchrec: 10,000 tables on 8 to
-# 1024 devices within 30 s, 100,000 past 150 s
+# the searches that rate many whole plans grow faster than the tables: (most tables, most tables x devices), set
+# between the sizes each finished within minutes and those that ran past its time limit in results/planning-scale
+# (torchrec_full grows with the devices too, torchrec with the tables alone); past them `plan` asks for
+# --time-limit instead of running on
 SEARCH_SCALE = {"torchrec_full": (300, 100 * 128), "torchrec_model": (3_000, 200 * 128),
                 "torchrec": (30_000, 2**30)}
 
 # bytes dreamshard_cut holds per piece it may place (each table whole and at each cut; a row-wise cut is a block per
-# device): the features, encodings and the policy's inputs of every piece (10,000 tables on 128 devices: 1.41M
-# pieces, 11.2 GB at the peak); it refuses, before building them, what the machine cannot hold
+# device): the features, encodings and the policy's inputs of every piece, sized from its peak memory on 10,000
+# tables x 128 devices (issue 53's closing note); it refuses, before building them, what the machine cannot hold
 BYTES_PER_CUT_PIECE = 8 * 1024
 
 # bytes the cost model allocates per device (the all-to-all model's float64 arrays, a few at once: linear in the

@@ -59,21 +59,24 @@ def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
             "neuroshard_tw": section(params, "paths.neuroshard_model")}  # the same model, table-wise
 
 
-def make_sharders(params: dict[str, Any], batch_size: int) -> list[Sharder]:
-    """`evaluate.sharders`, each given the options it takes; trained models from their `paths`."""
+def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | None = None,
+                  model_paths: dict[str, Any] | None = None, seed: int | None = None) -> list[Sharder]:
+    """`evaluate.sharders` (or `names`), each given the options it takes and its `evaluate.decoding`; trained models
+    from their `paths` (or `model_paths`); `seed`: `evaluate.seed` by default."""
     cfg = section(params, "evaluate")
-    names = cfg.get("sharders")
-    if not names or not isinstance(names, list):
+    evaluated = cfg.get("sharders")
+    if not evaluated or not isinstance(evaluated, list):
         raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
-    model_paths = model_paths_of(params)
-    settings = {"seed": int(cfg["seed"]), "batch_size": batch_size,
+    names = evaluated if names is None else names
+    model_paths = model_paths_of(params) if model_paths is None else model_paths
+    settings = {"seed": int(cfg["seed"]) if seed is None else seed, "batch_size": batch_size,
                 "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard"),
                 "cuts": build(CutConfig, section(params, "cut_search"), "cut_search")}
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
     if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
         raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "
                           f"got {decoding!r}")
-    unused = sorted(set(decoding) - set(names))
+    unused = sorted(set(decoding) - set(evaluated))
     if unused:
         raise ParamsError(f"params.yaml: evaluate.decoding: {', '.join(unused)} not in evaluate.sharders")
     sharders = []
