@@ -55,7 +55,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dreamshard.project.domain import DreamShardError
+from dreamshard.project.domain import DreamShardError, atomic_path
 from dreamshard.project.params import load_params, section
 
 PROFILE_KEYS = ("tasks.profile", "data.synthetic.num_tables", "data.source")
@@ -182,14 +182,12 @@ def pack_journal(files: list[Path], archive: Path) -> int:
     if not added and archive.exists():
         return len(members)
     members.update(added)
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_name(archive.name + ".tmp")
-    with tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
+    with atomic_path(archive) as tmp, \
+            tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(members):
             info = tarfile.TarInfo(f"eval_journal/{name}")
             info.size, info.mtime, info.mode, info.uid, info.gid = len(members[name]), 0, 0o644, 0, 0
             tar.addfile(info, io.BytesIO(members[name]))
-    tmp.replace(archive)
     return len(members)
 
 
