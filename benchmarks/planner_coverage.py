@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(model_name, n, gib, {w: row[w]["ok"] for w in PLANNERS}, flush=True)
     missed = [r for r in rows if not r["default"]["ok"] and (r["torchrec"]["ok"] or r["size_lookup_greedy"]["ok"])]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps({"cases": rows, "missed": missed}, indent=1) + "\n")
+    from dreamshard.project.domain import write_text
+
+    write_text(json.dumps({"cases": rows, "missed": missed}, indent=1) + "\n", args.out / "summary.json")
     print(f"{len(missed)} of {len(rows)} cases: the default fails where another plans")
 
 

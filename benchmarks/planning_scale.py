@@ -186,17 +186,19 @@ def main() -> None:
                sharders=sharders)
     runs = [run]
     if args.update and (args.out / "summary.json").exists():
-        cases, goals, runs = merged(json.loads((args.out / "summary.json").read_text()), cases, goals, run, sharders,
+        cases, goals, runs = merged(json.loads((args.out / "summary.json").read_text()), cases, goals, run,
                                     keep_goals=args.no_goals)
     summary = {"fill": FILL, "runs": runs, "growth_10k_to_100k": growth(cases), "cases": cases, "goals": goals}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from dreamshard.project.domain import write_text
+
+    write_text(json.dumps(summary, indent=2) + "\n", args.out / "summary.json")
     figure(cases, args.out / "planning_scale.png")
-    (args.out / "README.md").write_text(readme(summary))
+    write_text(readme(summary), args.out / "README.md")
     print(f"wrote {args.out}/summary.json, README.md, planning_scale.png")
 
 
 def merged(old: dict[str, Any], cases: list[dict[str, Any]], goals: list[dict[str, Any]], run: dict[str, Any],
-           sharders: list[str], keep_goals: bool) -> tuple[list, list, list]:
+           keep_goals: bool) -> tuple[list, list, list]:
     """The cases of `old` (a summary.json) that `cases` do not run again (sharder, devices, tables), then `cases`;
     old goals when `keep_goals`; the runs whose cases or goals are still there, then `run`."""
     again = {(c["sharder"], c["devices"], c["tables"]) for c in cases}
@@ -246,7 +248,10 @@ def figure(cases: list[dict[str, Any]], path: Path) -> None:
     axes[1].set_title("peak memory against tables (log-log)")
     axes[1].legend(fontsize=6, ncol=2, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from dreamshard.project.domain import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
 
 
 def short(error: str, width: int = 90) -> str:
