@@ -139,7 +139,7 @@ def _packs_directly(task: Task, rules: Rules, cuts: dict[str, Cut]) -> bool:
         return packs(cut_task(task, cuts)[0])
     layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in [cuts.get(t.name, Cut())]}
     sizes = [float(b) for piece_bytes, _ in layouts.values() for b in piece_bytes]  # in the tables' order
-    return _direct_pass(task, rules, cuts, sizes, layouts, by_size=True) is not None
+    return _direct_pass(task, rules, cuts, sizes, layouts, by_size=(True,)) is not None
 
 
 def _row_wise_start(task: Task) -> dict[str, Cut]:
@@ -297,11 +297,12 @@ def _layout(task: Task, table: Table, cut: Cut) -> _Layout:
 
 
 def _direct_pass(task: Task, rules: Rules, cuts: dict[str, Cut], weights: list[float],
-                 layouts: dict[tuple[str, Cut], _Layout], by_size: bool = False) -> list[int] | None:
+                 layouts: dict[tuple[str, Cut], _Layout], by_size: tuple[bool, ...] = (False, True)) -> list[int] | None:
     """`place_tables`' first pass without backing up (`place_items`: pieces with one device first, then largest
-    estimate first, or largest in bytes first `by_size`, each onto the least-loaded device with room it may use;
-    ties: less memory, lower index): None where a piece finds no room, or where the task groups tables (`rules`:
-    the task's; left to `place_tables`)."""
+    estimate first, or largest in bytes first where `by_size`, each onto the least-loaded device with room it may
+    use; ties: less memory, lower index), in each order of `by_size` in turn over one set of the pieces' rules: the
+    first that places every piece; None where none does, or where the task groups tables (`rules`: the task's;
+    left to `place_tables`)."""
     if rules.group:
         return None
     sizes: list[int] = []
@@ -313,10 +314,15 @@ def _direct_pass(task: Task, rules: Rules, cuts: dict[str, Cut], weights: list[f
         fixed += devices
         owner += [i] * len(piece_bytes)
     pieces = rules.of_pieces(owner, sizes, fixed)
-    key_of = sizes if by_size else weights
     single = pieces.one_device()
-    order = sorted(range(len(sizes)), key=lambda i: (not single[i], -key_of[i], i))
-    return place_items(pieces, order, by_least_load, weights, task.speeds())
+    speeds = task.speeds()
+    for size_first in by_size:
+        key_of = sizes if size_first else weights
+        order = sorted(range(len(sizes)), key=lambda i: (not single[i], -key_of[i], i))
+        assignment = place_items(pieces, order, by_least_load, weights, speeds)
+        if assignment is not None:
+            return assignment
+    return None
 
 
 def _place(task: Task, rules: Rules, cuts: dict[str, Cut], prices: dict[tuple[str, Cut], list[float]],
@@ -330,8 +336,7 @@ def _place(task: Task, rules: Rules, cuts: dict[str, Cut], prices: dict[tuple[st
         if (t.name, c) not in prices:
             return None  # an oversized table's first cut that the search does not try
         weights += prices[(t.name, c)]
-    assignment = _direct_pass(task, rules, cuts, weights, layouts) or \
-        _direct_pass(task, rules, cuts, weights, layouts, by_size=True)
+    assignment = _direct_pass(task, rules, cuts, weights, layouts)
     if assignment is None and backing_up:
         cut, _ = cut_task(task, cuts)
         order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
