@@ -2,7 +2,6 @@
 tests/, the folder of conftest.py, on sys.path)."""
 from __future__ import annotations
 
-import itertools
 import re
 import subprocess
 from pathlib import Path
@@ -113,17 +112,27 @@ def analytic(regime: str = "super_additive", batch_size: int = 2048, topology: T
 
 def brute_force_feasible(task) -> bool:
     """Whether some assignment of whole tables to devices fits every device's usable memory (tried exhaustively),
-    each table on its pinned device when it has one (a cut task pins its row-wise blocks)."""
-    sizes = [task.table_bytes(i) for i in range(len(task.tables))]
+    each table on its pinned device when it has one (a cut task pins its row-wise blocks). Every assignment is
+    tried, but a partial one that already overflows a device is not extended: the answer of trying them all."""
     pinned = task.pinned_device()
-    choices = [[pinned[t.name]] if t.name in pinned else range(task.num_devices) for t in task.tables]
-    for devices in itertools.product(*choices):
-        used = [0] * task.num_devices
-        for size, d in zip(sizes, devices):
-            used[d] += size
-        if all(u <= task.capacity(d) for d, u in enumerate(used)):
+    items = sorted(((task.table_bytes(i), [pinned[t.name]] if t.name in pinned else range(task.num_devices))
+                    for i, t in enumerate(task.tables)), key=lambda item: -item[0])  # the largest first: prunes sooner
+    free = task.capacities()
+
+    def place(k: int) -> bool:
+        if k == len(items):
             return True
-    return False
+        size, devices = items[k]
+        for d in devices:
+            if size <= free[d]:
+                free[d] -= size
+                found = place(k + 1)
+                free[d] += size
+                if found:
+                    return True
+        return False
+
+    return place(0)
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
