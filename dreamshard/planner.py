@@ -127,8 +127,8 @@ class DreamShardPlanner(ShardingPlanner):
                     "allow_other_hardware=True", PlannerErrorType.INPUT_VALIDATION)
         if seed is not None:
             options["seed"] = seed
-        if "batch_size" in s.options:
-            options["batch_size"] = self.batch_size
+        if "batch_size" in s.options:  # our sharders take the global batch: TorchRec's per-rank one x ranks
+            options["batch_size"] = self.batch_size * topology.world_size
         if "time_limit" in s.options and timeout_seconds is not None:
             options["time_limit"] = TIMEOUT_SEARCH_SHARE * timeout_seconds  # the rest: export and TorchRec's check
         self.options = options

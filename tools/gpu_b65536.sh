@@ -7,7 +7,9 @@
 #        transfer call with `setsid nohup ... &` so that it runs while the parts arrive; the main run waits for it)
 # Bringing the parts there: results/gpu/README.md. Smoke test on a CPU (tiny params, seconds):
 #   OUT=/tmp/o DEVICE=cpu BATCH=64 PARAMS=tiny.yaml PY=.venv/bin/python SKIP_INSTALL=1 bash tools/gpu_b65536.sh 400
-# TEST_TASKS=N: N test tasks per family instead of params.yaml's (the same in both calls).
+# TEST_TASKS=N: N test tasks per family instead of params.yaml's (the same in both calls); or FAMILY=N,... for each.
+# ROUNDS: evaluate's interleaved rounds (1). HBM_GBPS: the GPU's memory bandwidth TorchRec's planners are told
+#   (default: measured here by a device-to-device copy, recorded in $OUT; "none": TorchRec's default).
 # UVM=1: also tools/gpu_uvm.py (UVM caching against the model of it) right after the install, while the data stages
 #   still run on the host (UVM_S: its time cap, UVM_ARGS: its arguments).
 # RESUME=1 (a second call on the same warm machine): straight to evaluate, which continues from its journal.
@@ -36,14 +38,34 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv > "$G/nvidia-smi.csv" 2>&1
 
 if [ -n "${TEST_TASKS:-}" ]; then  # the same params file in the data call and the main one
-  $PY -c "import sys, yaml; p = yaml.safe_load(open(sys.argv[1])); n = int(sys.argv[2])
-for f in p['tasks']['profiles'][p['tasks']['profile']]: f['num_test'] = n
+  $PY -c "import sys, yaml; p = yaml.safe_load(open(sys.argv[1])); spec = sys.argv[2]
+families = p['tasks']['profiles'][p['tasks']['profile']]
+if '=' in spec:  # FAMILY=N,...: those counts, every family named
+    counts = {k: int(v) for k, v in (x.split('=') for x in spec.split(','))}
+    missing = sorted(set(counts) ^ {f['name'] for f in families})
+    if missing: sys.exit(f'TEST_TASKS: name every family of the profile, and only those: {missing}')
+else:
+    counts = {f['name']: int(spec) for f in families}
+for f in families: f['num_test'] = counts[f['name']]
 yaml.safe_dump(p, open(sys.argv[3], 'w'), sort_keys=False)" "$PARAMS" "$TEST_TASKS" "$G/params.yaml" || exit 1
   PARAMS=$G/params.yaml
 fi
-B=(--params "$PARAMS" --set data.synthetic.batch_size=$BATCH --set process.sample_batch=$BATCH --set backend.batch_size=$BATCH)
+# the GPU's memory bandwidth for TorchRec's perf model: a device-to-device copy of 1 GiB (read + written), median of 20
+if [ ! -f "$G/hbm_gbps" ]; then
+  if [ -n "${HBM_GBPS:-}" ]; then echo "$HBM_GBPS" > "$G/hbm_gbps"
+  elif [ "$DEVICE" = cuda ]; then $PY -c "import torch
+n = 1 << 30; x = torch.empty(n, dtype=torch.uint8, device='cuda'); y = torch.empty_like(x); ms = []
+for i in range(23):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True); a.record(); y.copy_(x); b.record()
+    torch.cuda.synchronize(); ms.append(a.elapsed_time(b))
+print(round(2 * n / sorted(ms[3:])[10] / 1e6, 1))" > "$G/hbm_gbps" 2> "$G/hbm_gbps.log" || echo none > "$G/hbm_gbps"
+  else echo none > "$G/hbm_gbps"; fi
+fi
+HBM=$(cat "$G/hbm_gbps"); [ "$HBM" = none ] && HBM=null
+B=(--params "$PARAMS" --set data.synthetic.batch_size=$BATCH --set process.sample_batch=$BATCH --set backend.batch_size=$BATCH
+   --set backend.hbm_gbps=$HBM)
 C=(--set collect.rounds=1 --set collect_devices.rounds=1 --set collect_devices.samples=600)
-E=(--set evaluate.rounds=1 --set evaluate.train_tasks_per_family=2 --set evaluate.best_known.tasks_per_family=0
+E=(--set evaluate.rounds=${ROUNDS:-1} --set evaluate.train_tasks_per_family=2 --set evaluate.best_known.tasks_per_family=0
    --set evaluate.estimated_bins.tasks_per_family=0 --set orchestration.evaluate.planning_workers=8 ${EXTRA:-})
 # EXTRA: more settings, words without spaces, e.g. EXTRA="--set evaluate.exhaustive.num_tasks=1"
 run() { local out=$1; shift; $PY -m tools.gpu_run --root "$W" --out "$G/$out" "$@" "${B[@]}" "${C[@]}" "${E[@]}"; }
@@ -98,12 +120,13 @@ S=${HEURISTICS:-random,size_greedy,dim_greedy,lookup_greedy,size_lookup_greedy}
 [ -f "$W/models/dreamshard.pt" ] && S=$S,dreamshard,dreamshard_cut
 [ -f "$W/models/autoshard.pt" ] && S=$S,autoshard
 [ -f "$W/models/neuroshard.pt" ] && S=$S,neuroshard
-# TorchRec's planner as carried (.whl) with this torch: one task planned before evaluate counts on it
+# TorchRec's planners as carried (.whl) with this torch: one task planned before evaluate counts on them; both are
+# the peer (table-wise and full), told the backend's hosts and links, this GPU's memory bandwidth, per-rank batch
 if timeout 60 $PY -c "import sys; from dreamshard.sharders import make_sharder; from dreamshard.plan import validate_plan
 from dreamshard.tasks import read_tasks
 task = read_tasks(sys.argv[1] + '/data/tasks/test.parquet', sys.argv[1] + '/data/tables.parquet')[0]
 validate_plan(task, make_sharder('torchrec_full', batch_size=int(sys.argv[2])).shard(task)); print('torchrec_full plans', task.name)" \
-   "$W" "$BATCH" > "$G/torchrec_check.log" 2>&1; then S=$S,torchrec_full${TORCHREC_MODEL:+,torchrec_model}; fi
+   "$W" "$BATCH" > "$G/torchrec_check.log" 2>&1; then S=$S,torchrec,torchrec_full${TORCHREC_MODEL:+,torchrec_model}; fi
 log "$(tail -1 "$G/torchrec_check.log")"
 log "evaluate [$S] within $(left) s"
 within "$(left)" evaluate --set "evaluate.sharders=[$S]" || log "evaluate stopped (rc $?)"

@@ -14,7 +14,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.base import DeviceCost, PlanCost
@@ -22,6 +22,9 @@ from dreamshard.io import atomic_path
 from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
 from dreamshard.tasks import Task
+
+if TYPE_CHECKING:
+    from dreamshard.hardware.topology import Topology
 
 DEFAULT_FQN = "ebc"
 COMPUTE_DEVICE = "cuda"  # plans are for GPU training; planning itself runs anywhere
@@ -129,24 +132,56 @@ def meta_module(task: Task):
     return module
 
 
-def topology(task: Task):
-    """TorchRec topology: one rank per device of the task, each with the device's memory as HBM."""
+def topology(task: Task, links: "Topology | None" = None, hbm_gbps: float | None = None):
+    """TorchRec topology: one rank per device of the task, each with the device's memory as HBM. With `links` (the
+    cluster our comm model prices), TorchRec is told the same: GPUs per host (`peer_local_size`) and the intra- and
+    inter-host bandwidths; `hbm_gbps`: the devices' memory bandwidth (None: TorchRec's default)."""
     require_torchrec()
-    from torchrec.distributed.planner.types import CustomTopologyData, KernelConfig, TopologyFactory, TrainerConfig
+    from torchrec.distributed.planner.types import (CustomTopologyData, HardwareConfig, KernelConfig, TopologyFactory,
+                                                    TrainerConfig)
 
     caps = task.capacities()
     extra = {}
     if len(set(caps)) > 1:  # devices of different sizes
         extra["custom_topology_data"] = CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))
-    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=local_size_of(task),
+    local = local_size_of(task) if links is None else peer_local_size(task, links)
+    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=local,
                             hbm_cap_bytes=max(caps), additional_params=extra)
-    return TopologyFactory.create_topology(trainer, kernel_config=KernelConfig(compute_device=COMPUTE_DEVICE))
+    hardware = None
+    if links is not None or hbm_gbps is not None:
+        bw = {} if links is None else {"intra_host_bw": links.intra_host_gbps * BYTES_PER_MS_IN_GBPS,
+                                       "inter_host_bw": links.inter_host_gbps * BYTES_PER_MS_IN_GBPS}
+        if hbm_gbps is not None:
+            bw["hbm_mem_bw"] = hbm_gbps * BYTES_PER_MS_IN_GBPS
+        hardware = HardwareConfig(**bw)
+    # TorchRec 1.8 reads a hardware config's bandwidths only with use_hardware_based_bandwidth (1.6 always did)
+    kernel = KernelConfig(compute_device=COMPUTE_DEVICE, use_hardware_based_bandwidth=hardware is not None)
+    return TopologyFactory.create_topology(trainer, hardware_config=hardware, kernel_config=kernel)
+
+
+BYTES_PER_MS_IN_GBPS = 1e9 / 1000  # TorchRec's bandwidths are bytes per ms; ours GB/s (hardware.topology)
+
+
+def peer_local_size(task: Task, links: "Topology") -> int:
+    """GPUs per host as our comm model counts them: the hosts the task's devices name, else blocks of
+    `links.devices_per_host` (device d on host d // devices_per_host, as TorchRec lays out ranks)."""
+    if task.host_ids() is not None:
+        return local_size_of(task)
+    return min(task.num_devices, links.devices_per_host)
+
+
+def per_rank_batch(task: Task, batch_size: int) -> int:
+    """TorchRec's batch size (per rank) from ours: `batch_size` is the global batch, the samples every table's
+    operator reads in a step (backend.batch_size), split over the task's ranks (at least 1)."""
+    return max(1, int(batch_size) // task.num_devices)
 
 
 def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None],
-                      caches: Mapping[str, float] | None = None) -> dict:
+                      caches: Mapping[str, float] | None = None, min_partition: bool = False) -> dict:
     """ParameterConstraints per table: its pooling factor, the sharding types allowed, the fused kernel (dense for a
-    table allowed data_parallel alone; fused_uvm_caching with its load factor for a table in `caches`)."""
+    table allowed data_parallel alone; fused_uvm_caching with its load factor for a table in `caches`);
+    `min_partition`: each table's narrowest column slice (Task.min_width) as TorchRec's column-wise block width,
+    where TorchRec's default (128 columns) would leave it whole."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
@@ -159,7 +194,8 @@ def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None]
                                          compute_kernels=[kernel(t.name, sharding_types[t.name])],
                                          pooling_factors=[float(t.pooling_factor)],
                                          cache_params=CacheParams(load_factor=caches[t.name]) if caches.get(t.name)
-                                         else None)
+                                         else None,
+                                         min_partition=task.min_width(t.name) if min_partition else None)
             for t in task.tables}
 
 

@@ -32,6 +32,7 @@ from dreamshard.evaluation.summary import (
     with_ratios,
 )
 from dreamshard.hardware.base import CostBackend
+from dreamshard.hardware.topology import Topology
 from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
@@ -59,6 +60,13 @@ def model_paths_of(params: dict[str, Any]) -> dict[str, str]:
             "neuroshard_tw": section(params, "paths.neuroshard_model")}  # the same model, table-wise
 
 
+def _hbm_gbps(params: dict[str, Any]) -> float | None:
+    value = section(params, "backend").get("hbm_gbps")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise ParamsError(f"params.yaml: backend.hbm_gbps: expected a positive number of GB/s or null, got {value!r}")
+    return None if value is None else float(value)
+
+
 def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | None = None,
                   model_paths: dict[str, Any] | None = None, seed: int | None = None) -> list[Sharder]:
     """`evaluate.sharders` (or `names`), each given the options it takes and its `evaluate.decoding`; trained models
@@ -71,7 +79,10 @@ def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | No
     model_paths = model_paths_of(params) if model_paths is None else model_paths
     settings = {"seed": int(cfg["seed"]) if seed is None else seed, "batch_size": batch_size,
                 "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard"),
-                "cuts": build(CutConfig, section(params, "cut_search"), "cut_search")}
+                "cuts": build(CutConfig, section(params, "cut_search"), "cut_search"),
+                # TorchRec's planners are told the cluster the backend prices: hosts, links, memory bandwidth
+                "links": build(Topology, section(params, "backend.topology"), "backend.topology"),
+                "hbm_gbps": _hbm_gbps(params)}
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
     if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
         raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "

@@ -138,10 +138,11 @@ def _torchrec_model(batch_size: int | None = None, time_limit: float | None = No
 
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
     def factory(batch_size: int = DEFAULT_BATCH_SIZE, sharding_types: tuple[str, ...] | None = None,
-                time_limit: float | None = None) -> Sharder:
+                time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None,
+                min_partition: bool = False) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
 
-        return make(name, full_search, batch_size, sharding_types, time_limit)
+        return make(name, full_search, batch_size, sharding_types, time_limit, links, hbm_gbps, min_partition)
 
     return factory
 
@@ -172,10 +173,10 @@ _SPECS = (
     SharderSpec("torchrec_model", "torchrec_search", _torchrec_model, ("batch_size", "time_limit"), splits_tables=True,
                 doc="no trained model: our search over cuts and placements rated by TorchRec's perf model "
                     "(sharders/torchrec_model.py; needs TorchRec)"),
-    SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size", "time_limit"),
+    SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size", "time_limit", "links", "hbm_gbps"),
                 doc="TorchRec's planner, table-wise (greedy: may give up on feasible tasks)"),
     SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True),
-                ("batch_size", "sharding_types", "time_limit"),
+                ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps", "min_partition"),
                 splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
 )
 SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}

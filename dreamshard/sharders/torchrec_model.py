@@ -183,12 +183,17 @@ class TorchRecModelSharder:
 
     def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None,
                  time_limit: float | None = None) -> None:
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # the global batch (TorchRec is given it per rank); None: the task's memory's
         self.config = config or ModelSearchConfig()
         self.time_limit = time_limit  # seconds: the moves stop there, keeping the best plan found (None: no limit)
 
     def _batch(self, task: Task) -> int:
-        return self.batch_size or task.memory.batch_size or DEFAULT_BATCH_SIZE
+        """TorchRec's per-rank batch: from the global one given, else the task's memory model's (per device)."""
+        from dreamshard.interop.torchrec import per_rank_batch
+
+        if self.batch_size:
+            return per_rank_batch(task, self.batch_size)
+        return task.memory.batch_size or DEFAULT_BATCH_SIZE
 
     def shard(self, task: Task) -> Plan:
         from dreamshard.interop.torchrec import torchrec_perf_estimate

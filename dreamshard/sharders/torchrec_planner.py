@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dreamshard.errors import DreamShardError, InfeasibleTaskError
 from dreamshard.interop.torchrec import COLUMN_WISE, TABLE_WISE
@@ -21,17 +22,26 @@ from dreamshard.tasks import Task
 TYPES_OF_KIND = {"table": (TABLE_WISE,), "column": (COLUMN_WISE, "table_column_wise"),
                  "row": ("row_wise", "table_row_wise")}
 GRID = "grid_shard"  # rows and columns: offered when both kinds are allowed
+# TorchRec's kinds that cut a table into row blocks within one host: on a task spanning several hosts no plan of
+# ours holds them yet, nor does our cost price their two-level exchange, so they are not offered there
+HOST_WISE = ("table_row_wise", GRID)
 
 
 @dataclass(frozen=True)
 class TorchRecSharder:
     name: str = "torchrec"
     full_search: bool = False
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int = DEFAULT_BATCH_SIZE  # the global batch (backend.batch_size); TorchRec is given it per rank
     sharding_types: tuple[str, ...] | None = None  # full search only: restrict to these (None: all)
     # seconds: TorchRec's own timeout_seconds, after which its planner rates no more proposals and keeps the best
     # found (whole seconds, at least 1; None: every proposal)
     time_limit: float | None = None
+    # the cluster our comm model prices (hardware.topology.Topology), told to TorchRec (None: one host of all devices,
+    # TorchRec's default links); hbm_gbps: the devices' memory bandwidth (None: TorchRec's default)
+    links: Any = None
+    hbm_gbps: float | None = None
+    # each table's narrowest column slice (Task.min_width) as TorchRec's min_partition (full search only)
+    min_partition: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -54,10 +64,17 @@ class TorchRecSharder:
             allowed.append(GRID)
         if self.sharding_types is not None:
             allowed = [x for x in allowed if x in self.sharding_types]
+        if self.links is not None and self.spans_hosts(task):  # host-wise blocks: not yet a plan of ours (issue 50)
+            allowed = [x for x in allowed if x not in HOST_WISE]
         if not allowed:
             raise DreamShardError(f"sharder {self.name!r}: none of sharding_types {list(self.sharding_types or [])} "
                                   f"is allowed by the task's sharding kinds {', '.join(task.sharding)}")
         return allowed
+
+    def spans_hosts(self, task: Task) -> bool:
+        from dreamshard.interop.torchrec import peer_local_size
+
+        return peer_local_size(task, self.links) < task.num_devices
 
     def torchrec_plan(self, task: Task):
         """TorchRec's ShardingPlan for the task's EBC (module path "" : the EBC itself)."""
@@ -83,12 +100,13 @@ class TorchRecSharder:
             raise DreamShardError(f"sharder {self.name!r}: tables {sorted(whole)} must stay whole, but table_wise is "
                                   "not among the sharding types offered")
         with tx.quiet_torchrec():
-            topo = tx.topology(task)
-            constraints = tx.table_constraints(task, per_table)
+            topo = tx.topology(task, self.links, self.hbm_gbps)
+            constraints = tx.table_constraints(task, per_table, min_partition=self.min_partition)
+            batch = tx.per_rank_batch(task, self.batch_size)
             planner = EmbeddingShardingPlanner(
                 topology=topo,
-                batch_size=self.batch_size,
-                enumerator=tx.enumerator(task, topo, constraints, self.batch_size),
+                batch_size=batch,
+                enumerator=tx.enumerator(task, topo, constraints, batch),
                 storage_reservation=FixedPercentageStorageReservation(0.0),
                 constraints=constraints,
                 debug=False,
@@ -127,6 +145,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def make(name: str, full_search: bool, batch_size: int = DEFAULT_BATCH_SIZE,
-         sharding_types: Sequence[str] | None = None, time_limit: float | None = None) -> TorchRecSharder:
+         sharding_types: Sequence[str] | None = None, time_limit: float | None = None, links: Any = None,
+         hbm_gbps: float | None = None, min_partition: bool = False) -> TorchRecSharder:
     return TorchRecSharder(name, full_search, int(batch_size),
-                           tuple(sharding_types) if sharding_types is not None else None, time_limit)
+                           tuple(sharding_types) if sharding_types is not None else None, time_limit, links,
+                           None if hbm_gbps is None else float(hbm_gbps), bool(min_partition))

@@ -125,6 +125,40 @@ def test_a_time_limit_is_torchrecs_own_timeout(monkeypatch):
         make_sharder("torchrec", time_limit=0)
 
 
+def test_torchrec_is_told_the_cluster_our_cost_prices(monkeypatch):
+    """Given our links, TorchRec's planner sees their hosts (devices_per_host) and bandwidths, the devices' memory
+    bandwidth, and the per-rank batch (ours is global); without them, one host of all devices, as before."""
+    import torchrec.distributed.planner as tp
+
+    from dreamshard.hardware.topology import Topology as Links
+
+    seen = []
+    real = tp.EmbeddingShardingPlanner
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["topology"], kwargs["batch_size"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tp, "EmbeddingShardingPlanner", spy)
+    task = random_task(40, 16, seed=3)
+    links = Links(devices_per_host=8, intra_host_gbps=150.0, inter_host_gbps=12.5)
+    for name in ("torchrec", "torchrec_full"):
+        plan = make_sharder(name, batch_size=65536, links=links, hbm_gbps=2000.0).shard(task)
+        validate_plan(task, plan)
+        topo, batch = seen.pop()
+        assert batch == 65536 // 16
+        assert (topo.world_size, topo.local_world_size) == (16, 8)
+        assert topo.intra_host_bw == pytest.approx(150e6) and topo.inter_host_bw == pytest.approx(12.5e6)  # bytes/ms
+        assert topo.hbm_mem_bw == pytest.approx(2e9)
+    make_sharder("torchrec_full", batch_size=4096).shard(task)
+    topo, batch = seen.pop()
+    assert (topo.local_world_size, batch) == (16, 256)
+    # across hosts TorchRec is not offered the host-wise row blocks no plan of ours holds yet
+    sharder = make_sharder("torchrec_full", links=links)
+    assert "table_row_wise" not in sharder.types_for(task) and "row_wise" in sharder.types_for(task)
+    assert "table_row_wise" in sharder.types_for(random_task(10, 8))
+
+
 def test_100_tables_on_8_devices():
     task = random_task(100, 8)
     plan = make_sharder("torchrec").shard(task)
