@@ -63,6 +63,10 @@ BOOTSTRAP_LEVEL = 0.95
 # compared with when present (vs_torchrec, ...): TorchRec's planner, and NeuroShard table-wise, the peer of the
 # table-wise learned sharders
 REFERENCES = ("torchrec", "torchrec_full", "neuroshard_tw")
+# the reference name that means: per family, whichever of TorchRec's planners evaluated there has the lowest mean
+# cost (TorchRec at its strongest); every claim against TorchRec is made against it
+TORCHREC_PEER = "torchrec_peer"
+PEER_CANDIDATES = ("torchrec", "torchrec_full", "torchrec_calibrated")
 
 
 def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -99,11 +103,21 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, re
 def best_heuristics(results: pd.DataFrame) -> dict[str, str]:
     """Per family, the heuristic (HEURISTICS but random) with the lowest mean cost there; families without
     one are left out. Ties go to the heuristic that appears first in `results`."""
+    return _best_of(results, [h for h in HEURISTICS if h != "random"])
+
+
+def torchrec_peers(results: pd.DataFrame) -> dict[str, str]:
+    """Per family, the TorchRec planner (PEER_CANDIDATES) with the lowest mean cost there; families without one
+    are left out. Ties go to the one that appears first in `results`."""
+    return _best_of(results, PEER_CANDIDATES)
+
+
+def _best_of(results: pd.DataFrame, candidates: Sequence[str]) -> dict[str, str]:
     means = results.groupby(["family", "algorithm"], sort=False)["cost_ms"].mean()
     out: dict[str, str] = {}
     best_cost: dict[str, float] = {}
     for (family, algo), cost in means.items():
-        if algo in HEURISTICS and algo != "random" and (family not in out or cost < best_cost[family]):
+        if algo in candidates and (family not in out or cost < best_cost[family]):
             out[family], best_cost[family] = algo, float(cost)
     return out
 
@@ -118,12 +132,12 @@ def paired_ratios(results: pd.DataFrame, algorithm: str, reference: str) -> pd.S
     """Per task, `algorithm`'s cost over `reference`'s on the same task, for the tasks where both were
     measured (results: one row per task and algorithm, columns task, family, algorithm, cost_ms).
 
-    `reference` is an algorithm's name or "best_heuristic": per family, the heuristic with the lowest
-    mean cost in that family (best_heuristics). The series is indexed by task name, in the order of
+    `reference` is an algorithm's name, "best_heuristic": per family, the heuristic with the lowest
+    mean cost in that family (best_heuristics), or "torchrec_peer": likewise of TorchRec's planners. The series is indexed by task name, in the order of
     `algorithm`'s rows."""
     mine = _costs(results, algorithm)
-    if reference == BEST_HEURISTIC:
-        best = best_heuristics(results)
+    if reference in (BEST_HEURISTIC, TORCHREC_PEER):
+        best = best_heuristics(results) if reference == BEST_HEURISTIC else torchrec_peers(results)
         ref = pd.concat([_costs(results[results["family"] == f], h) for f, h in best.items()]) if best \
             else pd.Series(dtype=float)
     else:
@@ -172,8 +186,9 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
     over random and over the family's best heuristic (key "best_heuristic", see best_heuristics).
 
     With a `task` column, each algorithm also gets paired per-task comparisons (compare, bootstrap
-    seeded with `seed`): "vs_best_heuristic", and "vs_torchrec" / "vs_torchrec_full" / "vs_neuroshard_tw" where
-    that algorithm was measured on the same tasks of the family."""
+    seeded with `seed`): "vs_best_heuristic", "vs_torchrec_peer" (key "torchrec_peer": the TorchRec planner it is),
+    and "vs_torchrec" / "vs_torchrec_full" / "vs_neuroshard_tw" where that algorithm was measured on the same tasks
+    of the family."""
     out: dict[str, dict] = defaultdict(dict)
     for (family, algo), g in results.groupby(["family", "algorithm"], sort=False):
         out[family][algo] = {
@@ -182,9 +197,9 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
             "planning_ms_p50": float(g["planning_ms"].median()),
             "num_tasks": int(len(g)),
         }
-    best_of = best_heuristics(results)
+    best_of, peer_of = best_heuristics(results), torchrec_peers(results)
     for family, algos in out.items():
-        best = best_of.get(family)
+        best, peer = best_of.get(family), peer_of.get(family)
         for v in algos.values():
             if "random" in algos:
                 v["improvement_over_random"] = 1 - v["mean_cost_ms"] / algos["random"]["mean_cost_ms"]
@@ -193,6 +208,7 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
         if "task" in results.columns:
             rows = results[results["family"] == family]
             references = ([(BEST_HEURISTIC, "vs_best_heuristic")] if best else []) + \
+                ([(TORCHREC_PEER, "vs_torchrec_peer")] if peer else []) + \
                 [(r, f"vs_{r}") for r in REFERENCES if r in algos]
             for algo, v in algos.items():
                 for reference, key in references:
@@ -200,6 +216,8 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
                         v[key] = compare(rows, algo, reference, seed)
         if best:
             algos["best_heuristic"] = best
+        if peer:
+            algos[TORCHREC_PEER] = peer
     return dict(out)
 
 

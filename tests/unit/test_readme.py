@@ -68,10 +68,11 @@ def test_headline_table_per_family():
     first = families[0]
     c = metrics["families"][first]["dreamshard"]["vs_best_heuristic"]
     assert f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" in rows[0]
-    c = metrics["families"][first]["dreamshard_cut"]["vs_torchrec_full"]
+    key = "vs_torchrec_peer" if "torchrec_peer" in metrics["families"][first] else "vs_torchrec_full"
+    c = metrics["families"][first]["dreamshard_cut"][key]
     assert f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" in rows[len(families)]
     best = metrics["families"][first]["best_heuristic"]
-    c = metrics["families"][first][best]["vs_torchrec_full"]
+    c = metrics["families"][first][best][key]
     assert rows[len(families)].endswith(f"{c['mean_ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}] |")
     assert metrics["device"] in table
 
@@ -85,6 +86,11 @@ def test_headline_table_marks_a_sharder_not_evaluated():
     assert "| f-2-2 | 3 | `lookup_greedy` | 0.900 [0.85, 0.95] | – | – | – |" in table
     assert "| f-2-2 | – | – | – | – |" in table  # no torchrec_full: no ratios to it
     assert "modelled, not measured" in table
+    # with a TorchRec peer named, the second table is against it
+    fam = metrics["families"]["f-2-2"]
+    fam["torchrec_peer"] = "torchrec"
+    fam["dreamshard"]["vs_torchrec_peer"] = {"mean_ratio": 0.8, "ci_low": 0.7, "ci_high": 0.9}
+    assert "| f-2-2 | 0.800 [0.70, 0.90] | – | – | – |" in headline_markdown(metrics)
 
 
 def test_headline_table_command(capsys):

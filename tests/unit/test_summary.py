@@ -150,7 +150,12 @@ def test_family_summary_keeps_its_keys_and_adds_paired_comparisons():
     f, g = out["f"], out["g"]
     assert f["best_heuristic"] == "size_greedy" and g["best_heuristic"] == "lookup_greedy"
     old = {"mean_cost_ms", "mean_cost_over_lb", "planning_ms_p50", "num_tasks", "improvement_over_best_heuristic"}
-    assert old | {"improvement_over_random", "vs_best_heuristic", "vs_torchrec", "vs_torchrec_full"} == set(f["dreamshard"])
+    assert old | {"improvement_over_random", "vs_best_heuristic", "vs_torchrec", "vs_torchrec_full",
+                  "vs_torchrec_peer"} == set(f["dreamshard"])
+    # the peer: the TorchRec planner of lowest family mean (torchrec, 10 < 16), compared on its tasks
+    assert f["torchrec_peer"] == "torchrec" and "torchrec_peer" not in g
+    assert f["dreamshard"]["vs_torchrec_peer"] == compare(results[results["family"] == "f"], "dreamshard", "torchrec",
+                                                          seed=3)
     assert f["dreamshard"]["mean_cost_ms"] == pytest.approx(39 / 5) and f["dreamshard"]["num_tasks"] == 5
     vs = f["dreamshard"]["vs_best_heuristic"]
     assert vs == compare(results[results["family"] == "f"], "dreamshard", "best_heuristic", seed=3)
