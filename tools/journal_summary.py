@@ -5,7 +5,8 @@
 A GPU call that runs out of time leaves the tasks it measured in its journal (dreamshard/evaluation/journal.py) and
 no metrics. This summarises those rows with the stage's own functions (`family_summary`, the cost-ratio table and
 figure): OUT_DIR/eval_partial.json (which tasks there were, by split and family, beside the summaries),
-eval_cost_ratio.csv and eval_cost_ratio.png. Nothing is measured here; the rows keep their device and versions.
+eval_cost_ratio.csv and eval_cost_ratio.png; `pooled`: each sharder over every test family's tasks at once, against
+each family's best heuristic and TorchRec peer. Nothing is measured here; the rows keep their device and versions.
 """
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("journal", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (params evaluate.seed)")
+    ap.add_argument("--name", default="eval_partial.json", help="the summary's file name in OUT_DIR (default: "
+                    "eval_partial.json; eval_summary.json for a journal of a whole run)")
     args = ap.parse_args(argv)
-    from dreamshard.project.evaluation import bootstrap_meta, cost_ratio_figure, cost_ratio_table, family_summary
+    from dreamshard.project.domain import write_text
+    from dreamshard.project.evaluation import (bootstrap_meta, cost_ratio_figure, cost_ratio_table, family_summary,
+                                               pooled_summary)
 
     rows = journal_rows(args.journal)
     devices = sorted(rows["device_name"].unique())
@@ -42,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         "bootstrap": bootstrap_meta(args.seed),
         "families": family_summary(rows[rows["split"] == "test"], seed=args.seed),
         "train_families": family_summary(rows[rows["split"] == "train"], seed=args.seed),
+        # every test family's tasks at once, each against its own family's references
+        "pooled": pooled_summary(rows[rows["split"] == "test"], seed=args.seed),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "eval_partial.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_text(json.dumps(metrics, indent=2) + "\n", args.out / args.name)
     cost_ratio_table(metrics["families"]).to_csv(args.out / "eval_cost_ratio.csv", index=False)
     cost_ratio_figure(metrics["families"], args.out / "eval_cost_ratio.png", backend=str(rows["backend"].iloc[0]),
                       device=", ".join(devices), measured=metrics["measured"])

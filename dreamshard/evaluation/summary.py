@@ -221,6 +221,20 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
     return dict(out)
 
 
+def pooled_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Per algorithm, its paired ratios over every family's tasks at once (each task against its own family's best
+    heuristic and TorchRec peer), with compare's interval over all those tasks: the claim of a run whose families
+    hold too few tasks each for an interval of their own."""
+    out: dict[str, dict[str, Any]] = {}
+    for algo in results["algorithm"].unique():
+        entry = {}
+        for reference, key in ((BEST_HEURISTIC, "vs_best_heuristic"), (TORCHREC_PEER, "vs_torchrec_peer")):
+            if not paired_ratios(results, algo, reference).empty:
+                entry[key] = compare(results, algo, reference, seed)
+        out[str(algo)] = entry
+    return out
+
+
 def with_ratios(gen: dict[str, Any], families: dict[str, Any], train_families: dict[str, Any]) -> dict[str, Any]:
     """`generalisation`'s entries with each sharder's paired ratio to the best heuristic (`vs_best_heuristic` of
     `family_summary`): per test family, and on the training tasks of each family it trained on (None where the

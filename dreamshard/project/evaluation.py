@@ -28,6 +28,7 @@ from dreamshard.evaluation.summary import (
     first_per_family,
     generalisation,
     interleave_families,
+    pooled_summary,
     result_row,
     with_ratios,
 )
@@ -45,7 +46,8 @@ __all__ = [
     "best_known_check", "best_known_summary", "bootstrap_ci", "bootstrap_meta", "bound_regime", "cost_ratio_figure",
     "cost_ratio_table", "estimated_bins_check", "estimated_bins_summary", "eval_markdown", "evaluate_task",
     "evaluated_tasks", "evaluation_setup", "exhaustive_check", "family_summary", "first_per_family", "fusion_probe",
-    "generalisation", "journal_fingerprint", "make_sharders", "model_paths_of", "plan_with", "regime_of",
+    "generalisation", "journal_fingerprint", "make_sharders", "model_paths_of", "plan_with", "pooled_summary",
+    "regime_of",
     "replace_block", "result_row", "summary_markdown", "whole_shards", "with_ratios",
 ]
 

@@ -1,5 +1,5 @@
 """Tools that summarise kept runs, on the runs they were made for: tools/gpu_uvm.py's smoke path on CPU (its CUDA
-rows need a GPU: results/gpu/), tools/journal_summary.py on the journal an H200 run left, and
+rows need a GPU: results/gpu/), tools/journal_summary.py on the journal an H200 run left (b65536_peer), and
 benchmarks/pool_tasks.py on the paper-scale passes of dlrm-80-4."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from tools import gpu_uvm, journal_summary
 
-H200_JOURNAL = Path("results/gpu/b65536_learned/eval_journal")
+H200_JOURNAL = Path("results/gpu/b65536_peer/eval_journal")
 
 
 def test_uvm_check_smoke_on_cpu_writes_its_rows_with_provenance(tmp_path):
@@ -38,16 +38,37 @@ def test_journal_summary_reports_the_journaled_tasks_with_the_stages_paired_rati
     metrics = json.loads((tmp_path / "eval_partial.json").read_text())
     rows = pd.concat([pd.read_parquet(f) for f in sorted(H200_JOURNAL.glob("task-*.parquet"))])
     assert metrics["device"] == ["NVIDIA H200"] and metrics["measured"]
-    assert metrics["tasks"]["test/dlrm-80-16"] == 6 and metrics["tasks"]["train/dlrm-20-4"] == 1
-    assert "train/dlrm-40-4" not in metrics["tasks"]  # the run stopped before it
+    assert metrics["tasks"]["test/dlrm-80-16"] == 3 and metrics["tasks"]["test/dlrm-20-4"] == 2
+    assert not any(k.startswith("train/") for k in metrics["tasks"])  # the run evaluated no training task
     # the paired ratio is the mean over tasks of cost / torchrec_full's cost on the same task
-    test = rows[(rows["split"] == "test") & (rows["family"] == "dlrm-40-8")].pivot(index="task", columns="algorithm",
+    test = rows[(rows["split"] == "test") & (rows["family"] == "dlrm-80-8")].pivot(index="task", columns="algorithm",
                                                                                   values="cost_ms")
     expected = (test["dreamshard_cut"] / test["torchrec_full"]).mean()
-    got = metrics["families"]["dlrm-40-8"]["dreamshard_cut"]["vs_torchrec_full"]
+    got = metrics["families"]["dlrm-80-8"]["dreamshard_cut"]["vs_torchrec_full"]
     assert got["mean_ratio"] == pytest.approx(expected) and got["ci_low"] <= expected <= got["ci_high"]
     assert (tmp_path / "eval_cost_ratio.png").stat().st_size > 0
     assert set(pd.read_csv(tmp_path / "eval_cost_ratio.csv")["family"]) >= {"dlrm-20-4", "dlrm-80-16"}
+
+
+def test_journal_summary_pools_every_family_against_its_own_torchrec_peer(tmp_path):
+    """The H200 run with TorchRec told the cluster: per family the peer is the TorchRec planner of lowest mean cost;
+    `pooled` pairs every test task with its own family's peer."""
+    journal = H200_JOURNAL
+    journal_summary.main([str(journal), str(tmp_path), "--name", "eval_summary.json"])
+    metrics = json.loads((tmp_path / "eval_summary.json").read_text())
+    rows = pd.concat([pd.read_parquet(f) for f in sorted(journal.glob("task-*.parquet"))])
+    costs = rows.pivot(index="task", columns="algorithm", values="cost_ms")
+    family = rows.groupby("task")["family"].first()
+    means = rows.groupby(["family", "algorithm"])["cost_ms"].mean().unstack()
+    peer = {f: means.loc[f, ["torchrec", "torchrec_full"]].idxmin() for f in means.index}
+    assert {f: metrics["families"][f]["torchrec_peer"] for f in peer} == peer
+    expected = (costs["dreamshard_cut"] / [costs.loc[t, peer[family[t]]] for t in costs.index]).mean()
+    got = metrics["pooled"]["dreamshard_cut"]["vs_torchrec_peer"]
+    assert got["tasks"] == 12 and got["mean_ratio"] == pytest.approx(expected)
+    assert got["ci_low"] <= expected <= got["ci_high"]
+    # what results/gpu/README.md quotes is what the journal gives
+    kept = json.loads(Path("results/gpu/b65536_peer/eval_summary.json").read_text())
+    assert kept["pooled"] == metrics["pooled"] and kept["families"] == metrics["families"]
 
 
 def test_journal_summary_names_a_folder_without_task_files(tmp_path):
