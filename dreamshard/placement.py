@@ -160,6 +160,14 @@ class Rules:
         size = self.sizes[i]
         return [d for d in self.may_use(i) if used[d] + size <= self.capacity[d]]
 
+    def fits(self, d: int, used: int) -> bool:
+        """Does device `d` hold `used` bytes?"""
+        return used <= self.capacity[d]
+
+    def holds(self, used: Sequence[int] | np.ndarray) -> bool:
+        """Does every device hold the `used` bytes (a whole plan's, e.g. after pieces replace a table)?"""
+        return bool(np.all(np.asarray(used, dtype=np.int64) <= self.capacity))
+
     def mask(self, i: int) -> np.ndarray:
         """[devices] bool: the devices item `i` may take (groups aside)."""
         key = i if i in self.pins or i in self.banned else -1  # -1: every device

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from dreamshard.hardware.base import ComputeCost, CostBackend, Reading, measure_rounds
 from dreamshard.io import write_parquet
+from dreamshard.placement import Rules
 from dreamshard.plan import Plan, Shard, device_memory_bytes, row_wise_shards, validate_plan
 from dreamshard.sharders import HEURISTICS, SHARDERS, make_sharder
 from dreamshard.sharders.pieces import column_widths
@@ -41,16 +42,17 @@ class PlanToMeasure:
 
 
 def perturb(task: Task, plan: Plan, rng: np.random.Generator, max_moves: int) -> Plan:
-    """Move up to `max_moves` random whole tables to random devices that have room."""
+    """Move up to `max_moves` random whole tables to random devices that have room and that the task's rules let
+    them take (placement.Rules: a pinned or grouped table stays)."""
+    rules = Rules.of_task(task)
     assignment = {s.table: s.device for s in plan.shards}
     used = device_memory_bytes(task, plan)
     for _ in range(int(rng.integers(1, max_moves + 1))):
         i = int(rng.integers(len(task.tables)))
         t = task.tables[i]
-        size = task.table_bytes(i)
+        size = int(rules.sizes[i])
         src = assignment[t.name]
-        room = [d for d in range(task.num_devices)
-                if d != src and used[d] + size <= task.capacity(d)]
+        room = [d for d in rules.with_room(i, used) if d != src] if rules.movable(i) else []
         if room:
             dst = int(rng.choice(room))
             assignment[t.name] = dst
@@ -71,7 +73,7 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
     for s in plan.shards:
         load[s.device] += s.width * tables[s.table].pooling_factor
     busiest = int(np.argmax(load))
-    uncut = task.never_cut()
+    uncut, rules, index = task.never_cut(), Rules.of_task(task), {t.name: i for i, t in enumerate(task.tables)}
     whole = [s for s in plan.device_shards(busiest)
              if s.table not in uncut and s.width == tables[s.table].dim and not s.is_row_range]
     whole.sort(key=lambda s: -s.width * tables[s.table].pooling_factor)
@@ -79,13 +81,13 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
     shards = list(plan.shards)
     for s in whole[:int(rng.integers(1, max_tables + 1))]:
         t = tables[s.table]
-        row_wise = ("row" in task.sharding and t.name not in task.avoided() and t.rows >= task.num_devices
+        row_wise = ("row" in task.sharding and index[t.name] not in rules.banned and t.rows >= task.num_devices
                     and rng.random() < 1 / 3)
         if row_wise:
             new = row_wise_shards(t, task.num_devices)
         elif "column" in task.sharding and t.dim >= 8:
             k = int(rng.choice([k for k in (2, 4) if k <= min(t.dim // 4, task.num_devices)]))
-            others = [d for d in task.allowed_devices(t.name) if d != s.device]
+            others = [d for d in rules.may_use(index[t.name]) if d != s.device]
             rng.shuffle(others)
             devices = [s.device] + others[:k - 1]
             if len(devices) < k:
@@ -94,21 +96,22 @@ def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int
             new = [Shard(t.name, d, int(a), int(b)) for d, a, b in zip(devices, starts[:-1], starts[1:])]
         else:
             continue
-        used = _replaced(task, used, shards, s, new)
+        used = _replaced(task, rules, used, shards, s, new)
     out = Plan(plan.num_devices, tuple(shards))
     validate_plan(task, out)
     return out
 
 
-def _replaced(task: Task, used: list[int], shards: list[Shard], whole: Shard, pieces: list[Shard]) -> list[int]:
-    """The devices' bytes with `whole` replaced by `pieces` in `shards` (in place) where they fit every device;
-    `used` and `shards` unchanged where they do not."""
+def _replaced(task: Task, rules: Rules, used: list[int], shards: list[Shard], whole: Shard,
+              pieces: list[Shard]) -> list[int]:
+    """The devices' bytes with `whole` replaced by `pieces` in `shards` (in place) where every device holds them
+    (`rules`); `used` and `shards` unchanged where not."""
     t = next(t for t in task.tables if t.name == whole.table)
     free = used.copy()
     free[whole.device] -= task.shard_bytes(t)
     for piece in pieces:
         free[piece.device] += task.shard_bytes(t, piece.num_rows(t.rows), piece.width)
-    if any(free[d] > task.capacity(d) for d in range(task.num_devices)):
+    if not rules.holds(free):
         return used
     shards.remove(whole)
     shards += pieces
@@ -122,15 +125,16 @@ def row_wise_tables(task: Task, plan: Plan, rng: np.random.Generator) -> Plan:
     if task.num_devices < 2 or "row" not in task.sharding:
         return plan
     tables = {t.name: t for t in task.tables}
-    uncut, avoided = task.never_cut(), task.avoided()
-    eligible = [s for s in plan.shards if s.table not in uncut and s.table not in avoided and not s.is_row_range
+    uncut, rules, index = task.never_cut(), Rules.of_task(task), {t.name: i for i, t in enumerate(task.tables)}
+    eligible = [s for s in plan.shards if s.table not in uncut and index[s.table] not in rules.banned
+                and not s.is_row_range
                 and s.width == tables[s.table].dim and tables[s.table].rows >= task.num_devices]
     count = int(round(rng.uniform(0.25, 1.0) * len(eligible)))
     chosen = [eligible[i] for i in sorted(rng.choice(len(eligible), size=count, replace=False))] if count else []
     used = device_memory_bytes(task, plan)
     shards = list(plan.shards)
     for s in chosen:
-        used = _replaced(task, used, shards, s, row_wise_shards(tables[s.table], task.num_devices))
+        used = _replaced(task, rules, used, shards, s, row_wise_shards(tables[s.table], task.num_devices))
     out = Plan(plan.num_devices, tuple(shards))
     validate_plan(task, out)
     return out

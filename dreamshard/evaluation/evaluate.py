@@ -9,6 +9,7 @@ from dreamshard.errors import InfeasibleTaskError
 from dreamshard.evaluation.bounds import ROW_PROBE_RATIO, LowerBound, column_splits_in, lower_bound, row_splits_of
 from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, least_compute, measure_rounds, median_cost
 from dreamshard.hardware.comm import Topology
+from dreamshard.placement import Rules
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
 from dreamshard.sharders import Sharder
 from dreamshard.tasks import Task
@@ -198,9 +199,10 @@ def exhaustive_optimum(backend: CostBackend, task: Task, regime: str, progress: 
     subset_cost: dict[tuple[int, ...], ComputeCost] = {}
     best: tuple[PlanCost, Plan] | None = None
     costs: dict[tuple[int, ...], float] = {}
+    rules = Rules.of_task(task)
     for assignment in canonical_assignments(len(task.tables), task.num_devices):
         plan = Plan.from_assignment(task, assignment)
-        if any(u > c for u, c in zip(device_memory_bytes(task, plan), task.capacities())):
+        if not rules.holds(device_memory_bytes(task, plan)):
             continue
         compute = []
         for d in range(task.num_devices):

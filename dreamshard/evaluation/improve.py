@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dreamshard.hardware.base import CostBackend, PlanCost, Reading, measure_rounds, median_cost
+from dreamshard.placement import Rules
 from dreamshard.plan import Plan, PlanKey, Shard, device_memory_bytes, validate_plan
 from dreamshard.tasks import Task
 
@@ -82,26 +83,23 @@ class _Neighbourhood:
         self.task, self.plan, self.moves = task, plan, moves
         self.shards = plan.shards
         self.table = {t.name: t for t in task.tables}
-        self.capacity = task.capacities()
+        self.rules = Rules.of_task(task)  # capacities, pins, avoid lists and groups (placement.Rules)
         self.used = device_memory_bytes(task, plan)
         self.nbytes = [self._bytes(s) for s in self.shards]
-        self.allowed = {t.name: frozenset(task.allowed_devices(t.name)) for t in task.tables}
+        index = {t.name: i for i, t in enumerate(task.tables)}
+        self.allowed = {t.name: frozenset(self.rules.may_use(index[t.name])) for t in task.tables}
         self.uncut = task.never_cut()
         self.can_split = "column" in task.sharding
         # units: shards that move together (a group's tables, each whole, share one device)
-        group_of = task.group_of()
-        index_of: dict[str, list[int]] = {}
-        for i, s in enumerate(self.shards):
-            index_of.setdefault(s.table, []).append(i)
+        group_of = [self.rules.group.get(index[s.table]) for s in self.shards]
         units: list[tuple[int, ...]] = []
         seen_groups: set[int] = set()
-        for i, s in enumerate(self.shards):
-            g = group_of.get(s.table)
+        for i, g in enumerate(group_of):
             if g is None:
                 units.append((i,))
             elif g not in seen_groups:
                 seen_groups.add(g)
-                units.append(tuple(j for name in task.groups[g] for j in index_of[name]))
+                units.append(tuple(j for j, h in enumerate(group_of) if h == g))
         self.units = units
         self.unit_device = [self.shards[u[0]].device for u in units]
         self.unit_bytes = [sum(self.nbytes[i] for i in u) for u in units]
@@ -117,7 +115,7 @@ class _Neighbourhood:
         return self.task.shard_bytes(t, s.num_rows(t.rows), s.width)
 
     def _fits(self, device: int, delta: int) -> bool:
-        return self.used[device] + delta <= self.capacity[device]
+        return self.rules.fits(device, self.used[device] + delta)
 
     def _split_at(self, s: Shard) -> int | None:
         """Column where a halving of shard s cuts (a multiple of 4 nearest the middle), None if it may not be cut."""
@@ -225,7 +223,7 @@ class _Neighbourhood:
         da, db = self.task.devices[a], self.task.devices[b]
         if da == db or (self.used[a] == 0 and self.used[b] == 0):
             return False
-        if self.used[a] > self.capacity[b] or self.used[b] > self.capacity[a]:
+        if not (self.rules.fits(b, self.used[a]) and self.rules.fits(a, self.used[b])):
             return False
         return all({a, b} <= self.unit_allowed[u] for u, d in enumerate(self.unit_device) if d in (a, b))
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dreamshard.hardware.comm import output_width
 from dreamshard.learning.cost_model import CostNet, DeviceLinks
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.policy import PolicyNet
+from dreamshard.placement import Rules
 from dreamshard.tasks import Task
 
 DEAD_END_PENALTY = 2.0
@@ -38,6 +40,7 @@ class TaskContext:
     order: list[int]  # placement order: predicted single-table cost, descending
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
+    allowed: torch.Tensor  # [T, D] bool: the devices each table may take (placement.Rules: pins, avoid lists)
     widths: torch.Tensor  # [T] what a table sends through its device's all-to-all per sample (comm.output_width)
     cluster: DeviceLinks  # the devices' speeds and links, for the cost network's estimates
 
@@ -48,10 +51,9 @@ class TaskContext:
             enc = cost_net.encode(x)
             single = cost_net.head_costs(enc)[:, :2].sum(dim=-1).numpy()
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
-        sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
-        capacity = torch.tensor(task.capacities(), dtype=torch.float64)
+        sizes, capacity, allowed = rules_tensors(Rules.of_task(task))
         widths = torch.tensor([output_width(t, t.dim) for t in task.tables])
-        return cls(task, x, enc, order, sizes, capacity, widths,
+        return cls(task, x, enc, order, sizes, capacity, allowed, widths,
                    DeviceLinks.of(cost_net.config, task.speeds(), task.host_ids()))
 
 
@@ -62,6 +64,16 @@ class Episodes:
     entropy: torch.Tensor  # [B] sum over steps (differentiable)
     predicted_ms: torch.Tensor  # [B] predicted plan cost (no gradient)
     dead: torch.Tensor  # [B] bool: ran out of room
+
+
+def rules_tensors(rules: Rules) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The placement rules as a batched rollout reads them: items' bytes [T] and devices' capacity [D] (float64),
+    and the devices each item may take [T, D] (groups aside: training tasks have none; decoding places through
+    placement.place_tables, which keeps them)."""
+    allowed = np.stack([rules.mask(i) for i in range(len(rules.sizes))]) if len(rules.sizes) else \
+        np.zeros((0, rules.num_devices), dtype=bool)
+    return (torch.from_numpy(rules.sizes.astype(np.float64)), torch.from_numpy(rules.capacity.astype(np.float64)),
+            torch.from_numpy(allowed))
 
 
 def greedy_devices(logits: torch.Tensor) -> torch.Tensor:
@@ -106,8 +118,8 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
         with torch.no_grad():
             costs = cost_net.device_costs(dev_cost, dims, ctx.cluster)
         logits = policy.logits(dev_policy, costs, policy_enc[t].expand(batch, -1))
-        action, step_log_prob, step_entropy, stuck = choose(logits, used + ctx.sizes[t] <= ctx.capacity, greedy,
-                                                            generator)
+        legal = (used + ctx.sizes[t] <= ctx.capacity) & ctx.allowed[t]
+        action, step_log_prob, step_entropy, stuck = choose(logits, legal, greedy, generator)
         dead |= stuck
         log_prob = log_prob + step_log_prob
         entropy = entropy + step_entropy

@@ -19,7 +19,8 @@ from torch import nn
 from dreamshard.hardware.base import CostBackend
 from dreamshard.learning.cost_model import mlp
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, table_features
-from dreamshard.learning.mdp import Episodes, choose, reinforce_loss
+from dreamshard.learning.mdp import Episodes, choose, reinforce_loss, rules_tensors
+from dreamshard.placement import Rules
 from dreamshard.plan import Plan
 from dreamshard.tasks import Task
 
@@ -103,13 +104,12 @@ class RnnContext:
     x: torch.Tensor  # [T, F]
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
+    allowed: torch.Tensor  # [T, D] bool: the devices each table may take (placement.Rules)
 
     @classmethod
     def build(cls, task: Task, scaler: FeatureScaler) -> RnnContext:
         x = torch.from_numpy(scaler.transform(table_features(task.tables, task.memory)))
-        sizes = torch.tensor([task.table_bytes(i) for i in range(len(task.tables))], dtype=torch.float64)
-        capacity = torch.tensor(task.capacities(), dtype=torch.float64)
-        return cls(task, x, sizes, capacity)
+        return cls(task, x, *rules_tensors(Rules.of_task(task)))
 
 
 def rollout(policy: RnnPolicy, ctx: RnnContext, batch: int, generator: torch.Generator | None = None,
@@ -127,8 +127,8 @@ def rollout(policy: RnnPolicy, ctx: RnnContext, batch: int, generator: torch.Gen
     entropy = torch.zeros(batch)
     for t in range(len(ctx.task.tables)):
         logits = policy.logits(hidden[t].expand(batch, -1), dev_sum, (used / ctx.capacity).float())
-        action, step_log_prob, step_entropy, stuck = choose(logits, used + ctx.sizes[t] <= ctx.capacity, greedy,
-                                                            generator)
+        legal = (used + ctx.sizes[t] <= ctx.capacity) & ctx.allowed[t]
+        action, step_log_prob, step_entropy, stuck = choose(logits, legal, greedy, generator)
         dead |= stuck
         log_prob = log_prob + step_log_prob
         entropy = entropy + step_entropy

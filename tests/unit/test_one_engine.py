@@ -1,11 +1,12 @@
 """One placement engine (issue 54): the rules of placement (each device's capacity, pins, avoid lists, groups) are
 written once, in dreamshard/placement.py (`Rules`, `Room`, `Rooms`, `place_tables`, `place_items`), and every
-sharder places tables and pieces through it.
+placement, every search that moves tables or pieces and every rollout places through it.
 
-The rule is checked on the source: no module of dreamshard/sharders reads a task's capacities or constraints
-(the names in RULE_NAMES) outside the functions listed in EXCEPTIONS, each with why it is not a placement; an
-exception no longer needed fails too, so the list stays exact. A new copy of the rules fails here: ask
-`Rules` (`with_room`, `may_use`, `movable`, `Room`, `Rooms`) instead."""
+The rule is checked on the source: no module of dreamshard/ but tasks.py (which defines them) and placement.py
+reads a task's capacities or constraints (the names in RULE_NAMES) outside the functions listed in EXCEPTIONS, each
+with why it is not a placement (a validity check, a report, a parser); reads of the engine's own `Rules` (a value
+named `rules`) are its use, not a copy. An exception no longer needed fails too, so the list stays exact. A new
+copy of the rules fails here: ask `Rules` (`with_room`, `may_use`, `movable`, `fits`, `holds`, `mask`) instead."""
 from __future__ import annotations
 
 import ast
@@ -22,40 +23,70 @@ from dreamshard.tables import Table
 from dreamshard.tasks import Device, Task
 from helpers import PROJECT_ROOT
 
-SHARDERS_DIR = PROJECT_ROOT / "dreamshard" / "sharders"
+LIBRARY = PROJECT_ROOT / "dreamshard"
+OWNERS = ("tasks", "placement")  # the modules that define the rules: not scanned
 # a task's capacities and placement constraints, as Task names them
 RULE_NAMES = frozenset({"capacities", "capacity", "pinned_device", "avoided", "group_of", "allowed_devices", "pins",
                         "avoid", "groups"})
 
 # (module, function) -> (the names it reads, why that is not a placement of its own)
 EXCEPTIONS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
-    ("cuts", "cut_options"): (frozenset({"allowed_devices", "avoided"}),
-                              "which cuts a table may take: no more slices than devices it may use, row-wise only "
-                              "where it avoids none (every device holds a block)"),
-    ("pieces", "_capacity"): (frozenset({"allowed_devices", "capacity"}),
-                              "the first cut: the largest device a table may use, which its pieces must fit"),
-    ("pieces", "first_cuts"): (frozenset({"capacities", "pinned_device", "avoided"}),
-                               "the first cut of every table (the same rule, in one pass over the devices)"),
-    ("pieces", "fits_row_wise"): (frozenset({"avoided", "capacity"}),
-                                  "may a table be cut row-wise: block i must fit device i"),
-    ("pieces", "_with_pieces"): (frozenset({"capacities"}),
-                                 "refuses a task whose tables need more bytes than all devices hold (no cut helps)"),
-    ("replicas", "data_parallel_tables"): (frozenset({"avoided", "capacities"}),
-                                           "which tables are copied to every device, before any placement"),
-    ("replicas", "with_replicas"): (frozenset({"capacities"}),
-                                    "the copies on every device against the smallest, before any placement"),
-    ("rnn", "RnnSharder._shard"): (frozenset({"capacity"}),
-                                   "the RNN policy's input feature (bytes used over capacity); place_tables places"),
-    ("torchrec_planner", "TorchRecSharder.torchrec_plan"): (frozenset({"pins", "avoid", "groups"}),
-                                                           "refuses constraints TorchRec's planner cannot honour"),
-    ("replan", "PiecesTask.__init__"): (frozenset({"allowed_devices", "avoided", "group_of", "groups",
-                                                   "pinned_device", "pins"}),
-                                        "which shards of the previous plan stay, as pins of the task the sharder "
-                                        "then places (`self.pins`: its own record of them)"),
-    ("replan", "_ReplanSearch.target"): (frozenset({"allowed_devices", "group_of", "pins"}),
-                                         "the device a kept shard is re-pinned to, handed to the sharder"),
-    ("replan", "replan"): (frozenset({"pins"}), "PiecesTask's pins (kept shards), not the task's"),
-    ("replan", "replan.single_moves"): (frozenset({"pins"}), "PiecesTask's pins (kept shards), not the task's"),
+    ("sharders.cuts", "cut_options"): (frozenset({"allowed_devices", "avoided"}),
+                                       "which cuts a table may take: no more slices than devices it may use, "
+                                       "row-wise only where it avoids none (every device holds a block)"),
+    ("sharders.pieces", "_capacity"): (frozenset({"allowed_devices", "capacity"}),
+                                       "the first cut: the largest device a table may use, which its pieces must fit"),
+    ("sharders.pieces", "first_cuts"): (frozenset({"capacities", "pinned_device", "avoided"}),
+                                        "the first cut of every table (the same rule, in one pass over the devices)"),
+    ("sharders.pieces", "fits_row_wise"): (frozenset({"avoided", "capacity"}),
+                                           "may a table be cut row-wise: block i must fit device i"),
+    ("sharders.pieces", "_with_pieces"): (frozenset({"capacities"}),
+                                          "refuses a task whose tables need more bytes than all devices hold (no cut "
+                                          "helps)"),
+    ("sharders.replicas", "data_parallel_tables"): (frozenset({"avoided", "capacities"}),
+                                                    "which tables are copied to every device, before any placement"),
+    ("sharders.replicas", "with_replicas"): (frozenset({"capacities"}),
+                                             "the copies on every device against the smallest, before any placement"),
+    ("sharders.rnn", "RnnSharder._shard"): (frozenset({"capacity"}),
+                                            "the RNN policy's input feature (bytes used over capacity); place_tables "
+                                            "places"),
+    ("sharders.torchrec_planner", "TorchRecSharder.torchrec_plan"): (frozenset({"pins", "avoid", "groups"}),
+                                                                     "refuses constraints TorchRec's planner cannot "
+                                                                     "honour"),
+    ("sharders.replan", "PiecesTask.__init__"): (frozenset({"allowed_devices", "avoided", "group_of", "groups",
+                                                            "pinned_device", "pins"}),
+                                                 "which shards of the previous plan stay, as pins of the task the "
+                                                 "sharder then places (`self.pins`: its own record of them)"),
+    ("sharders.replan", "_ReplanSearch.target"): (frozenset({"allowed_devices", "group_of", "pins"}),
+                                                  "the device a kept shard is re-pinned to, handed to the sharder"),
+    ("sharders.replan", "replan"): (frozenset({"pins"}), "PiecesTask's pins (kept shards), not the task's"),
+    ("sharders.replan", "replan.single_moves"): (frozenset({"pins"}), "PiecesTask's pins (kept shards), not the task's"),
+    ("learning.mdp", "rollout"): (frozenset({"capacity"}),
+                                  "training episodes in a batch: Rules.with_room as tensors (mdp.rules_tensors); "
+                                  "decoding a plan places through place_tables"),
+    ("learning.rnn", "rollout"): (frozenset({"capacity"}), "the same, for the RNN baseline's episodes"),
+    # outside the sharders: validity, reports, parsers and TorchRec's view, none of them a placement
+    ("plan", "validate_plan"): (frozenset({"avoid", "capacity", "groups", "pins"}), "the one definition of validity"),
+    ("plan", "_check_replicas"): (frozenset({"avoided", "group_of", "pinned_device"}), "validity of replicas"),
+    ("plan", "device_memory_breakdown"): (frozenset({"capacity"}), "a report: each device's bytes and capacity"),
+    ("memory", "MemoryBreakdown.headroom"): (frozenset({"capacity"}), "a report's field"),
+    ("caching", "choose_caching"): (frozenset({"avoided", "capacities"}),
+                                    "which tables are UVM-cached, before any placement (their bytes against all "
+                                    "devices')"),
+    ("cli.plan", "cmd_plan"): (frozenset({"capacity"}), "the plan command's per-device report"),
+    ("data.cluster", "Constraints.__bool__"): (frozenset({"avoid", "groups"}), "the constraints file's record"),
+    ("data.cluster", "Constraints.merged"): (frozenset({"avoid", "groups"}), "the constraints file's record"),
+    ("data.cluster", "Constraints.apply"): (frozenset({"avoid", "groups"}), "the constraints file onto a task"),
+    ("data.cluster", "Constraints.to_json"): (frozenset({"avoid", "groups"}), "the constraints file's record"),
+    ("data.cluster", "constraints_of"): (frozenset({"avoid", "groups", "pins"}), "a task's constraints as a file"),
+    ("evaluation.journal", "task_fingerprint"): (frozenset({"avoid", "groups", "pins"}), "a task's identity"),
+    ("evaluation.plan_report", "build_report"): (frozenset({"capacity"}), "a plan's report"),
+    ("interop.torchrec", "topology"): (frozenset({"capacities"}), "TorchRec's topology: each rank's HBM"),
+    ("planner", "DreamShardPlanner._error_type"): (frozenset({"capacities"}),
+                                                   "TorchRec's error type of a failure (storage or constraints)"),
+    ("planner", "DreamShardPlanner._check_torchrec_storage"): (frozenset({"capacity"}),
+                                                               "TorchRec's own storage count of the plan, checked"),
+    ("planner", "DreamShardPlanner._print_summary"): (frozenset({"capacity"}), "the planner's summary"),
 }
 
 
@@ -74,7 +105,10 @@ class _Reads(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef  # type: ignore[assignment]
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if node.attr in RULE_NAMES:
+        value = node.value
+        of_rules = (isinstance(value, ast.Name) and value.id == "rules") or \
+            (isinstance(value, ast.Attribute) and value.attr == "rules")
+        if node.attr in RULE_NAMES and not of_rules:
             self.found.setdefault(".".join(self.stack), set()).add(node.attr)
         self.generic_visit(node)
 
@@ -86,12 +120,17 @@ def reads_of(source: str) -> dict[str, set[str]]:
 
 
 def rule_reads() -> dict[tuple[str, str], set[str]]:
-    """(module, enclosing function) -> the names of RULE_NAMES it reads as attributes, over dreamshard/sharders."""
-    return {(path.stem, where): names for path in sorted(SHARDERS_DIR.glob("*.py"))
-            for where, names in reads_of(path.read_text()).items()}
+    """(module, enclosing function) -> the names of RULE_NAMES it reads as attributes, over dreamshard/ but OWNERS
+    (module: its dotted path below dreamshard)."""
+    out = {}
+    for path in sorted(LIBRARY.rglob("*.py")):
+        module = ".".join(path.relative_to(LIBRARY).with_suffix("").parts)
+        if module not in OWNERS:
+            out.update(((module, where), names) for where, names in reads_of(path.read_text()).items())
+    return out
 
 
-def test_no_sharder_keeps_placement_rules_of_its_own():
+def test_no_module_keeps_placement_rules_of_its_own():
     found = rule_reads()
     unexplained = {where: sorted(names - EXCEPTIONS.get(where, (frozenset(), ""))[0])
                    for where, names in found.items()}
@@ -109,6 +148,8 @@ def test_the_scan_sees_a_copy_of_the_rules():
     source = ("class S:\n    def f(self, task, used, d, size):\n        g = task.group_of()\n"
               "        return used[d] + size <= task.capacities()[d]\n")
     assert reads_of(source) == {"S.f": {"capacities", "group_of"}}
+    # the engine's own rules, asked, are no copy
+    assert reads_of("def f(rules, self):\n    return rules.capacity, self.rules.pins\n") == {}
 
 
 def constrained_task(seed: int) -> Task:
@@ -177,3 +218,32 @@ def test_rooms_open_where_one_room_ranks():
             return
         room.place(i, with_room[0])
         rooms.place(i, np.array([with_room[0]]))
+
+
+def test_perturbations_and_rollout_masks_keep_the_rules():
+    """Outside the sharders too: collect's perturbed plans and the learned policies' training masks ask the engine,
+    so a pinned, avoiding or grouped table stays valid (validate_plan) and is masked as the rules say."""
+    from dreamshard.evaluation.collect import perturb
+    from dreamshard.learning.mdp import rules_tensors
+    from dreamshard.plan import validate_plan
+    from dreamshard.sharders import make_sharder
+
+    checked = 0
+    for seed in range(40):
+        task = constrained_task(seed)
+        try:
+            plan = make_sharder("size_greedy").shard(task)
+        except InfeasibleTaskError:
+            continue
+        if len(plan.shards) != len(task.tables):  # perturb moves whole tables, as collect's heuristic plans hold
+            continue
+        rng = np.random.default_rng(seed)
+        for _ in range(10):
+            validate_plan(task, perturb(task, plan, rng, 3))
+        rules = Rules.of_task(task)
+        sizes, _, allowed = rules_tensors(rules)
+        assert sizes.tolist() == [float(task.table_bytes(i)) for i in range(len(task.tables))]
+        for i, t in enumerate(task.tables):
+            assert allowed[i].nonzero().flatten().tolist() == task.allowed_devices(t.name)
+        checked += 1
+    assert checked >= 10
