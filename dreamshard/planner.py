@@ -129,6 +129,8 @@ class DreamShardPlanner(ShardingPlanner):
             options["seed"] = seed
         if "batch_size" in s.options:  # our sharders take the global batch: TorchRec's per-rank one x ranks
             options["batch_size"] = self.batch_size * topology.world_size
+        if "torchrec_topology" in s.options:  # TorchRec's perf model rates plans on the user's cluster, not defaults
+            options["torchrec_topology"] = topology
         if "time_limit" in s.options and timeout_seconds is not None:
             options["time_limit"] = TIMEOUT_SEARCH_SHARE * timeout_seconds  # the rest: export and TorchRec's check
         self.options = options
@@ -220,9 +222,9 @@ class DreamShardPlanner(ShardingPlanner):
 
     def _check_torchrec_storage(self, task: Task, plan: Plan) -> None:
         """TorchRec's own storage estimate of the plan, rank by rank, within what its reservation leaves."""
-        from dreamshard.interop.torchrec import torchrec_perf_estimate
+        from dreamshard.interop.torchrec import topology_from, torchrec_perf_estimate
 
-        hbm = torchrec_perf_estimate(task, plan, self.batch_size).rank_hbm_bytes
+        hbm = torchrec_perf_estimate(task, plan, self.batch_size, topology_from(task, self.topology)).rank_hbm_bytes
         for rank, need in enumerate(hbm):
             if need > task.capacity(rank):
                 raise DreamShardError(

@@ -50,7 +50,7 @@ def torchrec_reference(metrics: dict) -> tuple[str, str]:
     """The ratio key of the second table and its words: the TorchRec peer (per family the TorchRec planner of lowest
     mean cost, `torchrec_peer`) where the metrics name one, else `torchrec_full` (metrics written before the peer)."""
     if any(isinstance(a, dict) and a.get("torchrec_peer") for a in metrics.get("families", {}).values()):
-        return "vs_torchrec_peer", "the TorchRec peer (per family the better of TorchRec's planners, told our cluster)"
+        return "vs_torchrec_peer", "the TorchRec peer (per family its best planner, told our cluster)"
     return "vs_torchrec_full", "TorchRec's full planner (`torchrec_full`)"
 
 

@@ -159,6 +159,25 @@ def topology(task: Task, links: "Topology | None" = None, hbm_gbps: float | None
     return TopologyFactory.create_topology(trainer, hardware_config=hardware, kernel_config=kernel)
 
 
+def topology_from(task: Task, given):
+    """The task's TorchRec topology with the hosts and bandwidths of TorchRec's Topology `given` (a user's, e.g.
+    DreamShardPlanner's): its GPUs per host, intra- and inter-host and memory bandwidth, on the compute device our
+    ratings use (COMPUTE_DEVICE, whatever `given` trains on), each rank's memory the task's."""
+    require_torchrec()
+    from torchrec.distributed.planner.types import (CustomTopologyData, HardwareConfig, KernelConfig, TopologyFactory,
+                                                    TrainerConfig)
+
+    caps = task.capacities()
+    extra = {"custom_topology_data": CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))} \
+        if len(set(caps)) > 1 else {}
+    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=given.local_world_size,
+                            hbm_cap_bytes=max(caps), additional_params=extra)
+    hardware = HardwareConfig(intra_host_bw=given.intra_host_bw, inter_host_bw=given.inter_host_bw,
+                              hbm_mem_bw=given.hbm_mem_bw)
+    kernel = KernelConfig(compute_device=COMPUTE_DEVICE, use_hardware_based_bandwidth=True)
+    return TopologyFactory.create_topology(trainer, hardware_config=hardware, kernel_config=kernel)
+
+
 BYTES_PER_MS_IN_GBPS = 1e9 / 1000  # TorchRec's bandwidths are bytes per ms; ours GB/s (hardware.topology)
 
 
@@ -238,15 +257,39 @@ def _storage_estimator_class():
     return DreamShardStorageEstimator
 
 
-def enumerator(task: Task, topo, constraints: dict, batch_size: int, torchrec_storage: bool = False):
+def enumerator(task: Task, topo, constraints: dict, batch_size: int, torchrec_storage: bool = False,
+               calibration: Any = None):
     """TorchRec's enumerator with its perf estimator and DreamShard's storage estimator (TorchRec's own with
-    `torchrec_storage`: to judge a plan by TorchRec's count)."""
+    `torchrec_storage`: to judge a plan by TorchRec's count); `calibration` (interop.calibration.PerfCalibration):
+    its perf estimator with compute fitted to our measurements."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
     storage = EmbeddingStorageEstimator(topo, constraints) if torchrec_storage else _storage_estimator_class()(task)
-    estimators = [EmbeddingPerfEstimator(topo, constraints), storage]
+    perf = EmbeddingPerfEstimator(topo, constraints) if calibration is None else \
+        calibrated_perf_estimator(topo, constraints, calibration)
+    estimators = [perf, storage]
     return EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
+
+
+def calibrated_perf_estimator(topo, constraints: dict | None, calibration: Any):
+    """TorchRec's EmbeddingPerfEstimator with each shard's compute scaled by `calibration`'s factors of its sharding
+    type (interop.calibration.PerfCalibration; TorchRec's estimator subclassed: its comms as TorchRec computes them)."""
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+
+    factors, fallback = calibration.factors(), calibration.fallback()
+
+    class CalibratedPerfEstimator(EmbeddingPerfEstimator):
+        def estimate(self, sharding_options, *args, **kwargs) -> None:
+            super().estimate(sharding_options, *args, **kwargs)
+            for option in sharding_options:
+                f, b = factors.get(option.sharding_type, fallback)
+                for shard in option.shards:
+                    if shard.perf is not None:
+                        shard.perf.fwd_compute *= f
+                        shard.perf.bwd_compute *= b
+
+    return CalibratedPerfEstimator(topo, constraints)
 
 
 # ------------------------------------------------------------------ export
@@ -533,18 +576,19 @@ class TorchRecEstimator:
         return PlanCost(devices, "torchrec", est.model, False, "model")
 
 
-def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE) -> TorchRecEstimate:
-    """Rate `plan` with TorchRec's own performance and storage models (see TorchRecEstimate). The last few
-    ratings are kept: a sharder choosing between plans and the planner checking the chosen one's storage ask for
-    the same one."""
+def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE,
+                           topo=None) -> TorchRecEstimate:
+    """Rate `plan` with TorchRec's own performance and storage models (see TorchRecEstimate), on TorchRec's
+    topology `topo` (default: `topology(task)`). The last few ratings are kept: a sharder choosing between plans
+    and the planner checking the chosen one's storage ask for the same one."""
     require_torchrec()
-    return _kept_estimate(task, plan, batch_size)
+    return _kept_estimate(task, plan, batch_size, topo)
 
 
 @functools.lru_cache(maxsize=8)
-def _kept_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
+def _kept_estimate(task: Task, plan: Plan, batch_size: int, topo=None) -> TorchRecEstimate:
     with quiet_torchrec():
-        return _perf_estimate(task, plan, batch_size)
+        return _perf_estimate(task, plan, batch_size, topo)
 
 
 def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
@@ -558,11 +602,12 @@ def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
 
 
 def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: int,
-                    caches: Mapping[str, float] | None = None, topo=None) -> list:
+                    caches: Mapping[str, float] | None = None, topo=None, calibration: Any = None) -> list:
     """TorchRec's `ShardingOption` of every table, its shards set to `slices` (table name -> its blocks, each on
     its device, in TorchRec's layout), with TorchRec's perf and storage estimates filled in per shard. Memory is
     not checked here: rating pieces before they are placed (sharders/torchrec_model.py) needs every layout priced.
-    `topo`: the task's TorchRec topology, when the caller has built it (`topology(task)`)."""
+    `topo`: the task's TorchRec topology, when the caller has built it (`topology(task)`); `calibration`: TorchRec's
+    compute as fitted to our measurements (interop.calibration)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import Shard as TRShard
@@ -570,7 +615,7 @@ def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: i
     topo = topology(task) if topo is None else topo
     kinds = {t.name: [table_layout(task, i, slices[t.name])] for i, t in enumerate(task.tables)}
     constraints = table_constraints(task, kinds, caches or {})
-    enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True)
+    enum = enumerator(task, topo, constraints, batch_size, torchrec_storage=True, calibration=calibration)
     module = meta_module(task)
     optimizer = torchrec_optimizer_classes()[task.memory.optimizer][0]
     for param in module.parameters():  # TorchRec counts the optimizer state of the class attached to a weight
@@ -588,10 +633,10 @@ def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: i
     return options
 
 
-def _perf_estimate(task: Task, plan: Plan, batch_size: int) -> TorchRecEstimate:
+def _perf_estimate(task: Task, plan: Plan, batch_size: int, topo=None) -> TorchRecEstimate:
     from torchrec.distributed.planner.perf_models import NoopPerfModel
 
-    topo = topology(task)
+    topo = topology(task) if topo is None else topo
     options = shard_estimates(task, _table_shards(task, plan), batch_size, plan_caches(task, plan), topo)
     fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]

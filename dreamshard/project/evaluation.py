@@ -69,6 +69,21 @@ def _hbm_gbps(params: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
+def torchrec_calibration(params: dict[str, Any], batch_size: int, links: Any = None, hbm_gbps: float | None = None):
+    """`torchrec_calibrated`'s factors, fitted to the collect stage's measured devices (`paths.costs`) of the
+    training tasks (interop.calibration)."""
+    import pandas as pd
+
+    from dreamshard.interop.calibration import fit_calibration
+
+    costs = Path(section(params, "paths.costs")) / "devices.parquet"
+    if not costs.exists():
+        raise ParamsError(f"params.yaml: evaluate.sharders: torchrec_calibrated is fitted to {costs}, which does not "
+                          "exist: run the collect stage first")
+    tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
+    return fit_calibration({t.name: t for t in tasks}, pd.read_parquet(costs), batch_size, links, hbm_gbps)
+
+
 def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | None = None,
                   model_paths: dict[str, Any] | None = None, seed: int | None = None) -> list[Sharder]:
     """`evaluate.sharders` (or `names`), each given the options it takes and its `evaluate.decoding`; trained models
@@ -85,6 +100,8 @@ def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | No
                 # TorchRec's planners are told the cluster the backend prices: hosts, links, memory bandwidth
                 "links": build(Topology, section(params, "backend.topology"), "backend.topology"),
                 "hbm_gbps": _hbm_gbps(params)}
+    if "torchrec_calibrated" in names:  # TorchRec's compute fitted to the collected measurements, once
+        settings["calibration"] = torchrec_calibration(params, batch_size, settings["links"], settings["hbm_gbps"])
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
     if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
         raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "

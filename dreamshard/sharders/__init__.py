@@ -130,10 +130,12 @@ def _neuroshard(name: str, table_wise: bool) -> Callable[..., Sharder]:
     return factory
 
 
-def _torchrec_model(batch_size: int | None = None, time_limit: float | None = None) -> Sharder:
+def _torchrec_model(batch_size: int | None = None, time_limit: float | None = None, links: Any = None,
+                    hbm_gbps: float | None = None, torchrec_topology: Any = None) -> Sharder:
     from dreamshard.sharders.torchrec_model import TorchRecModelSharder  # imports torchrec only when planning
 
-    return TorchRecModelSharder(batch_size, time_limit=time_limit)
+    return TorchRecModelSharder(batch_size, time_limit=time_limit, links=links, hbm_gbps=hbm_gbps,
+                                torchrec_topology=torchrec_topology)
 
 
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
@@ -145,6 +147,20 @@ def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
         return make(name, full_search, batch_size, sharding_types, time_limit, links, hbm_gbps, min_partition)
 
     return factory
+
+
+def _torchrec_calibrated(calibration: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                         time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None) -> Sharder:
+    from dreamshard.interop.calibration import PerfCalibration
+    from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
+
+    if calibration is None:
+        raise ValueError("sharder 'torchrec_calibrated' needs a calibration fitted to measured devices "
+                         "(interop.calibration.fit_calibration; the evaluate stage fits it to the collected rows)")
+    if not isinstance(calibration, PerfCalibration):
+        raise TypeError(f"sharder 'torchrec_calibrated': calibration must be a PerfCalibration "
+                        f"(interop.calibration.fit_calibration), got {type(calibration).__name__}")
+    return make("torchrec_calibrated", True, batch_size, None, time_limit, links, hbm_gbps, calibration=calibration)
 
 
 _SPECS = (
@@ -170,7 +186,8 @@ _SPECS = (
     SharderSpec("neuroshard_tw", "search", _neuroshard("neuroshard_tw", True), ("model", "search"), needs_model=True,
                 doc="NeuroShard table-wise: its greedy grid search on whole tables (the peer of the table-wise "
                     "learned sharders), the neuroshard model"),
-    SharderSpec("torchrec_model", "torchrec_search", _torchrec_model, ("batch_size", "time_limit"), splits_tables=True,
+    SharderSpec("torchrec_model", "torchrec_search", _torchrec_model,
+                ("batch_size", "time_limit", "links", "hbm_gbps", "torchrec_topology"), splits_tables=True,
                 doc="no trained model: our search over cuts and placements rated by TorchRec's perf model "
                     "(sharders/torchrec_model.py; needs TorchRec)"),
     SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size", "time_limit", "links", "hbm_gbps"),
@@ -178,6 +195,10 @@ _SPECS = (
     SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True),
                 ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps", "min_partition"),
                 splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
+    SharderSpec("torchrec_calibrated", "torchrec", _torchrec_calibrated,
+                ("calibration", "batch_size", "time_limit", "links", "hbm_gbps"), splits_tables=True,
+                doc="torchrec_full with TorchRec's perf model's compute fitted to the collected measurements "
+                    "(interop/calibration.py)"),
 )
 SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}
 DEFAULT_LEARNED = "dreamshard_cut"  # what `dreamshard plan` and DreamShardPlanner use when given a model

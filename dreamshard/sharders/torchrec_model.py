@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,11 +79,12 @@ PriceMemo = dict[tuple[Table, Cut, int], list[float]]  # (table, cut, devices) -
 
 
 def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
-                 memo: PriceMemo | None = None) -> dict[tuple[str, Cut], list[float]]:
+                 memo: PriceMemo | None = None, topo=None) -> dict[tuple[str, Cut], list[float]]:
     """(table, cut) -> TorchRec's estimate (ms, fwd + bwd, compute + comms) of each of its pieces, in
     `table_pieces` order: one TorchRec call per distinct cut, every table at that cut where it has it. A shard's
     estimate depends on its table, its cut and the ranks alone, so `memo` keeps them across the searches of one
-    plan (with and without data-parallel tables), each priced once."""
+    plan (with and without data-parallel tables), each priced once. `topo`: TorchRec's topology of the task
+    (default: `topology(task)`)."""
     from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
 
     memo = {} if memo is None else memo
@@ -97,7 +99,7 @@ def piece_prices(task: Task, options: dict[str, list[Cut]], batch_size: int,
             if all(c is None for c in layout.values()):
                 continue
             slices = {t.name: _slices(t, layout[t.name] or Cut(), n) for t in task.tables}
-            for option in shard_estimates(task, slices, batch_size, caches):
+            for option in shard_estimates(task, slices, batch_size, caches, topo):
                 if layout[option.name] == cut:
                     memo[(by_name[option.name], cut, n)] = [float(s.perf.total) for s in option.shards]
     return {(t.name, cut): memo[(t, cut, n)] for t in task.tables for cut in options[t.name]}
@@ -182,10 +184,21 @@ class TorchRecModelSharder:
     name = "torchrec_model"
 
     def __init__(self, batch_size: int | None = None, config: ModelSearchConfig | None = None,
-                 time_limit: float | None = None) -> None:
+                 time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None,
+                 torchrec_topology: Any = None) -> None:
         self.batch_size = batch_size  # the global batch (TorchRec is given it per rank); None: the task's memory's
         self.config = config or ModelSearchConfig()
         self.time_limit = time_limit  # seconds: the moves stop there, keeping the best plan found (None: no limit)
+        # the cluster TorchRec's perf model rates plans on: the hosts and bandwidths of TorchRec's own Topology
+        # (DreamShardPlanner's), else our links (hardware.topology.Topology) and hbm_gbps, else TorchRec's defaults
+        self.links, self.hbm_gbps, self.torchrec_topology = links, hbm_gbps, torchrec_topology
+
+    def _topo(self, task: Task):
+        from dreamshard.interop.torchrec import topology, topology_from
+
+        if self.torchrec_topology is not None:
+            return topology_from(task, self.torchrec_topology)
+        return topology(task, self.links, self.hbm_gbps) if self.links or self.hbm_gbps else None
 
     def _batch(self, task: Task) -> int:
         """TorchRec's per-rank batch: from the global one given, else the task's memory model's (per device)."""
@@ -219,8 +232,8 @@ class TorchRecModelSharder:
                 continue
         if not plans:  # tables beyond device memory: cut and cached as every sharder's are
             return with_pieces(task, search)
-        batch = self._batch(task)
-        return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch).cost_ms)
+        batch, topo = self._batch(task), self._topo(task)
+        return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch, topo).cost_ms)
 
     def _search(self, task: Task, memo: PriceMemo | None = None, deadline: float = float("inf")) -> Plan:
         options = _cuts_of(task, self.config)
@@ -229,7 +242,7 @@ class TorchRecModelSharder:
             for name, cut in start.items():
                 if cut not in options[name]:
                     options[name].append(cut)
-        prices = piece_prices(task, options, self._batch(task), memo)
+        prices = piece_prices(task, options, self._batch(task), memo, self._topo(task))
         layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in options[t.name]}
         rules = Rules.of_task(task)
         ends = [self._descend(task, rules, start, options, prices, layouts, deadline) for start in starts]

@@ -42,6 +42,8 @@ class TorchRecSharder:
     hbm_gbps: float | None = None
     # each table's narrowest column slice (Task.min_width) as TorchRec's min_partition (full search only)
     min_partition: bool = False
+    # TorchRec's perf model with compute fitted to our measurements (interop.calibration.PerfCalibration)
+    calibration: Any = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -106,7 +108,7 @@ class TorchRecSharder:
             planner = EmbeddingShardingPlanner(
                 topology=topo,
                 batch_size=batch,
-                enumerator=tx.enumerator(task, topo, constraints, batch),
+                enumerator=tx.enumerator(task, topo, constraints, batch, calibration=self.calibration),
                 storage_reservation=FixedPercentageStorageReservation(0.0),
                 constraints=constraints,
                 debug=False,
@@ -146,7 +148,7 @@ def _one_line(exc: BaseException) -> str:
 
 def make(name: str, full_search: bool, batch_size: int = DEFAULT_BATCH_SIZE,
          sharding_types: Sequence[str] | None = None, time_limit: float | None = None, links: Any = None,
-         hbm_gbps: float | None = None, min_partition: bool = False) -> TorchRecSharder:
+         hbm_gbps: float | None = None, min_partition: bool = False, calibration: Any = None) -> TorchRecSharder:
     return TorchRecSharder(name, full_search, int(batch_size),
                            tuple(sharding_types) if sharding_types is not None else None, time_limit, links,
-                           None if hbm_gbps is None else float(hbm_gbps), bool(min_partition))
+                           None if hbm_gbps is None else float(hbm_gbps), bool(min_partition), calibration)

@@ -84,7 +84,8 @@ def check_sharding_plan(sp, task: Task, plan: Plan, fqn: str = DEFAULT_FQN) -> N
 # ---------------------------------------------------------------- the sharder
 
 def test_registered_and_lazy():
-    assert {n for n, s in SHARDERS.items() if s.kind == "torchrec"} == {"torchrec", "torchrec_full"}
+    assert {n for n, s in SHARDERS.items() if s.kind == "torchrec"} == {"torchrec", "torchrec_full",
+                                                                      "torchrec_calibrated"}
     sharder = make_sharder("torchrec", batch_size=1024)
     assert sharder.name == "torchrec" and not sharder.full_search and sharder.batch_size == 1024
     with pytest.raises(ValueError, match="sharder 'torchrec': unknown option.s. model, seed; it takes batch_size"):

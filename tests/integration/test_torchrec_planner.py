@@ -827,3 +827,30 @@ def test_an_embedding_collection_beside_a_bag_collection_and_a_fused_one_train_a
     for name, rows in (("pa", 40_000), ("pb", 10_000), ("sa", 100_000), ("sb", 10_000)):
         cells = sum((h[2] - h[1]) * (h[4] - h[3]) for h in held if h[0] == name)
         assert cells == rows * 16, (name, sorted(h for h in held if h[0] == name))
+
+
+def test_the_default_search_rates_plans_on_the_users_topology_not_defaults(monkeypatch):
+    """DreamShardPlanner's default (torchrec_model) prices every piece and plan with TorchRec's perf model on the
+    Topology the user gave (hosts, bandwidths), and gives our sharders the global batch: TorchRec's per-rank batch
+    x ranks, which they hand back to TorchRec per rank."""
+    import dreamshard.interop.torchrec as tx
+
+    seen = []
+    real = tx.shard_estimates
+
+    def spy(task, slices, batch_size, caches=None, topo=None):
+        seen.append((topo, batch_size))
+        return real(task, slices, batch_size, caches, topo)
+
+    monkeypatch.setattr(tx, "shard_estimates", spy)
+    for device in ("cuda", "cpu"):  # a CPU job's topology too: ratings stay on TorchRec's CUDA model
+        slow = Topology(world_size=2, compute_device=device, local_world_size=1, inter_host_bw=1e6, hbm_mem_bw=5e8,
+                        **({"hbm_cap": int(10 * MB)} if device == "cuda" else {"ddr_cap": int(10 * MB)}))
+        planner = DreamShardPlanner(slow, batch_size=256, storage_reservation=NO_RESERVATION)
+        assert planner.algo == "torchrec_model"
+        planner.plan(TwoCollections(), [EmbeddingBagCollectionSharder()])
+        got = {(topo.local_world_size, topo.inter_host_bw, topo.hbm_mem_bw, topo.compute_device, batch) for topo, batch in seen}
+        assert got == {(1, 1e6, 5e8, "cuda", 256)}, got
+        assert seen and all((topo.local_world_size, topo.inter_host_bw, topo.hbm_mem_bw, topo.compute_device, batch)
+                            == (1, 1e6, 5e8, "cuda", 256) for topo, batch in seen)
+        seen.clear()
