@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                     "eval_partial.json; eval_summary.json for a journal of a whole run)")
     args = ap.parse_args(argv)
     from dreamshard.project.domain import write_text
-    from dreamshard.project.evaluation import (bootstrap_meta, cost_ratio_figure, cost_ratio_table, family_summary,
-                                               pooled_summary)
+    from dreamshard.project.evaluation import bootstrap_meta, cost_ratio_figure, cost_ratio_table, family_summary, pooled_summary
 
     rows = journal_rows(args.journal)
     devices = sorted(rows["device_name"].unique())

@@ -133,8 +133,8 @@ def paired_ratios(results: pd.DataFrame, algorithm: str, reference: str) -> pd.S
     measured (results: one row per task and algorithm, columns task, family, algorithm, cost_ms).
 
     `reference` is an algorithm's name, "best_heuristic": per family, the heuristic with the lowest
-    mean cost in that family (best_heuristics), or "torchrec_peer": likewise of TorchRec's planners. The series is indexed by task name, in the order of
-    `algorithm`'s rows."""
+    mean cost in that family (best_heuristics), or "torchrec_peer": likewise of TorchRec's planners. The series
+    is indexed by task name, in the order of `algorithm`'s rows."""
     mine = _costs(results, algorithm)
     if reference in (BEST_HEURISTIC, TORCHREC_PEER):
         best = best_heuristics(results) if reference == BEST_HEURISTIC else torchrec_peers(results)

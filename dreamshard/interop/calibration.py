@@ -76,8 +76,7 @@ def fit_calibration(tasks: Mapping[str, Task], rows: pd.DataFrame, batch_size: i
                     hbm_gbps: float | None = None) -> PerfCalibration:
     """Fit the factors to the collected `rows` of `tasks` (task name -> Task) measured at the global `batch_size`,
     TorchRec told `links` and `hbm_gbps` as the peer is (interop.torchrec.topology)."""
-    from dreamshard.interop.torchrec import (_table_shards, per_rank_batch, plan_caches, quiet_torchrec,
-                                             shard_estimates, topology)
+    from dreamshard.interop.torchrec import _table_shards, per_rank_batch, plan_caches, quiet_torchrec, shard_estimates, topology
 
     samples: list[tuple[dict[str, float], dict[str, float], float, float]] = []  # per device: est fwd, bwd; meas
     with quiet_torchrec():

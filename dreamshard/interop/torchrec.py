@@ -132,56 +132,53 @@ def meta_module(task: Task):
     return module
 
 
-def topology(task: Task, links: "Topology | None" = None, hbm_gbps: float | None = None):
+def topology(task: Task, links: Topology | None = None, hbm_gbps: float | None = None):
     """TorchRec topology: one rank per device of the task, each with the device's memory as HBM. With `links` (the
     cluster our comm model prices), TorchRec is told the same: GPUs per host (`peer_local_size`) and the intra- and
     inter-host bandwidths; `hbm_gbps`: the devices' memory bandwidth (None: TorchRec's default)."""
-    require_torchrec()
-    from torchrec.distributed.planner.types import (CustomTopologyData, HardwareConfig, KernelConfig, TopologyFactory,
-                                                    TrainerConfig)
-
-    caps = task.capacities()
-    extra = {}
-    if len(set(caps)) > 1:  # devices of different sizes
-        extra["custom_topology_data"] = CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))
-    local = local_size_of(task) if links is None else peer_local_size(task, links)
-    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=local,
-                            hbm_cap_bytes=max(caps), additional_params=extra)
-    hardware = None
-    if links is not None or hbm_gbps is not None:
-        bw = {} if links is None else {"intra_host_bw": links.intra_host_gbps * BYTES_PER_MS_IN_GBPS,
-                                       "inter_host_bw": links.inter_host_gbps * BYTES_PER_MS_IN_GBPS}
-        if hbm_gbps is not None:
-            bw["hbm_mem_bw"] = hbm_gbps * BYTES_PER_MS_IN_GBPS
-        hardware = HardwareConfig(**bw)
-    # TorchRec 1.8 reads a hardware config's bandwidths only with use_hardware_based_bandwidth (1.6 always did)
-    kernel = KernelConfig(compute_device=COMPUTE_DEVICE, use_hardware_based_bandwidth=hardware is not None)
-    return TopologyFactory.create_topology(trainer, hardware_config=hardware, kernel_config=kernel)
+    bandwidths = {} if links is None else {"intra_host_bw": links.intra_host_gbps * BYTES_PER_MS_IN_GBPS,
+                                           "inter_host_bw": links.inter_host_gbps * BYTES_PER_MS_IN_GBPS}
+    if hbm_gbps is not None:
+        bandwidths["hbm_mem_bw"] = hbm_gbps * BYTES_PER_MS_IN_GBPS
+    return _topology(task, local_size_of(task) if links is None else peer_local_size(task, links), bandwidths)
 
 
 def topology_from(task: Task, given):
     """The task's TorchRec topology with the hosts and bandwidths of TorchRec's Topology `given` (a user's, e.g.
     DreamShardPlanner's): its GPUs per host, intra- and inter-host and memory bandwidth, on the compute device our
     ratings use (COMPUTE_DEVICE, whatever `given` trains on), each rank's memory the task's."""
+    return _topology(task, given.local_world_size, {"intra_host_bw": given.intra_host_bw,
+                                                    "inter_host_bw": given.inter_host_bw,
+                                                    "hbm_mem_bw": given.hbm_mem_bw})
+
+
+def _topology(task: Task, local_size: int, bandwidths: dict[str, float]):
+    """One rank per device of the task (its memory as HBM, CustomTopologyData where they differ), `local_size`
+    GPUs per host, TorchRec's bandwidths in bytes/ms where given (its defaults elsewhere), COMPUTE_DEVICE."""
     require_torchrec()
-    from torchrec.distributed.planner.types import (CustomTopologyData, HardwareConfig, KernelConfig, TopologyFactory,
-                                                    TrainerConfig)
+    from torchrec.distributed.planner.types import (
+        CustomTopologyData,
+        HardwareConfig,
+        KernelConfig,
+        TopologyFactory,
+        TrainerConfig,
+    )
 
     caps = task.capacities()
     extra = {"custom_topology_data": CustomTopologyData({"hbm_cap": caps}, world_size=len(caps))} \
-        if len(set(caps)) > 1 else {}
-    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=given.local_world_size,
-                            hbm_cap_bytes=max(caps), additional_params=extra)
-    hardware = HardwareConfig(intra_host_bw=given.intra_host_bw, inter_host_bw=given.inter_host_bw,
-                              hbm_mem_bw=given.hbm_mem_bw)
-    kernel = KernelConfig(compute_device=COMPUTE_DEVICE, use_hardware_based_bandwidth=True)
+        if len(set(caps)) > 1 else {}  # devices of different sizes
+    trainer = TrainerConfig(world_size=task.num_devices, local_world_size=local_size, hbm_cap_bytes=max(caps),
+                            additional_params=extra)
+    hardware = HardwareConfig(**bandwidths) if bandwidths else None
+    # TorchRec 1.8 reads a hardware config's bandwidths only with use_hardware_based_bandwidth (1.6 always did)
+    kernel = KernelConfig(compute_device=COMPUTE_DEVICE, use_hardware_based_bandwidth=hardware is not None)
     return TopologyFactory.create_topology(trainer, hardware_config=hardware, kernel_config=kernel)
 
 
 BYTES_PER_MS_IN_GBPS = 1e9 / 1000  # TorchRec's bandwidths are bytes per ms; ours GB/s (hardware.topology)
 
 
-def peer_local_size(task: Task, links: "Topology") -> int:
+def peer_local_size(task: Task, links: Topology) -> int:
     """GPUs per host as our comm model counts them: the hosts the task's devices name, else blocks of
     `links.devices_per_host` (device d on host d // devices_per_host, as TorchRec lays out ranks)."""
     if task.host_ids() is not None:

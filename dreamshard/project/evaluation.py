@@ -94,14 +94,14 @@ def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | No
         raise ParamsError("params.yaml: evaluate.sharders: expected a list of sharder names")
     names = evaluated if names is None else names
     model_paths = model_paths_of(params) if model_paths is None else model_paths
+    # TorchRec's planners are told the cluster the backend prices: hosts, links, memory bandwidth
+    links, hbm_gbps = build(Topology, section(params, "backend.topology"), "backend.topology"), _hbm_gbps(params)
     settings = {"seed": int(cfg["seed"]) if seed is None else seed, "batch_size": batch_size,
                 "search": build(SearchConfig, section(params, "neuroshard"), "neuroshard"),
                 "cuts": build(CutConfig, section(params, "cut_search"), "cut_search"),
-                # TorchRec's planners are told the cluster the backend prices: hosts, links, memory bandwidth
-                "links": build(Topology, section(params, "backend.topology"), "backend.topology"),
-                "hbm_gbps": _hbm_gbps(params)}
+                "links": links, "hbm_gbps": hbm_gbps}
     if "torchrec_calibrated" in names:  # TorchRec's compute fitted to the collected measurements, once
-        settings["calibration"] = torchrec_calibration(params, batch_size, settings["links"], settings["hbm_gbps"])
+        settings["calibration"] = torchrec_calibration(params, batch_size, links, hbm_gbps)
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
     if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
         raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "
