@@ -81,7 +81,7 @@ EXCEPTIONS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("data.cluster", "constraints_of"): (frozenset({"avoid", "groups", "pins"}), "a task's constraints as a file"),
     ("evaluation.journal", "task_fingerprint"): (frozenset({"avoid", "groups", "pins"}), "a task's identity"),
     ("evaluation.plan_report", "build_report"): (frozenset({"capacity"}), "a plan's report"),
-    ("interop.torchrec", "topology"): (frozenset({"capacities"}), "TorchRec's topology: each rank's HBM"),
+    ("interop.torchrec", "_topology"): (frozenset({"capacities"}), "TorchRec's topology: each rank's HBM"),
     ("planner", "DreamShardPlanner._error_type"): (frozenset({"capacities"}),
                                                    "TorchRec's error type of a failure (storage or constraints)"),
     ("planner", "DreamShardPlanner._check_torchrec_storage"): (frozenset({"capacity"}),
