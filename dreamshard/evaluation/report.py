@@ -34,17 +34,19 @@ def _names(names: list[str]) -> str:
 
 def eval_markdown(metrics: dict) -> str:
     """Per family and sharder: measured cost; the paired per-task cost ratio to the best heuristic with its
-    bootstrap interval and win rate, and to TorchRec (torchrec_full if evaluated, else torchrec); cost /
+    bootstrap interval and win rate, and to TorchRec (the peer where named, else torchrec_full, else torchrec); cost /
     lower bound; planning time. Then a legend (tasks per family, how the intervals were drawn, rounds
     per plan) and, per family, which sharders are better or worse than the best heuristic."""
     families = metrics["families"]
     entries = [v for algos in families.values() for v in _sharders(algos).values()]
     boot = metrics.get("bootstrap", {})
     level = f"{100 * boot.get('level', 0.95):g}%"
-    torchrec = next((r for r in ("torchrec_full", "torchrec") if any(f"vs_{r}" in v for v in entries)), None)
+    torchrec = next((r for r in ("torchrec_peer", "torchrec_full", "torchrec") if any(f"vs_{r}" in v for v in entries)),
+                    None)
     head = ["family", "sharder", "mean cost (ms)", f"vs best heuristic ({level} CI)", "win rate vs best heuristic"]
     if torchrec:
-        head.append(f"vs TorchRec (`{torchrec}`, {level} CI)")
+        head.append(f"vs the TorchRec peer ({level} CI)" if torchrec == "torchrec_peer" else
+                    f"vs TorchRec (`{torchrec}`, {level} CI)")
     head += ["cost / lower bound", "planning p50 (ms)"]
     lines = [_header(metrics), "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     verdicts = []

@@ -48,7 +48,7 @@ def test_eval_markdown_has_intervals_win_rates_and_torchrec_full():
     md = eval_markdown(m)
     rows = table_rows(md)
     assert rows["sharder"] == ["family", "sharder", "mean cost (ms)", "vs best heuristic (95% CI)",
-                               "win rate vs best heuristic", "vs TorchRec (`torchrec_full`, 95% CI)",
+                               "win rate vs best heuristic", "vs the TorchRec peer (95% CI)",
                                "cost / lower bound", "planning p50 (ms)"]
     ds = m["families"]["f"]["dreamshard"]["vs_best_heuristic"]
     cells = next(c for c in (line.strip("|").split("|") for line in md.splitlines())
@@ -57,11 +57,14 @@ def test_eval_markdown_has_intervals_win_rates_and_torchrec_full():
     assert cells[2] == "9.06"
     assert cells[3] == f"{ds['mean_ratio']:.3f} [{ds['ci_low']:.2f}, {ds['ci_high']:.2f}]"
     assert cells[3].startswith("0.906 [0.8") and cells[4] == "100%"
-    assert cells[5] == "–"  # family f has no torchrec_full
+    peer = m["families"]["f"]["dreamshard"]["vs_torchrec_peer"]  # f has torchrec alone: the peer is it
+    assert m["families"]["f"]["torchrec_peer"] == "torchrec"
+    assert cells[5] == f"{peer['mean_ratio']:.3f} [{peer['ci_low']:.2f}, {peer['ci_high']:.2f}]"
     assert cells[6] == "1.812" and cells[7] == "2.0"
     assert "| f | size_greedy (best heuristic) | 10.00 | 1.000 [1.00, 1.00] | 50% |" in md
     g = m["families"]["g"]["dreamshard"]
-    b, t = g["vs_best_heuristic"], g["vs_torchrec_full"]
+    b, t = g["vs_best_heuristic"], g["vs_torchrec_peer"]  # the peer: the TorchRec planner of lower mean cost there
+    assert t == g[f"vs_{m['families']['g']['torchrec_peer']}"]
     assert b["mean_ratio"] == pytest.approx((1.05 + 10 / 11 + 9.5 / 9) / 3)  # per-task ratios, then the mean
     assert (f"| g | dreamshard | 10.00 | {b['mean_ratio']:.3f} [{b['ci_low']:.2f}, {b['ci_high']:.2f}] | 33% | "
             f"{t['mean_ratio']:.3f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}] | 2.000 | 2.0 |") in md
@@ -78,7 +81,7 @@ def test_eval_markdown_legend_and_verdicts():
     assert "- g: no sharder is distinguishable from the best heuristic (`size_greedy`)." in md
     # without rounds in the metrics, no sentence about them; torchrec alone is the TorchRec column
     plain = eval_markdown(metrics(FRAME[FRAME["algorithm"] != "torchrec_full"]))
-    assert "rounds" not in plain and "vs TorchRec (`torchrec`, 95% CI)" in plain
+    assert "rounds" not in plain and "vs the TorchRec peer (95% CI)" in plain
     assert "(seed 7)" in plain
     # a family without any heuristic says so
     none = eval_markdown(metrics(pd.concat([FRAME, results({"dreamshard": [1.0], "torchrec": [2.0]}, "h")])))
