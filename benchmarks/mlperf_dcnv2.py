@@ -1,7 +1,7 @@
 """The MLPerf DLRM-DCNv2 model planned by TorchRec's planner and by every sharder of ours, judged by TorchRec.
 
     python -m benchmarks.mlperf_dcnv2 [--out results/mlperf_dcnv2] [--models DIR] [--batch-sizes 512,65536]
-                                      [--ranks 8] [--hbm-gib 16]
+                                      [--ranks 8] [--gpus-per-host N] [--hbm-gib 16] [--ours A,B]
 
 The model is TorchRec's `DLRM_DCN` on the meta device with MLPerf's Criteo 1TB configuration (26 tables of dim
 128, up to 40M rows, multi-hot pooling factors as constraints). Each planner gets the same topology, batch size
@@ -51,10 +51,12 @@ def constraints(min_partition: int | None = None) -> dict:
             for i, h in enumerate(MULTI_HOT)}
 
 
-def topology(ranks: int, hbm_gib: float):
+def topology(ranks: int, hbm_gib: float, per_host: int | None = None):
+    """`ranks` GPUs of `hbm_gib` each, `per_host` to a host (None: one host), TorchRec's default links."""
     from torchrec.distributed.planner import Topology
 
-    return Topology(world_size=ranks, local_world_size=ranks, compute_device="cuda", hbm_cap=int(hbm_gib * GIB))
+    return Topology(world_size=ranks, local_world_size=per_host or ranks, compute_device="cuda",
+                    hbm_cap=int(hbm_gib * GIB))
 
 
 def usable_hbm(topo, batch_size: int) -> list[int]:
@@ -92,13 +94,14 @@ def torchrec_row(topo, batch_size: int, usable: list[int], min_partition: int | 
 
 
 def ours_row_limited(ranks: int, hbm_gib: float, batch_size: int, usable: list[int], algo: str,
-                     models: Path | None, limit_s: float) -> dict[str, Any]:
+                     models: Path | None, limit_s: float, per_host: int | None = None) -> dict[str, Any]:
     """ours_row in a process of its own, stopped after `limit_s` seconds."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_ours_in_process, args=(queue, ranks, hbm_gib, batch_size, usable, algo, models))
+    proc = ctx.Process(target=_ours_in_process,
+                       args=(queue, ranks, hbm_gib, batch_size, usable, algo, models, per_host))
     start = time.perf_counter()
     proc.start()
     proc.join(limit_s)
@@ -112,11 +115,11 @@ def ours_row_limited(ranks: int, hbm_gib: float, batch_size: int, usable: list[i
     return queue.get()
 
 
-def _ours_in_process(queue, ranks, hbm_gib, batch_size, usable, algo, models) -> None:
+def _ours_in_process(queue, ranks, hbm_gib, batch_size, usable, algo, models, per_host=None) -> None:
     from dreamshard.project.torchrec import quiet_torchrec
 
     with quiet_torchrec():
-        queue.put(ours_row(topology(ranks, hbm_gib), batch_size, usable, algo, models))
+        queue.put(ours_row(topology(ranks, hbm_gib, per_host), batch_size, usable, algo, models))
 
 
 def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path | None) -> dict[str, Any]:
@@ -162,19 +165,20 @@ def row(name: str, seconds: float, hbm: list[int], usable: list[int], perf_ms: f
 
 
 def run(batch_sizes: list[int], ranks: int, hbm_gib: float, models: Path | None,
-        limit_s: float = 120.0) -> dict[str, Any]:
+        limit_s: float = 120.0, per_host: int | None = None, ours: tuple[str, ...] = OURS) -> dict[str, Any]:
     from dreamshard.project.torchrec import quiet_torchrec
 
-    out: dict[str, Any] = {"ranks": ranks, "hbm_gib": hbm_gib, "tables": len(ROWS), "dim": DIM,
+    out: dict[str, Any] = {"ranks": ranks, "gpus_per_host": per_host or ranks, "hbm_gib": hbm_gib,
+                           "tables": len(ROWS), "dim": DIM,
                            "total_weights_gib": sum(ROWS) * DIM * 4 / GIB, "optimizer": "none attached (TorchRec "
                            "counts no state; ours: exact_sgd)", "runs": []}
     for batch in batch_sizes:
-        topo = topology(ranks, hbm_gib)
+        topo = topology(ranks, hbm_gib, per_host)
         with quiet_torchrec():
             usable = usable_hbm(topo, batch)
-            rows = [torchrec_row(topology(ranks, hbm_gib), batch, usable, None),
-                    torchrec_row(topology(ranks, hbm_gib), batch, usable, 64)]
-        rows += [ours_row_limited(ranks, hbm_gib, batch, usable, algo, models, limit_s) for algo in OURS]
+            rows = [torchrec_row(topology(ranks, hbm_gib, per_host), batch, usable, None),
+                    torchrec_row(topology(ranks, hbm_gib, per_host), batch, usable, 64)]
+        rows += [ours_row_limited(ranks, hbm_gib, batch, usable, algo, models, limit_s, per_host) for algo in ours]
         base = rows[0]["max_rank_perf_ms"]
         for r in rows:
             if "max_rank_perf_ms" in r:
@@ -186,7 +190,9 @@ def run(batch_sizes: list[int], ranks: int, hbm_gib: float, models: Path | None,
 
 
 def readme(summary: dict[str, Any], command: str) -> str:
-    lines = [f"# MLPerf DLRM-DCNv2 on {summary['ranks']} x {summary['hbm_gib']:g} GiB, judged by TorchRec",
+    hosts = summary["ranks"] // summary.get("gpus_per_host", summary["ranks"])
+    where = f" ({hosts} hosts x {summary['gpus_per_host']})" if hosts > 1 else ""
+    lines = [f"# MLPerf DLRM-DCNv2 on {summary['ranks']} x {summary['hbm_gib']:g} GiB{where}, judged by TorchRec",
              "", f"Command: `{command}`. Written by `benchmarks/mlperf_dcnv2.py`; every figure is TorchRec's own "
              "estimate (storage and perf models), not a measurement.", "",
              f"{summary['tables']} tables of dim {summary['dim']}, {summary['total_weights_gib']:.1f} GiB of fp32 "
@@ -217,11 +223,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=Path, help="folder of checkpoints: neuroshard.pt, dreamshard.pt")
     ap.add_argument("--batch-sizes", default="512,65536")
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--gpus-per-host", type=int, help="GPUs per host, TorchRec's local_world_size (default: one host "
+                    "of all ranks)")
     ap.add_argument("--hbm-gib", type=float, default=16.0)
+    ap.add_argument("--ours", default=",".join(OURS), help="our planners to run (comma-separated)")
     ap.add_argument("--time-limit", type=float, default=120.0, help="seconds each of our planners may take")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",") if b]
-    summary = run(batches, args.ranks, args.hbm_gib, args.models, args.time_limit)
+    ours = tuple(a for a in args.ours.split(",") if a)
+    unknown = sorted(set(ours) - set(OURS))
+    if unknown:
+        raise SystemExit(f"mlperf_dcnv2: --ours: unknown planner(s) {', '.join(unknown)}; expected some of {', '.join(OURS)}")
+    if args.gpus_per_host is not None and (args.gpus_per_host < 1 or args.ranks % args.gpus_per_host):
+        raise SystemExit(f"mlperf_dcnv2: --gpus-per-host {args.gpus_per_host}: expected a divisor of --ranks {args.ranks}")
+    summary = run(batches, args.ranks, args.hbm_gib, args.models, args.time_limit, args.gpus_per_host, ours)
     command = "python -m benchmarks.mlperf_dcnv2 " + " ".join(argv if argv is not None else sys.argv[1:])
     summary["command"] = command
     from dreamshard.project.domain import write_text
