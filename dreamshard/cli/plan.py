@@ -135,7 +135,7 @@ def sharding_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def sharder_options(args: argparse.Namespace) -> dict:
+def sharder_options(args: argparse.Namespace, num_devices: int) -> dict:
     """The options of `--algo` from the command line; one it does not take is an error."""
     s = spec(args.algo)
     given = {"seed": args.seed, "samples": args.samples, "model": args.model, "time_limit": args.time_limit}
@@ -155,8 +155,8 @@ def sharder_options(args: argparse.Namespace) -> dict:
         options[name] = load_model(args.algo, value) if name == "model" else value
         if name == "model":
             check_model_hardware(args, options[name])
-    if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at
-        options["batch_size"] = args.batch_size
+    if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at:
+        options["batch_size"] = args.batch_size * num_devices  # per device here; our sharders take the global one
     return options
 
 
@@ -383,7 +383,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = list(task.tables)
     check_samples(args.samples, len(tables))
     check_search_scale(args.algo, len(tables), task.num_devices, args.time_limit is not None)
-    options = sharder_options(args)
+    options = sharder_options(args, task.num_devices)
     sharder = make_sharder(args.algo, **options)
     replanned = replan_of(args, task, sharder) if args.previous is not None else None
     plan = sharder.shard(task) if replanned is None else replanned[0]

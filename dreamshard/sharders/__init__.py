@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dreamshard.errors import DataFormatError
-from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan
 from dreamshard.sharders.heuristics import GREEDY_KEYS, GreedySharder, RandomSharder
 from dreamshard.tasks import Task
@@ -139,7 +138,7 @@ def _torchrec_model(batch_size: int | None = None, time_limit: float | None = No
 
 
 def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
-    def factory(batch_size: int = DEFAULT_BATCH_SIZE, sharding_types: tuple[str, ...] | None = None,
+    def factory(batch_size: int | None = None, sharding_types: tuple[str, ...] | None = None,
                 time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None,
                 min_partition: bool = False) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
@@ -149,7 +148,7 @@ def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
     return factory
 
 
-def _torchrec_calibrated(calibration: Any = None, batch_size: int = DEFAULT_BATCH_SIZE,
+def _torchrec_calibrated(calibration: Any = None, batch_size: int | None = None,
                          time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None) -> Sharder:
     from dreamshard.interop.calibration import PerfCalibration
     from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning

@@ -31,7 +31,9 @@ HOST_WISE = ("table_row_wise", GRID)
 class TorchRecSharder:
     name: str = "torchrec"
     full_search: bool = False
-    batch_size: int = DEFAULT_BATCH_SIZE  # the global batch (backend.batch_size); TorchRec is given it per rank
+    # the global batch (backend.batch_size), given to TorchRec per rank; None: the task's memory model's batch per
+    # device (TorchRec's 512 by default)
+    batch_size: int | None = None
     sharding_types: tuple[str, ...] | None = None  # full search only: restrict to these (None: all)
     # seconds: TorchRec's own timeout_seconds, after which its planner rates no more proposals and keeps the best
     # found (whole seconds, at least 1; None: every proposal)
@@ -46,7 +48,7 @@ class TorchRecSharder:
     calibration: Any = None
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
+        if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"sharder {self.name!r}: batch_size must be >= 1, got {self.batch_size}")
         if self.time_limit is not None and not self.time_limit > 0:
             raise ValueError(f"sharder {self.name!r}: time_limit must be > 0 seconds, got {self.time_limit}")
@@ -104,7 +106,8 @@ class TorchRecSharder:
         with tx.quiet_torchrec():
             topo = tx.topology(task, self.links, self.hbm_gbps)
             constraints = tx.table_constraints(task, per_table, min_partition=self.min_partition)
-            batch = tx.per_rank_batch(task, self.batch_size)
+            batch = tx.per_rank_batch(task, self.batch_size) if self.batch_size is not None else \
+                task.memory.batch_size or DEFAULT_BATCH_SIZE
             planner = EmbeddingShardingPlanner(
                 topology=topo,
                 batch_size=batch,
@@ -146,9 +149,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())  # TorchRec's messages span many indented lines
 
 
-def make(name: str, full_search: bool, batch_size: int = DEFAULT_BATCH_SIZE,
+def make(name: str, full_search: bool, batch_size: int | None = None,
          sharding_types: Sequence[str] | None = None, time_limit: float | None = None, links: Any = None,
          hbm_gbps: float | None = None, min_partition: bool = False, calibration: Any = None) -> TorchRecSharder:
-    return TorchRecSharder(name, full_search, int(batch_size),
+    return TorchRecSharder(name, full_search, None if batch_size is None else int(batch_size),
                            tuple(sharding_types) if sharding_types is not None else None, time_limit, links,
                            None if hbm_gbps is None else float(hbm_gbps), bool(min_partition), calibration)

@@ -160,6 +160,27 @@ def test_torchrec_is_told_the_cluster_our_cost_prices(monkeypatch):
     assert "table_row_wise" in sharder.types_for(random_task(10, 8))
 
 
+def test_the_plan_commands_batch_is_per_device_as_torchrec_reads_it(tmp_path, monkeypatch):
+    """`dreamshard plan --batch-size B` counts B samples per device: TorchRec's planner is given B per rank, not
+    B / devices (our sharders take the global batch, B x devices, and hand TorchRec its share)."""
+    import torchrec.distributed.planner as tp
+
+    seen = []
+    real = tp.EmbeddingShardingPlanner
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tp, "EmbeddingShardingPlanner", spy)
+    tables_csv = tmp_path / "tables.csv"
+    pd.DataFrame({"name": ["a", "b", "c"], "rows": [1000, 500, 100], "dim": [64, 48, 16],
+                  "pooling_factor": [3.0, 2.0, 1.0]}).to_csv(tables_csv, index=False)
+    main(["plan", "--tables", str(tables_csv), "--devices", "4", "--memory-gb", "1", "--algo", "torchrec_full",
+          "--batch-size", "1024", "-o", str(tmp_path / "plan.json")])
+    assert seen == [1024]
+
+
 def test_100_tables_on_8_devices():
     task = random_task(100, 8)
     plan = make_sharder("torchrec").shard(task)
