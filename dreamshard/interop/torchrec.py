@@ -143,10 +143,13 @@ def topology(task: Task, links: Topology | None = None, hbm_gbps: float | None =
     return _topology(task, local_size_of(task) if links is None else peer_local_size(task, links), bandwidths)
 
 
+@functools.lru_cache(maxsize=8)
 def topology_from(task: Task, given):
     """The task's TorchRec topology with the hosts and bandwidths of TorchRec's Topology `given` (a user's, e.g.
     DreamShardPlanner's): its GPUs per host, intra- and inter-host and memory bandwidth, on the compute device our
-    ratings use (COMPUTE_DEVICE, whatever `given` trains on), each rank's memory the task's."""
+    ratings use (COMPUTE_DEVICE, whatever `given` trains on), each rank's memory the task's. One object per (task,
+    `given`): a plan rated on it by a sharder and checked by the planner is estimated once (torchrec_perf_estimate
+    keeps ratings by topology object; a read-only use: rating, never planning)."""
     return _topology(task, given.local_world_size, {"intra_host_bw": given.intra_host_bw,
                                                     "inter_host_bw": given.inter_host_bw,
                                                     "hbm_mem_bw": given.hbm_mem_bw})
@@ -190,6 +193,12 @@ def per_rank_batch(task: Task, batch_size: int) -> int:
     """TorchRec's batch size (per rank) from ours: `batch_size` is the global batch, the samples every table's
     operator reads in a step (backend.batch_size), split over the task's ranks (at least 1)."""
     return max(1, int(batch_size) // task.num_devices)
+
+
+def torchrec_batch(task: Task, batch_size: int | None) -> int:
+    """The batch TorchRec's planner and perf model are given for the task: our global `batch_size` per rank
+    (per_rank_batch), or, without one, the task's memory model's batch per device (TorchRec's 512 by default)."""
+    return per_rank_batch(task, batch_size) if batch_size else task.memory.batch_size or DEFAULT_BATCH_SIZE
 
 
 def table_constraints(task: Task, sharding_types: Mapping[str, list[str] | None],

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from dreamshard.errors import InfeasibleTaskError
-from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.placement import Rules, by_least_load, find_feasible_assignment, place_items, place_tables
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders.pieces import (
@@ -201,12 +200,9 @@ class TorchRecModelSharder:
         return topology(task, self.links, self.hbm_gbps) if self.links or self.hbm_gbps else None
 
     def _batch(self, task: Task) -> int:
-        """TorchRec's per-rank batch: from the global one given, else the task's memory model's (per device)."""
-        from dreamshard.interop.torchrec import per_rank_batch
+        from dreamshard.interop.torchrec import torchrec_batch
 
-        if self.batch_size:
-            return per_rank_batch(task, self.batch_size)
-        return task.memory.batch_size or DEFAULT_BATCH_SIZE
+        return torchrec_batch(task, self.batch_size)
 
     def shard(self, task: Task) -> Plan:
         from dreamshard.interop.torchrec import torchrec_perf_estimate

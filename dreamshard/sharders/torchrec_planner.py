@@ -14,7 +14,6 @@ from typing import Any
 
 from dreamshard.errors import DreamShardError, InfeasibleTaskError
 from dreamshard.interop.torchrec import COLUMN_WISE, TABLE_WISE
-from dreamshard.memory import DEFAULT_BATCH_SIZE
 from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
@@ -106,8 +105,7 @@ class TorchRecSharder:
         with tx.quiet_torchrec():
             topo = tx.topology(task, self.links, self.hbm_gbps)
             constraints = tx.table_constraints(task, per_table, min_partition=self.min_partition)
-            batch = tx.per_rank_batch(task, self.batch_size) if self.batch_size is not None else \
-                task.memory.batch_size or DEFAULT_BATCH_SIZE
+            batch = tx.torchrec_batch(task, self.batch_size)
             planner = EmbeddingShardingPlanner(
                 topology=topo,
                 batch_size=batch,
