@@ -8,6 +8,7 @@ Communication stays TorchRec's, told our links (`interop.torchrec.topology`).
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,11 +18,11 @@ import numpy as np
 import pandas as pd
 
 from dreamshard.errors import DreamShardError
-from dreamshard.plan import Plan, Shard, validate_plan
+from dreamshard.plan import Plan, validate_plan
 from dreamshard.tasks import Task
 
-COLUMNS = ("plan_id", "task_id", "device", "tables", "col_starts", "col_ends", "row_starts", "row_ends", "fwd_ms",
-           "bwd_ms")
+PLAN_COLUMNS = ("plan_id", "task_id", "num_devices", "shards")  # the collect stage's plans frame
+DEVICE_COLUMNS = ("plan_id", "device", "fwd_ms", "bwd_ms")  # and its devices frame
 
 
 @dataclass(frozen=True)
@@ -47,40 +48,37 @@ class PerfCalibration:
                 "mape_before": self.mape_before, "mape_after": self.mape_after}
 
 
-def plans_of_rows(rows: pd.DataFrame, tasks: Mapping[str, Task]) -> list[tuple[Task, Plan, pd.DataFrame]]:
-    """The collected plans the rows (one per measured device, collect's columns) describe, each with its task and
-    its rows; a plan whose task is not in `tasks` is an error, one that does not rebuild into a valid plan too."""
-    missing = [c for c in COLUMNS if c not in rows.columns]
-    if missing:
-        raise DreamShardError(f"calibration: the collected rows lack column(s) {', '.join(missing)}")
+def plans_of_rows(plans: pd.DataFrame, devices: pd.DataFrame,
+                  tasks: Mapping[str, Task]) -> list[tuple[Task, Plan, pd.DataFrame]]:
+    """The collected plans (the plans frame: each plan's shards as collect recorded them) with their tasks and
+    their measured devices' rows; a plan whose task is not in `tasks` is an error, as is a missing column."""
+    for frame, columns, what in ((plans, PLAN_COLUMNS, "plans"), (devices, DEVICE_COLUMNS, "device rows")):
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise DreamShardError(f"calibration: the collected {what} lack column(s) {', '.join(missing)}")
+    by_plan = {plan_id: g for plan_id, g in devices.groupby("plan_id", sort=False)}
     out = []
-    for plan_id, g in rows.groupby("plan_id", sort=False):
-        task_id = str(g["task_id"].iloc[0])
-        if task_id not in tasks:
-            raise DreamShardError(f"calibration: plan {plan_id} is of task {task_id!r}, not among the tasks given")
-        task = tasks[task_id]
-        rows_of = {t.name: t.rows for t in task.tables}
-        shards = []
-        for r in g.itertuples():
-            for name, c0, c1, r0, r1 in zip(r.tables, r.col_starts, r.col_ends, r.row_starts, r.row_ends):
-                whole = int(r0) == 0 and int(r1) == rows_of[str(name)]
-                shards.append(Shard(str(name), int(r.device), int(c0), int(c1), *((0, None) if whole else
-                                                                                    (int(r0), int(r1)))))
-        plan = Plan(task.num_devices, tuple(shards))
+    for r in plans.itertuples():
+        if r.task_id not in tasks:
+            raise DreamShardError(f"calibration: plan {r.plan_id} is of task {r.task_id!r}, not among the tasks given")
+        task = tasks[r.task_id]
+        plan = Plan.from_dict({"num_devices": int(r.num_devices), "shards": json.loads(r.shards)},
+                              f"collected plan {r.plan_id}")
         validate_plan(task, plan)
-        out.append((task, plan, g))
+        out.append((task, plan, by_plan.get(r.plan_id, devices.iloc[:0])))
     return out
 
 
-def fit_calibration(tasks: Mapping[str, Task], rows: pd.DataFrame, batch_size: int, links: Any = None,
-                    hbm_gbps: float | None = None) -> PerfCalibration:
-    """Fit the factors to the collected `rows` of `tasks` (task name -> Task) measured at the global `batch_size`,
-    TorchRec told `links` and `hbm_gbps` as the peer is (interop.torchrec.topology)."""
+def fit_calibration(tasks: Mapping[str, Task], plans: pd.DataFrame, devices: pd.DataFrame, batch_size: int,
+                    links: Any = None, hbm_gbps: float | None = None) -> PerfCalibration:
+    """Fit the factors to the collected `plans` and their measured `devices` (the collect stage's frames) of
+    `tasks` (task name -> Task), measured at the global `batch_size`, TorchRec told `links` and `hbm_gbps` as the
+    peer is (interop.torchrec.topology)."""
     from dreamshard.interop.torchrec import _table_shards, per_rank_batch, plan_caches, quiet_torchrec, shard_estimates, topology
 
     samples: list[tuple[dict[str, float], dict[str, float], float, float]] = []  # per device: est fwd, bwd; meas
     with quiet_torchrec():
-        for task, plan, g in plans_of_rows(rows, tasks):
+        for task, plan, g in plans_of_rows(plans, devices, tasks):
             options = shard_estimates(task, _table_shards(task, plan), per_rank_batch(task, batch_size),
                                       plan_caches(task, plan), topology(task, links, hbm_gbps))
             fwd: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))

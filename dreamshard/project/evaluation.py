@@ -76,12 +76,14 @@ def torchrec_calibration(params: dict[str, Any], batch_size: int, links: Any = N
 
     from dreamshard.interop.calibration import fit_calibration
 
-    costs = Path(section(params, "paths.costs")) / "devices.parquet"
-    if not costs.exists():
-        raise ParamsError(f"params.yaml: evaluate.sharders: torchrec_calibrated is fitted to {costs}, which does not "
-                          "exist: run the collect stage first")
+    costs = Path(section(params, "paths.costs"))
+    for name in ("plans.parquet", "devices.parquet"):
+        if not (costs / name).exists():
+            raise ParamsError(f"params.yaml: evaluate.sharders: torchrec_calibrated is fitted to {costs / name}, which "
+                              "does not exist: run the collect stage first")
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
-    return fit_calibration({t.name: t for t in tasks}, pd.read_parquet(costs), batch_size, links, hbm_gbps)
+    return fit_calibration({t.name: t for t in tasks}, pd.read_parquet(costs / "plans.parquet"),
+                           pd.read_parquet(costs / "devices.parquet"), batch_size, links, hbm_gbps)
 
 
 def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | None = None,

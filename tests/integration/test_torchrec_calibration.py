@@ -4,6 +4,7 @@ The oracle: devices whose "measurements" are known multiples of TorchRec's own c
 the fit must find those multiples from collect-format rows, and the calibrated planner must plan with them."""
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -42,8 +43,9 @@ def task_of(seed: int) -> Task:
     return Task.uniform(f"train/f/{seed:04d}", tables, 4, 1.0)
 
 
-def rows_of(task: Task, plan, plan_id: str) -> list[dict]:
-    """Collect-format rows of `plan`, each device "measured" as TRUE's multiples of TorchRec's estimates."""
+def rows_of(task: Task, plan, plan_id: str) -> tuple[dict, list[dict]]:
+    """Collect-format rows of `plan` (its plan row, its device rows), each device "measured" as TRUE's multiples of
+    TorchRec's estimates."""
     with quiet_torchrec():
         options = shard_estimates(task, _table_shards(task, plan), per_rank_batch(task, BATCH),
                                   plan_caches(task, plan), topology(task))
@@ -53,32 +55,29 @@ def rows_of(task: Task, plan, plan_id: str) -> list[dict]:
             f, b = TRUE[o.sharding_type]
             fwd[s.rank] += f * s.perf.fwd_compute
             bwd[s.rank] += b * s.perf.bwd_compute
-    rows = {t.name: t.rows for t in task.tables}
-    out = []
-    for d in range(task.num_devices):
-        shards = plan.device_shards(d)
-        out.append({"plan_id": plan_id, "task_id": task.name, "device": d, "tables": [s.table for s in shards],
-                    "col_starts": [s.col_start for s in shards], "col_ends": [s.col_end for s in shards],
-                    "row_starts": [s.rows(rows[s.table])[0] for s in shards],
-                    "row_ends": [s.rows(rows[s.table])[1] for s in shards], "fwd_ms": fwd[d], "bwd_ms": bwd[d]})
-    return out
+    plan_row = {"plan_id": plan_id, "task_id": task.name, "num_devices": task.num_devices,
+                "shards": json.dumps(plan.to_dict()["shards"])}
+    return plan_row, [{"plan_id": plan_id, "device": d, "fwd_ms": fwd[d], "bwd_ms": bwd[d]}
+                      for d in range(task.num_devices)]
 
 
-def collected() -> tuple[dict[str, Task], pd.DataFrame]:
-    tasks, rows = {}, []
+def collected() -> tuple[dict[str, Task], pd.DataFrame, pd.DataFrame]:
+    tasks, plans, devices = {}, [], []
     for seed in range(4):
         task = task_of(seed)
         tasks[task.name] = task
         plan = make_sharder("size_lookup_greedy").shard(task)
-        rows += rows_of(task, plan, f"p{seed}")
         # the same plan with its two largest tables cut row-wise: devices mixing both kinds
         big = sorted(task.tables, key=lambda t: -t.rows)[:2]
         shards = [s for s in plan.shards if s.table not in {t.name for t in big}]
         shards += [s for t in big for s in row_wise_shards(t, task.num_devices)]
         cut = type(plan)(plan.num_devices, tuple(shards))
         validate_plan(task, cut)
-        rows += rows_of(task, cut, f"r{seed}")
-    return tasks, pd.DataFrame(rows)
+        for plan_id, p in ((f"p{seed}", plan), (f"r{seed}", cut)):
+            plan_row, device_rows = rows_of(task, p, plan_id)
+            plans.append(plan_row)
+            devices += device_rows
+    return tasks, pd.DataFrame(plans), pd.DataFrame(devices)
 
 
 def test_relative_nnls_finds_known_factors_and_never_prices_a_kind_at_nothing():
@@ -90,16 +89,16 @@ def test_relative_nnls_finds_known_factors_and_never_prices_a_kind_at_nothing():
 
 
 def test_the_fit_recovers_each_kinds_multiples_from_collected_rows():
-    tasks, rows = collected()
-    cal = fit_calibration(tasks, rows, BATCH)
+    tasks, plans, devices = collected()
+    cal = fit_calibration(tasks, plans, devices, BATCH)
     for kind, (f, b) in TRUE.items():
         assert cal.factors()[kind] == pytest.approx((f, b), rel=1e-6)
-    assert cal.mape_after < 1e-6 < cal.mape_before and cal.devices == len(rows)
+    assert cal.mape_after < 1e-6 < cal.mape_before and cal.devices == len(devices)
 
 
 def test_the_calibrated_planner_plans_validly_with_the_fitted_compute():
-    tasks, rows = collected()
-    cal = fit_calibration(tasks, rows, BATCH)
+    tasks, plans, devices = collected()
+    cal = fit_calibration(tasks, plans, devices, BATCH)
     task = task_of(9)
     plan = make_sharder("torchrec_calibrated", calibration=cal, batch_size=BATCH).shard(task)
     validate_plan(task, plan)
@@ -116,11 +115,13 @@ def test_the_calibrated_planner_plans_validly_with_the_fitted_compute():
 
 
 def test_rows_of_an_unknown_task_or_without_a_column_are_refused():
-    tasks, rows = collected()
+    tasks, plans, devices = collected()
     with pytest.raises(DreamShardError, match="not among the tasks given"):
-        fit_calibration({}, rows, BATCH)
-    with pytest.raises(DreamShardError, match="lack column.s. fwd_ms"):
-        fit_calibration(tasks, rows.drop(columns=["fwd_ms"]), BATCH)
+        fit_calibration({}, plans, devices, BATCH)
+    with pytest.raises(DreamShardError, match="device rows lack column.s. fwd_ms"):
+        fit_calibration(tasks, plans, devices.drop(columns=["fwd_ms"]), BATCH)
+    with pytest.raises(DreamShardError, match="plans lack column.s. shards"):
+        fit_calibration(tasks, plans.drop(columns=["shards"]), devices, BATCH)
     with pytest.raises(ValueError, match="needs a calibration"):
         make_sharder("torchrec_calibrated")
-    assert isinstance(fit_calibration(tasks, rows.iloc[:4], BATCH), PerfCalibration)
+    assert isinstance(fit_calibration(tasks, plans.iloc[:1], devices, BATCH), PerfCalibration)
