@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.run_info import commit, machine
+
 GIB = 1024**3
 # MLPerf DLRM-DCNv2 (Criteo 1TB, max_ind_range 40M): rows per sparse feature and multi-hot sizes
 ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938, 155, 4,
@@ -192,8 +194,14 @@ def run(batch_sizes: list[int], ranks: int, hbm_gib: float, models: Path | None,
 def readme(summary: dict[str, Any], command: str) -> str:
     hosts = summary["ranks"] // summary.get("gpus_per_host", summary["ranks"])
     where = f" ({hosts} hosts x {summary['gpus_per_host']})" if hosts > 1 else ""
+    default = [f"{r['speedup_vs_torchrec']:.2f}x at batch {run_['batch_size']}" for run_ in summary["runs"]
+               for r in run_["rows"] if r["planner"] == "torchrec_model" and "speedup_vs_torchrec" in r]
+    answer = (f"**Answer.** `DreamShardPlanner()`'s default (`torchrec_model`) against TorchRec's plan, by TorchRec's "
+              f"perf model: {', '.join(default)}." if default else "**Answer.** `torchrec_model` was not run.")
     lines = [f"# MLPerf DLRM-DCNv2 on {summary['ranks']} x {summary['hbm_gib']:g} GiB{where}, judged by TorchRec",
-             "", f"Command: `{command}`. Written by `benchmarks/mlperf_dcnv2.py`; every figure is TorchRec's own "
+             "", answer, "", f"- **Commit, machine:** {summary.get('commit', 'unrecorded')}, "
+             f"{summary.get('machine', 'unrecorded')}.",
+             f"- **Command:** `{command}`. Written by `benchmarks/mlperf_dcnv2.py`; every figure is TorchRec's own "
              "estimate (storage and perf models), not a measurement.", "",
              f"{summary['tables']} tables of dim {summary['dim']}, {summary['total_weights_gib']:.1f} GiB of fp32 "
              f"weights; optimizer: {summary['optimizer']}.", ""]
@@ -239,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(batches, args.ranks, args.hbm_gib, args.models, args.time_limit, args.gpus_per_host, ours)
     command = "python -m benchmarks.mlperf_dcnv2 " + " ".join(argv if argv is not None else sys.argv[1:])
     summary["command"] = command
+    summary["commit"], summary["machine"] = commit(), machine()
     from dreamshard.project.domain import write_text
 
     args.out.mkdir(parents=True, exist_ok=True)
