@@ -5,13 +5,14 @@
 
 Each variant is `dreamshard_cut` (dreamshard/sharders/cuts.py) with some of its search turned off, planned
 with the pipeline's dreamshard checkpoint; beside them table-wise `dreamshard`, `neuroshard`,
-`size_lookup_greedy`, `lookup_greedy` and `torchrec_full`. On the first --tasks test tasks of each family,
+`size_lookup_greedy`, `lookup_greedy` and `torchrec_full`. On the first --tasks validation tasks of each family,
 every plan of a task is measured in one interleaved pass (hardware.base.measure_rounds, --rounds rounds,
 medians), with the pipeline's backend (params.yaml `backend`): CPU timings on the machine it runs on.
 Reported per variant: the mean of the paired ratios to torchrec_full with a 95% bootstrap interval over
 tasks, overall and per family, the tasks it cut tables in, and its median planning time. Needs `make run`'s
-data/ and models/ (or --root of a project that has them). --split train chooses settings on training tasks,
---split validation checks them on fresh draws of test-pool tables; the reported test tasks are left to evaluate.
+data/ and models/ (or --root of a project that has them). --split validation (the default) measures the tasks
+stage's validation tasks (the validation pool's tables: no model learned from them), --split train training
+tasks; the test pool is evaluate's alone (docs/tasks.md).
 Writes summary.json, README.md and tasks.csv (every task's cost per sharder, for pooling passes) to --out.
 """
 from __future__ import annotations
@@ -35,9 +36,6 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-VALIDATION_SEED_OFFSET = 1000
-
-
 def parse_variants(items: list[str]) -> dict[str, dict]:
     """NAME=JSON items (`--variant`) -> {name: CutConfig fields changed from params.yaml's cut_search}."""
     variants = {}
@@ -48,13 +46,11 @@ def parse_variants(items: list[str]) -> dict[str, dict]:
 
 
 def validation_tasks(params: dict) -> list:
-    """Each family's tasks drawn again from the test pool of tables (the tasks stage's pools, so no training
-    table), with another seed: tasks like the test tasks, none of them the reported ones."""
-    from dreamshard.project.tasks import sample_family, sampling_inputs, task_families
+    """The tasks stage's validation tasks (paths.tasks/validation.parquet): drawn as the test tasks are, from the
+    validation pool of tables, which no model learned from and evaluate never reports."""
+    from dreamshard.project.tasks import read_split
 
-    stats, pools, dims, memory, seed = sampling_inputs(params)
-    return [t for f in task_families(params)
-            for t in sample_family(stats, pools["test"], f, "test", dims, memory, seed + VALIDATION_SEED_OFFSET)]
+    return read_split(params, "validation")
 
 
 def project_at(root: Path) -> tuple[dict, object, object]:
@@ -78,10 +74,10 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="skip this many tasks of each family")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                         help='a variant instead of the built-in ones, e.g. \'deeper={"depth": 48}\' (repeatable)')
-    parser.add_argument("--split", default="test", choices=("test", "train", "validation"),
-                        help="train: choose settings on training tasks, never on the test tasks reported; validation: "
-                             "tasks drawn afresh from the test tables (seed tasks.seed + 1000), none of them reported")
-    parser.add_argument("--tasks", type=int, default=4, help="test tasks per family")
+    parser.add_argument("--split", default="validation", choices=("validation", "train"),
+                        help="validation: the validation pool's tasks; train: training tasks (the test pool is "
+                             "evaluate's alone)")
+    parser.add_argument("--tasks", type=int, default=4, help="tasks per family")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--passes", type=int, default=1,
                         help="measure every task's plans this many times over, one task after another each time: a "
@@ -95,17 +91,16 @@ def main() -> None:
     import torch
 
     from dreamshard.project.backend import backend_of
-    from dreamshard.project.domain import read_tasks
     from dreamshard.project.evaluation import bootstrap_ci
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.params import build
     from dreamshard.project.sharders import SearchConfig, load_model, make_sharder
+    from dreamshard.project.tasks import read_split
 
     torch.set_num_threads(1)
     params, model, base = project_at(args.root)
     paths = params["paths"]
-    tasks = validation_tasks(params) if args.split == "validation" else \
-        read_tasks(Path(paths["tasks"]) / f"{args.split}.parquet", paths["tables"])
+    tasks = read_split(params, args.split)
     variants = {"params": {}, **parse_variants(args.variant)} if args.variant else dict(VARIANTS)
     sharders = {name: make_sharder("dreamshard_cut", model=model, cuts=replace(base, **fields))
                 for name, fields in variants.items()}

@@ -4,7 +4,7 @@
                                       [--seed 0] [--tables 8-30] [--root .] [--smoke]
 
 Tasks: 2 devices, 8-30 tables (--tables) drawn from the training pool of the pipeline's synthetic tables (params
-`data.synthetic`, split as stage `tasks` splits them: `tasks.test_fraction`, `tasks.seed`; never a test-pool
+`data.synthetic`, split as stage `tasks` splits them: `tasks.*_fraction`, `tasks.seed`; never a test-pool
 table), each at a dim of `tasks.dims`, their statistics and recorded lookups made as stages download and process
 make them (first `process.sample_batch` samples). Tables of more than --max-rows rows are left out and a task's
 weights kept under --max-task-mb, so that every plan's DMP model fits in memory at once. Each device holds
@@ -193,8 +193,9 @@ class TrainPool:
         self.config = build(SyntheticConfig, section(params, "data.synthetic"), "data.synthetic")
         self.sample_batch = int(section(params, "process.sample_batch"))
         self.profiles = sample_table_profiles(self.config)
-        train, _ = split_table_pools(list(range(len(self.profiles))), float(section(params, "tasks.test_fraction")),
-                                     int(section(params, "tasks.seed")))
+        train = split_table_pools(list(range(len(self.profiles))), float(section(params, "tasks.test_fraction")),
+                                  int(section(params, "tasks.seed")),
+                                  float(section(params, "tasks.validation_fraction")))["train"]
         self.ids = [i for i in train if self.profiles[i].hash_size <= max_rows]
         self._made: dict[int, tuple[Any, Any]] = {}  # id -> (statistics, recorded requests)
 

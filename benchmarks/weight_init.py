@@ -2,7 +2,7 @@
 
     python -m benchmarks.weight_init [--params params.yaml] [--family dlrm-80-8] [--tasks 4] [--rounds 4]
 
-On the project's test tasks (the tasks stage's output), each device of `size_lookup_greedy`'s plan is measured
+On the project's validation tasks (the tasks stage's output), each device of `size_lookup_greedy`'s plan is measured
 with each `backend.fbgemm.weight_memory`: zeroed (FBGEMM's own buffer, every byte zeroed), fresh (a new buffer
 it does not zero) and reused (one buffer kept across builds), in a rotating order round by round. Prints each
 way's paired cost ratio over zeroed (median, and a 95% bootstrap interval of the mean over devices) and its wall
@@ -31,20 +31,20 @@ def main(argv: list[str] | None = None) -> None:
 
     huge_pages_from_params(args.params)  # before torch is imported
     from dreamshard.project.backend import backend_of
-    from dreamshard.project.domain import read_tasks
     from dreamshard.project.hardware import FbgemmBackend
-    from dreamshard.project.params import load_params, section
+    from dreamshard.project.params import load_params
     from dreamshard.project.sharders import make_sharder
+    from dreamshard.project.tasks import read_split
 
     params = load_params(args.params)
     base = backend_of(params)
     if not isinstance(base, FbgemmBackend) or base.config.device != "cpu":
         raise SystemExit("benchmarks.weight_init: needs backend.name fbgemm on cpu (params backend)")
     ways = {w: FbgemmBackend(base.lookups, dataclasses.replace(base.config, weight_memory=w)) for w in WAYS}
-    tasks = [t for t in read_tasks(f"{section(params, 'paths.tasks')}/test.parquet", section(params, "paths.tables"))
+    tasks = [t for t in read_split(params, "validation")
              if t.name.split("/")[1] == args.family][: args.tasks]
     if not tasks:
-        raise SystemExit(f"benchmarks.weight_init: no test task of family {args.family!r}")
+        raise SystemExit(f"benchmarks.weight_init: no validation task of family {args.family!r}")
     costs: dict[tuple, dict[str, float]] = {}
     wall = dict.fromkeys(ways, 0.0)
     for task in tasks:

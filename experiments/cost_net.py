@@ -3,7 +3,7 @@ the held-out plans measured again.
 
     python -m experiments.cost_net seeds [--root .] [--params params.yaml] [--seeds 5] [--variant NAME=JSON ...] \
         [--out seeds.json]
-    python -m experiments.cost_net device-error measure --out held_out_devices.parquet [--pools test] \
+    python -m experiments.cost_net device-error measure --out held_out_devices.parquet [--pools validation] \
         [--samples 240] [--max-tables 30] [--memory-cap-gb 1.0] [--seed 7] [--rounds 3] [--root .]
     python -m experiments.cost_net device-error score --devices held_out_devices.parquet models/cost_net.pt \
         OTHER.pt [--buckets 5] [--out scores.json] [--root .]
@@ -27,8 +27,8 @@ not a setting quietly unused. A different set of single devices is a variant wit
 `paths.single_devices`.
 
 `device-error measure` draws, per pool in `--pools`, `samples` random sets of 1..max_tables tables of the
-project's *test* pool (tables no model learned from) or *train* pool (new random sets of the training tables)
-at the configured dims, as the collect_devices stage draws its training samples
+project's *validation* pool (tables no model learned from; the test pool is evaluate's alone) or *train* pool
+(new random sets of the training tables) at the configured dims, as the collect_devices stage draws its training samples
 (`dreamshard.learning.devices.device_samples`, seed + the pool's position), and measures all of them as one
 fused operator each on the project's backend in `rounds` interleaved rounds (medians; every round kept in the
 rows, with the device and the pool). Measuring both pools in one pass separates what unseen tables cost the
@@ -254,7 +254,7 @@ def device_error_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--root", type=Path, default=Path("."), help="the project whose params, tables and tasks are used")
     ap.add_argument("--out", type=Path, default=None, help="measure: the devices' Parquet; score: a JSON summary")
     ap.add_argument("--devices", type=Path, default=None, help="score: the Parquet `measure` wrote")
-    ap.add_argument("--pools", default="test", help="measure: test and/or train, comma-separated")
+    ap.add_argument("--pools", default="validation", help="measure: validation and/or train, comma-separated")
     ap.add_argument("--samples", type=int, default=240, help="measure: devices per pool")
     ap.add_argument("--max-tables", type=int, default=30)
     ap.add_argument("--memory-cap-gb", type=float, default=1.0)
@@ -270,8 +270,8 @@ def check_device_error(ap: argparse.ArgumentParser, args: argparse.Namespace) ->
     if args.action == "score" and (args.devices is None or not args.models):
         ap.error("score needs --devices and at least one checkpoint")
     pools = [x for x in args.pools.split(",") if x]
-    if not pools or not set(pools) <= {"train", "test"} or len(set(pools)) < len(pools):
-        ap.error(f"--pools: expected test and/or train, got {args.pools!r}")
+    if not pools or not set(pools) <= {"train", "validation"} or len(set(pools)) < len(pools):
+        ap.error(f"--pools: expected validation and/or train, got {args.pools!r}")
     if min(args.samples, args.max_tables, args.rounds, args.buckets) < 1 or not args.memory_cap_gb > 0:
         ap.error("--samples, --max-tables, --rounds and --buckets must be >= 1 and --memory-cap-gb > 0")
     args.pool_names = pools
@@ -295,7 +295,7 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
 
     params = load_params("params.yaml")
     folder, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
-    tasks = {split: read_tasks(folder / f"{split}.parquet", tables) for split in ("train", "test")}
+    tasks = {split: read_tasks(folder / f"{split}.parquet", tables) for split in ("train", "validation")}
     if args.action == "measure":
         dims = [int(d) for d in section(params, "tasks.dims")]
         samples, pool_of = [], {}
@@ -305,7 +305,7 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
                 samples.append(DeviceSample(k * ID_STRIDE + s.index, s.tables))
                 pool_of[samples[-1].index] = name
         backend = backend_of(params)
-        rows = measure_samples(backend, samples, tasks["test"][0], {"seed": args.seed}, args.rounds)
+        rows = measure_samples(backend, samples, tasks["validation"][0], {"seed": args.seed}, args.rounds)
         for r in rows:
             r["pool"] = pool_of[r["sample"]]
         write_parquet(pa.Table.from_pylist(rows), args.out)
@@ -313,8 +313,8 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
               f"{backend.device_name()} -> {args.out}")
         return None
     frame = pd.read_parquet(args.devices)
-    if "pool" not in frame.columns or not set(frame["pool"]) <= {"train", "test"}:
-        raise DreamShardError(f"{args.devices}: column 'pool': expected train or test on every row (what "
+    if "pool" not in frame.columns or not set(frame["pool"]) <= {"train", "validation"}:
+        raise DreamShardError(f"{args.devices}: column 'pool': expected train or validation on every row (what "
                               "`measure` writes)")
     summary: dict[str, Any] = {"devices": str(args.devices_given), "device_name": str(frame["device_name"].iloc[0]),
                                "models": {}}

@@ -4,12 +4,11 @@ search the same way (`--variant`).
 
     python -m experiments.cut_gain [--root .] [--gains 0,0.01,0.02,0.03,0.05] [--rounds 3] [--out DIR]
     python -m experiments.cut_gain --variant 'off={"must_cut_share": 0}' --variant 'on={"must_cut_share": 1}' \
-        [--splits train,validation,test] [--root .] [--out DIR]
+        [--splits train,validation] [--root .] [--out DIR]
 
 Tasks never reported (`--splits`, default train,validation): the training tasks the evaluate stage does not
-report (it reports the first `evaluate.train_tasks_per_family` of each family) and the validation draws of
-`benchmarks.cut_designs` (fresh tasks of the test pool's tables, seed tasks.seed + 1000); `test` adds the test
-tasks, for a check after the choice.
+report (it reports the first `evaluate.train_tasks_per_family` of each family) and the tasks stage's validation
+tasks (the validation pool's tables). The test pool is evaluate's alone (docs/tasks.md).
 Each task is planned by `dreamshard_cut` with the project's `cut_search` at every gain (or with every
 `--variant`: CutConfig fields over the project's, the first the reference); where the plans differ, the distinct
 plans are measured in one interleaved pass (`measure_rounds`, `rounds` rounds, medians) on the project's
@@ -31,7 +30,7 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                         help='CutConfig fields over the project\'s, e.g. \'on={"must_cut_share": 1}\' (repeatable; the '
                              'first is the reference; instead of --gains)')
-    parser.add_argument("--splits", default="train,validation", help="comma-separated: train, validation, test")
+    parser.add_argument("--splits", default="train,validation", help="comma-separated: train, validation")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs/cut-gain"))
     args = parser.parse_args()
@@ -44,8 +43,8 @@ def main() -> None:
     if len(settings) < 2:
         parser.error("expected at least two gains or variants, the first the reference")
     splits = set(args.splits.split(","))
-    if not splits <= {"train", "validation", "test"}:
-        parser.error(f"--splits: expected train, validation or test, got {args.splits}")
+    if not splits <= {"train", "validation"}:
+        parser.error(f"--splits: expected train or validation, got {args.splits}")
     names = list(settings)
 
     from dreamshard.project.backend import huge_pages_from_params
@@ -55,24 +54,20 @@ def main() -> None:
     import torch
 
     from dreamshard.project.backend import backend_of
-    from dreamshard.project.domain import read_tasks
-    from dreamshard.project.evaluation import evaluated_tasks
+    from dreamshard.project.evaluation import reported_train_tasks
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.sharders import make_sharder
+    from dreamshard.project.tasks import read_split
 
     torch.set_num_threads(1)
     params, model, base = project_at(args.root)
-    paths = params["paths"]
     sharders = [make_sharder("dreamshard_cut", model=model, cuts=replace(base, **settings[n])) for n in names]
     tasks = []
     if "train" in splits:  # the training tasks the evaluate stage does not report
-        reported = {t.name for split, t in evaluated_tasks(params)[1] if split == "train"}
-        tasks += [("train", t) for t in read_tasks(Path(paths["tasks"]) / "train.parquet", paths["tables"])
-                  if t.name not in reported]
+        reported = {t.name for t in reported_train_tasks(params)}
+        tasks += [("train", t) for t in read_split(params, "train") if t.name not in reported]
     if "validation" in splits:
         tasks += [("validation", t) for t in validation_tasks(params)]
-    if "test" in splits:
-        tasks += [("test", t) for t in read_tasks(Path(paths["tasks"]) / "test.parquet", paths["tables"])]
     backend = backend_of(params)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -94,8 +89,8 @@ def main() -> None:
     command = " ".join(f"--variant '{v}'" for v in args.variant) if args.variant else f"--gains {args.gains}"
     lines = ["# `dreamshard_cut`'s settings: the plans they change, measured\n",
              f"{backend.device_name()}; {backend.versions()}; {sum(s == 'train' for s, _ in tasks)} training tasks "
-             f"(those evaluate does not report), {sum(s == 'validation' for s, _ in tasks)} validation draws and "
-             f"{sum(s == 'test' for s, _ in tasks)} test tasks; {args.rounds} interleaved rounds (medians). Command:\n",
+             f"(those evaluate does not report) and {sum(s == 'validation' for s, _ in tasks)} validation tasks; "
+             f"{args.rounds} interleaved rounds (medians). Command:\n",
              f"    python -m experiments.cut_gain {command} --splits {args.splits} --rounds {args.rounds} "
              f"--out {args.out}\n",
              f"| setting | tasks whose plan it changes (of {len(rows)}) | measured cost / cost at {names[0]}, "

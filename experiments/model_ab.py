@@ -4,16 +4,16 @@ measured in one interleaved pass, or a decoding's A/B read off an evaluation's j
     python -m experiments.model_ab --a models/dreamshard.pt,A1.pt,A2.pt --b B0.pt,B1.pt,B2.pt \
         [--sharder dreamshard_cut] [--a-decoding JSON] [--b-decoding JSON] \
         [--root .] [--rivals lookup_greedy,size_lookup_greedy] [--rounds 3] [--out ab.json] \
-        [--families dlrm-80-4:80:4:2.0:12,...] [--splits test,train] [--only dlrm-80-4,...] [--tasks-per-family N]
+        [--families dlrm-80-4:80:4:2.0:12,...] [--splits validation,train] [--only dlrm-80-4,...] [--tasks-per-family N]
     python -m experiments.model_ab --rows ab.jsonl [--rivals ...] [--root .] [--out ab.json]
     python -m experiments.model_ab --journal [--root RUN] [--sharder dreamshard] [--b-decoding JSON] [--out F]
 
 Two pipeline runs measured an hour apart differ by machine state as much as by code (the fusion ratio of
 one 2-core AMD EPYC read 1.03-1.54 in one run, 0.74-1.17 in the next), so comparing their metrics/eval.json
-cannot say what a training change did. This plans each of the evaluate stage's tasks (its test tasks and
-training tasks, `stages.evaluate.evaluated_tasks`) with every model of both groups (each group: models of
-one setting, e.g. policy seeds) and with the `rivals` heuristics, measures all those plans of a task in
-`rounds` interleaved rounds on the project's backend (`measure_rounds`: medians), and reports per
+cannot say what a training change did. This plans the tasks stage's validation tasks and the training tasks
+the evaluate stage reports (`reported_train_tasks`; the test pool is evaluate's alone) with every model of both
+groups (each group: models of one setting, e.g. policy seeds) and with the `rivals` heuristics, measures all
+those plans of a task in `rounds` interleaved rounds on the project's backend (`measure_rounds`: medians), and reports per
 family the groups' mean cost over the best rival, each model's, and the paired ratio group A / group B
 (per task: the mean over A's models over the mean over B's) with a 95% bootstrap interval over tasks.
 Each task's row is written to `--out` as measured (JSON lines beside the summary), labelled with the
@@ -23,9 +23,9 @@ models decode with the options of its `--a-decoding` / `--b-decoding`
 (evaluate.decoding's options of a sharder, e.g. '{"rivals": ["size_greedy", "lookup_greedy"]}'; default
 none): the same checkpoints in both groups measure what a decoding does.
 
-`--families` adds test-only families (name:tables:devices:memory_gb:tasks) drawn from the project's test
-pool as the tasks stage draws a family (`stages.tasks.family_tasks`: its seed, dims and memory model), e.g.
-more tables per device than any family of the profile; `--splits test` leaves the training tasks out.
+`--families` adds validation-only families (name:tables:devices:memory_gb:tasks) drawn from the project's
+validation pool as the tasks stage draws a family (`sample_family`: its seed, dims and memory model), e.g.
+more tables per device than any family of the profile; `--splits validation` leaves the training tasks out.
 `--only` and `--tasks-per-family` measure part of the stage's tasks (a few families, the first N tasks of
 each), e.g. the paper profile's, whose whole set takes hours. The summary also gives each group over each
 rival (paired per task, with its interval): e.g. DreamShard over TorchRec's planner with `--rivals ...,torchrec`.
@@ -34,7 +34,8 @@ rival (paired per task, with its interval): e.g. DreamShard over TorchRec's plan
 greedy heuristics' plans its cost network rates cheapest, and each of those plans was planned and measured by
 the evaluation (the heuristics are sharders of evaluate.sharders), so the variant's measured cost on a task is
 the measured cost of the plan it picks, read from the journal: the same measurement the other sharders are
-compared on. For every journaled task of the run in ROOT (params.yaml, its models, its evaluate journal), this
+compared on. For every journaled training task (never a test task: design does not read the test pool) of the
+run in ROOT (params.yaml, its models, its evaluate journal), this
 plans the task with `--sharder` decoding with `--b-decoding` (default: rivals, every greedy heuristic), finds
 its plan among the evaluated ones, and reports per family the paired ratio to the best heuristic (95%
 bootstrap interval, win rate) of the sharder as evaluated and of the variant, and how often the variant kept
@@ -58,17 +59,17 @@ if TYPE_CHECKING:
 
 def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], rivals: list[str],
                seed: int) -> dict[str, dict[str, Any]]:
-    """Per family (training tasks under "train:<family>", and every test task under "test"): tasks, each
+    """Per family (training tasks under "train:<family>", and every validation task under "validation"): tasks, each
     model's mean cost over the best rival, the groups' means, the paired ratio A / B, and each group over
     each rival, every paired ratio with its 95% bootstrap interval over tasks."""
     from dreamshard.project.evaluation import bootstrap_ci
 
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        key = r["family"] if r["split"] == "test" else f"train:{r['family']}"
+        key = r["family"] if r["split"] == "validation" else f"train:{r['family']}"
         groups.setdefault(key, []).append(r)
-        if r["split"] == "test":
-            groups.setdefault("test", []).append(r)
+        if r["split"] == "validation":
+            groups.setdefault("validation", []).append(r)
     out = {}
     for key, rs in groups.items():
         best = np.array([r["best_rival_ms"] for r in rs])
@@ -91,7 +92,8 @@ def group_rows(rows: list[dict[str, Any]], a: list[str], b: list[str], rivals: l
 
 
 def parse_families(text: str) -> list[Any]:
-    """TaskFamily objects (test only) from "name:tables:devices:memory_gb:tasks,..."; ValueError naming the bad one."""
+    """TaskFamily objects (validation only) from "name:tables:devices:memory_gb:tasks,..."; ValueError naming the bad
+    one."""
     from dreamshard.project.tasks import TaskFamily
 
     out = []
@@ -99,11 +101,11 @@ def parse_families(text: str) -> list[Any]:
         parts = item.split(":")
         try:
             name, tables, devices, memory_gb, count = parts
-            fam = TaskFamily(name, int(tables), int(devices), float(memory_gb), 0, int(count))
+            fam = TaskFamily(name, int(tables), int(devices), float(memory_gb), 0, 0, int(count))
         except ValueError:
             raise ValueError(f"--families: {item!r}: expected name:tables:devices:memory_gb:tasks, e.g. "
                              "dlrm-80-4:80:4:2.0:12") from None
-        if min(fam.num_tables, fam.num_devices, fam.num_test) < 1 or not fam.memory_gb > 0:
+        if min(fam.num_tables, fam.num_devices, fam.num_validation) < 1 or not fam.memory_gb > 0:
             raise ValueError(f"--families: {item!r}: tables, devices and tasks must be >= 1 and memory_gb > 0")
         out.append(fam)
     return out
@@ -117,7 +119,7 @@ def select_tasks(stage_splits: list[tuple[str, Any]], splits: set[str], only: se
     missing = only - {t.family for sp, t in stage_splits if sp in splits}
     if missing:
         raise ValueError(f"--only: no {'/'.join(sorted(splits))} tasks of {', '.join(sorted(missing))} among the "
-                         "evaluate stage's tasks")
+                         "validation and reported training tasks")
     seen: dict[tuple[str, str], int] = {}
     out = []
     for sp, t in stage_splits:
@@ -130,11 +132,13 @@ def select_tasks(stage_splits: list[tuple[str, Any]], splits: set[str], only: se
 
 
 def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
-    """The test tasks of `families`, drawn from the project's test pool as the tasks stage draws a family."""
+    """The validation tasks of `families`, drawn from the project's validation pool as the tasks stage draws a
+    family."""
     from dreamshard.project.tasks import sample_family, sampling_inputs
 
     stats, pools, dims, memory, seed = sampling_inputs(params)
-    return [t for fam in families for t in sample_family(stats, pools["test"], fam, "test", dims, memory, seed)]
+    return [t for fam in families
+            for t in sample_family(stats, pools["validation"], fam, "validation", dims, memory, seed)]
 
 
 def report(summary: dict[str, Any], out: Path | None) -> None:
@@ -213,7 +217,7 @@ def counterfactual(params: dict[str, Any], sharder: str,
     from dreamshard.project.domain import DreamShardError, Plan
     from dreamshard.project.evaluation import evaluation_setup
 
-    setup = evaluation_setup(params, measuring=False)
+    setup = evaluation_setup(params, measuring=False, test=False)  # design never reads the test pool
     sharders, journal, splits = setup.sharders, setup.journal, setup.splits
     rivals = list(decoding.get("rivals") or [])
     missing = sorted({sharder, *rivals} - {s.name for s in sharders})
@@ -251,7 +255,7 @@ def decoding_summary(frame: pd.DataFrame, sharder: str, variant: str, seed: int)
     from dreamshard.project.evaluation import family_summary
 
     out: dict[str, Any] = {}
-    for split in ("test", "train"):
+    for split in ("train",):
         part = frame[frame["split"] == split]
         if part.empty:
             continue
@@ -308,15 +312,17 @@ def main(argv: list[str] | None = None) -> int:
                                                    "(default: lookup_greedy,size_lookup_greedy)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write the rows (JSON lines) and the summary (JSON) here")
-    ap.add_argument("--families", default="", help="extra test-only families, name:tables:devices:memory_gb:tasks,...")
-    ap.add_argument("--splits", default="test,train", help="which of the evaluate stage's splits to measure")
-    ap.add_argument("--only", default="", help="of the evaluate stage's tasks, only these families (comma-separated; "
+    ap.add_argument("--families", default="",
+                    help="extra validation-only families, name:tables:devices:memory_gb:tasks,...")
+    ap.add_argument("--splits", default="validation,train",
+                    help="which splits to measure: validation tasks, the training tasks evaluate reports")
+    ap.add_argument("--only", default="", help="of those tasks, only these families (comma-separated; "
                                                "default: all)")
     ap.add_argument("--rows", type=Path, default=None,
                     help="summarise this rows file (JSON lines of an earlier pass) instead of measuring (with "
                          "--rivals, --root for evaluate.seed, --out)")
     ap.add_argument("--tasks-per-family", type=int, default=None,
-                    help="of the evaluate stage's tasks, the first N of each family and split (default: all)")
+                    help="of those tasks, the first N of each family and split (default: all)")
     ap.add_argument("--journal", action="store_true",
                     help="measure nothing: --sharder as evaluated (A) against it with --b-decoding (B), each plan's "
                          "cost read off ROOT's evaluate journal (with --root, --sharder, --b-decoding, --out)")
@@ -355,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         report(summary, args.out.resolve() if args.out else None)
         return 0
     splits_wanted = {x for x in args.splits.split(",") if x}
-    if not splits_wanted <= {"test", "train"}:
-        ap.error(f"--splits: expected test and/or train, got {args.splits!r}")
+    if not splits_wanted <= {"validation", "train"}:
+        ap.error(f"--splits: expected validation and/or train, got {args.splits!r}")
     try:
         families = parse_families(args.families)
     except ValueError as exc:
@@ -375,9 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(root)
     from dreamshard.project.backend import backend_of
     from dreamshard.project.domain import DreamShardError
-    from dreamshard.project.evaluation import evaluated_tasks
+    from dreamshard.project.evaluation import interleave_families, reported_train_tasks
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.params import load_params, section
+    from dreamshard.project.tasks import read_split
 
     if args.journal:
         try:
@@ -388,9 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params("params.yaml")
         backend = backend_of(params)
-        _, stage_splits = evaluated_tasks(params)
+        stage_splits = [("validation", t) for t in interleave_families(read_split(params, "validation"))] + \
+            [("train", t) for t in interleave_families(reported_train_tasks(params))]
         splits = select_tasks(stage_splits, splits_wanted, only, args.tasks_per_family)
-        splits += [("test", t) for t in extra_tasks(params, families)]
+        splits += [("validation", t) for t in extra_tasks(params, families)]
         names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]
         learned = args.sharder or "dreamshard"  # e.g. dreamshard_cut: DreamShard's checkpoints, searching cuts
         sharders = {name: sharder_of(params, learned, a_decoding if name[0] == "A" else b_decoding, path)

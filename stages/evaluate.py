@@ -26,6 +26,7 @@ from tqdm import tqdm
 from dreamshard.project.domain import Task, write_parquet, write_text
 from dreamshard.project.evaluation import (
     BOUND_USED,
+    TABLE_GROUP,
     FusionProbe,
     ImproveConfig,
     PlannedTask,
@@ -49,6 +50,7 @@ from dreamshard.project.evaluation import (
     plan_with,
     regime_of,
     result_row,
+    table_groups,
     with_ratios,
 )
 from dreamshard.project.params import ParamsError, build, section
@@ -164,6 +166,8 @@ def run(params: dict[str, Any]) -> None:
                                planner.plan([t for _, t in pending])))
             rows += journal.run(part, evaluate, lambda _s, _t, reused: None if reused else bar.update())
     results = pd.DataFrame(rows)
+    groups = table_groups(tasks)  # test tasks sharing tables resample together; a training task is its own group
+    results[TABLE_GROUP] = results["task"].map(lambda name: groups.get(name, name))
     out = Path(section(params, "paths.eval"))
     write_parquet(pa.Table.from_pandas(results, preserve_index=False), out / "results.parquet")
 
@@ -199,7 +203,7 @@ def run(params: dict[str, Any]) -> None:
                        "lower_bound": BOUND_USED[bound]},
         "rounds": int(cfg["rounds"]),
         "bound_probes": {"measured": len(probes.costs), "reused": probes.hits},
-        "bootstrap": bootstrap_meta(int(cfg["seed"])),
+        "bootstrap": bootstrap_meta(int(cfg["seed"]), grouped=True),
         "families": families,
         "train_families": train_families,
         "generalisation": with_ratios(generalisation(sharders, tasks), families, train_families),

@@ -12,14 +12,15 @@ Tables without bins get DEFAULT_ZIPF_ALPHA. Seeded per table name: reproducible.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from dreamshard.data.dlrm import TableProfile, generate_lookups, table_seed
-from dreamshard.errors import DataFormatError
 from dreamshard.data.requests import TableRequests
+from dreamshard.errors import DataFormatError
 from dreamshard.tables import Table, access_count_bins
 
 DEFAULT_ZIPF_ALPHA = 0.8

@@ -1,9 +1,9 @@
 """Each table's lookups (a sample of the batch) as the kernels consume them: data/requests.parquet."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa

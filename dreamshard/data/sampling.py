@@ -1,8 +1,8 @@
-"""Sampling train and test tasks from disjoint table pools."""
+"""Sampling train, validation and test tasks from disjoint table pools (docs/tasks.md)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,16 +23,43 @@ class TaskFamily:
     memory_gb: float
     num_train: int
     num_test: int
+    num_validation: int = 0
+
+    def count(self, split: str) -> int:
+        """How many tasks of `split` (one of POOLS) the family draws."""
+        return {"train": self.num_train, "validation": self.num_validation, "test": self.num_test}[split]
 
 
-def split_table_pools(table_ids: Sequence[int], test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Shuffle table ids with `seed` and cut them into disjoint (train, test) pools."""
+POOLS = ("train", "validation", "test")  # disjoint table pools: models learn from train, design reads validation,
+# only the evaluate stage reads test (tests/unit/test_pools.py holds it)
+# splits whose tasks are drawn in disjoint table blocks (sample_tasks), so that their intervals can respect shared tables
+GROUPED_SPLITS = ("validation", "test")
+
+
+def split_table_pools(table_ids: Sequence[int], test_fraction: float, seed: int,
+                      validation_fraction: float = 0.0) -> dict[str, list[int]]:
+    """Shuffle table ids with `seed` and cut them into disjoint pools {"train", "validation", "test"}: the first
+    `test_fraction` of the shuffled ids are test, the next `validation_fraction` validation, the rest train."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not 0.0 <= validation_fraction < 1.0 - test_fraction:
+        raise ValueError(f"validation_fraction must be in [0, 1 - test_fraction = {1 - test_fraction:g}), "
+                         f"got {validation_fraction}")
     ids = np.array(sorted(table_ids))
     np.random.default_rng(seed).shuffle(ids)
     n_test = int(round(len(ids) * test_fraction))
-    return sorted(ids[n_test:].tolist()), sorted(ids[:n_test].tolist())
+    n_val = int(round(len(ids) * validation_fraction))
+    return {"train": sorted(ids[n_test + n_val:].tolist()), "validation": sorted(ids[n_test:n_test + n_val].tolist()),
+            "test": sorted(ids[:n_test].tolist())}
+
+
+def table_blocks(pool: Sequence[int], num_tables: int, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """`pool` shuffled and cut into as many disjoint blocks of at least `num_tables` ids as it holds, at most
+    `count`: task k of a grouped split draws from block k mod len(blocks), so tasks of different blocks share no
+    table, and with `count` blocks no two tasks share one."""
+    ids = np.asarray(pool).copy()
+    rng.shuffle(ids)
+    return np.array_split(ids, max(1, min(count, len(ids) // num_tables)))
 
 
 def sample_tasks(
@@ -45,21 +72,24 @@ def sample_tasks(
     memory: MemoryModel,
     rng: np.random.Generator,
     max_tries: int = 100,
+    grouped: bool = False,
 ) -> list[Task]:
-    """Sample `count` feasible tasks of `family` from the table ids in `pool`.
+    """Sample `count` feasible tasks of `family` from the table ids in `pool`; `grouped`: task k draws from the
+    k-th of table_blocks' disjoint blocks (round robin), so tasks share tables only within a block.
 
     A task is kept only when a size-ordered placement with backtracking finds a
     plan within memory: the plan is the certificate that the task is feasible.
     """
-    if family.num_tables > len(pool):
+    if count and family.num_tables > len(pool):
         raise ValueError(
             f"family {family.name!r}: needs {family.num_tables} tables per task but the {split} pool has {len(pool)}"
         )
     by_id = stats.set_index("table_id")
+    blocks = table_blocks(pool, family.num_tables, count, rng) if grouped else [np.asarray(pool)]
     tasks = []
     for k in range(count):
         for _ in range(max_tries):
-            ids = rng.choice(np.asarray(pool), size=family.num_tables, replace=False)
+            ids = rng.choice(blocks[k % len(blocks)], size=family.num_tables, replace=False)
             chosen_dims = rng.choice(np.asarray(dims), size=family.num_tables)
             tables = [stats_table(by_id.loc[int(i)], int(d)) for i, d in zip(ids, chosen_dims)]
             task = Task.uniform(f"{split}/{family.name}/{k:04d}", tables, family.num_devices,

@@ -58,9 +58,10 @@ def headline_markdown(metrics: dict) -> str:
     """The headline table of a metrics/eval.json already read."""
     kind = "measured" if metrics.get("measured") else "modelled, not measured"
     level = metrics.get("bootstrap", {}).get("level", 0.95)
+    over = metrics.get("bootstrap", {}).get("over", "tasks")
     lines = [
         f"Mean cost over the best heuristic per test family (below 1: cheaper), paired per task, with "
-        f"{level:.0%} bootstrap intervals over the tasks. Backend `{metrics.get('backend', '?')}` on "
+        f"{level:.0%} bootstrap intervals over the {over}. Backend `{metrics.get('backend', '?')}` on "
         f"{metrics.get('device', 'an unrecorded device')} ({kind}), batch {metrics.get('batch_size', '?')}.",
         "",
         "| family | tasks | best heuristic | " + " | ".join(h for _, h in COLUMNS) + " |",

@@ -70,13 +70,18 @@ PEER_CANDIDATES = ("torchrec", "torchrec_full", "torchrec_calibrated")
 
 
 def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, resamples: int = BOOTSTRAP_RESAMPLES,
-                 level: float = BOOTSTRAP_LEVEL, statistic: Callable[..., Any] = np.mean) -> tuple[float, float]:
+                 level: float = BOOTSTRAP_LEVEL, statistic: Callable[..., Any] = np.mean,
+                 groups: Sequence[Any] | None = None) -> tuple[float, float]:
     """Percentile bootstrap interval of `statistic` over `values` (one per task): `resamples` resamples with
     replacement, drawn by numpy's default_rng(seed), so the same values and seed give the same interval.
 
     `statistic` is called as statistic(samples, axis=1) on a (resamples, n) array when it takes `axis`
     (np.mean, np.median), otherwise once per resample. Returns the (1 - level) / 2 and (1 + level) / 2
-    percentiles of the resampled statistics; a single value v gives (v, v)."""
+    percentiles of the resampled statistics; a single value v gives (v, v).
+
+    `groups` (one label per value: tasks that share tables, `table_groups`): a cluster bootstrap of the mean,
+    resampling whole groups (the mean over every value of the groups drawn); with one group there is nothing to
+    resample and the interval is (nan, nan). Distinct labels for every value give the task bootstrap."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"bootstrap_ci: expected a non-empty 1-d sequence of values, got shape {x.shape}")
@@ -84,6 +89,14 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, re
         raise ValueError(f"bootstrap_ci: level must lie in (0, 1), got {level}")
     if resamples < 1:
         raise ValueError(f"bootstrap_ci: resamples must be at least 1, got {resamples}")
+    if groups is not None:
+        labels = pd.Series(list(groups), dtype=object)
+        if len(labels) != x.size:
+            raise ValueError(f"bootstrap_ci: {len(labels)} group labels for {x.size} values")
+        if statistic is not np.mean:
+            raise ValueError("bootstrap_ci: groups resample the mean only")
+        if labels.nunique() < x.size:
+            return _cluster_ci(x, labels, seed, resamples, level)
     if x.size == 1:
         return float(x[0]), float(x[0])
     rng = np.random.default_rng(seed)
@@ -98,6 +111,52 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, re
             stats.append(np.array([statistic(row) for row in samples], dtype=float))
     low, high = np.percentile(np.concatenate(stats), [100 * (1 - level) / 2, 100 * (1 + level) / 2])
     return float(low), float(high)
+
+
+def _cluster_ci(x: np.ndarray, labels: pd.Series, seed: int, resamples: int, level: float) -> tuple[float, float]:
+    """bootstrap_ci over groups: each resample draws as many groups as there are, with replacement, and takes
+    the mean of all their values (a group of k tasks weighs k)."""
+    codes, _ = pd.factorize(labels)
+    sums = np.bincount(codes, weights=x)
+    sizes = np.bincount(codes).astype(float)
+    g = sizes.size
+    if g == 1:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    block = max(1, 2_000_000 // g)
+    stats = []
+    for start in range(0, resamples, block):
+        drawn = rng.integers(0, g, size=(min(block, resamples - start), g))
+        stats.append(sums[drawn].sum(axis=1) / sizes[drawn].sum(axis=1))
+    low, high = np.percentile(np.concatenate(stats), [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(low), float(high)
+
+
+def table_groups(tasks: Sequence[Task]) -> dict[str, str]:
+    """Task name -> its group: within each family, the tasks joined by shared tables (connected components: two
+    tasks of different groups share no table). Test tasks drawn in disjoint blocks (data.sampling.table_blocks)
+    form one group per block; tasks that share no table are a group each. Labelled family/first task's name."""
+    out: dict[str, str] = {}
+    by_family: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by_family[t.family].append(t)
+    for family, members in by_family.items():
+        parent = list(range(len(members)))
+        owner: dict[str, int] = {}
+        for i, task in enumerate(members):
+            for table in task.tables:
+                parent[_root(parent, i)] = _root(parent, owner.setdefault(table.name, i))
+        for i, task in enumerate(members):
+            out[task.name] = f"{family}/{members[_root(parent, i)].name}"
+    return out
+
+
+def _root(parent: list[int], i: int) -> int:
+    """Union-find: the root of `i`, halving the path on the way."""
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
 
 
 def best_heuristics(results: pd.DataFrame) -> dict[str, str]:
@@ -162,23 +221,32 @@ def win_rate(results: pd.DataFrame, algorithm: str, reference: str) -> float:
 
 def compare(results: pd.DataFrame, algorithm: str, reference: str, seed: int) -> dict[str, Any]:
     """`algorithm` against `reference` over their paired tasks: the mean of the per-task cost ratios (not
-    a ratio of means), its 95% percentile bootstrap interval over tasks (bootstrap_ci with `seed`), the
-    win rate, the number of tasks, and whether the whole interval lies below 1 ("better") or above
-    ("worse"). Raises ValueError when no task has both."""
+    a ratio of means), its 95% percentile bootstrap interval (bootstrap_ci with `seed`: over groups of tasks
+    that share tables where `results` has a `table_group` column, else over tasks), the win rate, the number of
+    tasks and of groups, and whether the whole interval lies below 1 ("better") or above ("worse"). Raises
+    ValueError when no task has both."""
     ratios = paired_ratios(results, algorithm, reference)
     if ratios.empty:
         raise ValueError(f"compare: no task has both {algorithm} and {reference}")
-    low, high = bootstrap_ci(ratios.to_numpy(), seed)
+    groups = None
+    if TABLE_GROUP in results.columns:
+        group_of = results.drop_duplicates("task").set_index("task")[TABLE_GROUP]
+        groups = group_of.loc[ratios.index].to_numpy()
+    low, high = bootstrap_ci(ratios.to_numpy(), seed, groups=groups)
     return {"mean_ratio": float(ratios.mean()), "ci_low": low, "ci_high": high,
             "win_rate": win_rate(results, algorithm, reference), "tasks": int(len(ratios)),
+            "groups": int(len(set(groups))) if groups is not None else int(len(ratios)),
             "better": bool(high < 1), "worse": bool(low > 1)}
 
 
-def bootstrap_meta(seed: int) -> dict[str, Any]:
+TABLE_GROUP = "table_group"  # results column: the task's group of tasks sharing tables (table_groups)
+
+
+def bootstrap_meta(seed: int, grouped: bool = False) -> dict[str, Any]:
     """How family_summary's intervals were drawn, for metrics/eval.json (key "bootstrap"), which
-    dreamshard.evaluation.report's legend quotes."""
-    return {"method": "percentile", "over": "tasks", "seed": int(seed), "resamples": BOOTSTRAP_RESAMPLES,
-            "level": BOOTSTRAP_LEVEL}
+    dreamshard.evaluation.report's legend quotes; `grouped`: over groups of tasks that share tables."""
+    return {"method": "percentile", "over": "groups of tasks sharing tables" if grouped else "tasks",
+            "seed": int(seed), "resamples": BOOTSTRAP_RESAMPLES, "level": BOOTSTRAP_LEVEL}
 
 
 def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, Any]]:

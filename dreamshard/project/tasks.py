@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
+from dreamshard.data.sampling import GROUPED_SPLITS, TaskFamily, sample_tasks, split_table_pools
 from dreamshard.memory import MemoryModel
 from dreamshard.project.params import ParamsError, build, section
-from dreamshard.tasks import Task
+from dreamshard.tasks import Task, read_tasks
 
 
 def task_families(params: dict[str, Any]) -> list[TaskFamily]:
@@ -25,16 +26,17 @@ def task_families(params: dict[str, Any]) -> list[TaskFamily]:
 
 def sample_family(stats: pd.DataFrame, pool: Sequence[int], family: TaskFamily, split: str, dims: Sequence[int],
                  memory: MemoryModel, seed: int) -> list[Task]:
-    """`family`'s tasks of `split` (its num_train or num_test) drawn from the table ids in `pool`: one random
-    stream per (family, split), so adding a family leaves the others' tasks unchanged."""
+    """`family`'s tasks of `split` (its num_train, num_validation or num_test) drawn from the table ids in `pool`
+    (validation and test tasks in disjoint table blocks, GROUPED_SPLITS): one random stream per (family, split), so
+    adding a family leaves the others' tasks unchanged."""
     rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
-    count = family.num_train if split == "train" else family.num_test
-    return sample_tasks(stats, pool, family, count, split, dims, memory, rng)
+    return sample_tasks(stats, pool, family, family.count(split), split, dims, memory, rng,
+                        grouped=split in GROUPED_SPLITS)
 
 
 def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[int]], list[int], MemoryModel, int]:
-    """What every family's draw reads: the table stats, the disjoint {"train", "test"} pools of table ids, the
-    dims, the memory model and the seed (a bad value is a ParamsError naming its key)."""
+    """What every family's draw reads: the table stats, the disjoint {"train", "validation", "test"} pools of table
+    ids, the dims, the memory model and the seed (a bad value is a ParamsError naming its key)."""
     memory = build(MemoryModel, section(params, "memory"), "memory")
     dims = section(params, "tasks").get("dims")
     if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
@@ -42,5 +44,18 @@ def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, lis
     seed = int(section(params, "tasks.seed"))
     stats = pd.read_parquet(section(params, "paths.tables"))
     test_fraction = section(params, "tasks.test_fraction")
-    pools = dict(zip(("train", "test"), split_table_pools(stats["table_id"].tolist(), test_fraction, seed)))
+    validation_fraction = section(params, "tasks.validation_fraction")
+    try:
+        pools = split_table_pools(stats["table_id"].tolist(), test_fraction, seed, validation_fraction)
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"params.yaml: tasks.test_fraction, tasks.validation_fraction: {exc}") from None
     return stats, pools, dims, memory, seed
+
+
+def read_split(params: dict[str, Any], split: str) -> list[Task]:
+    """The tasks stage's tasks of `split`, "train" or "validation" (paths.tasks/<split>.parquet). The test pool's
+    one reader is the evaluation's (`dreamshard.project.evaluation.evaluated_tasks`): design never sees it."""
+    if split not in ("train", "validation"):
+        raise ValueError(f"read_split: expected train or validation, got {split!r} (test tasks are the evaluate "
+                         "stage's alone)")
+    return read_tasks(Path(section(params, "paths.tasks")) / f"{split}.parquet", section(params, "paths.tables"))

@@ -22,17 +22,17 @@ def row(split, family, a, b, best=2.0, other=4.0):
 
 
 def test_groups_average_their_models_and_pair_a_with_b_per_task():
-    rows = [row("test", "f1", (1.8, 2.2), (2.0, 2.0)),   # A 1.00, B 1.00 of the best rival
-            row("test", "f1", (1.0, 1.0), (2.0, 2.0)),   # A 0.50, B 1.00
-            row("test", "f2", (1.5, 1.5), (1.5, 1.5)),
+    rows = [row("validation", "f1", (1.8, 2.2), (2.0, 2.0)),   # A 1.00, B 1.00 of the best rival
+            row("validation", "f1", (1.0, 1.0), (2.0, 2.0)),   # A 0.50, B 1.00
+            row("validation", "f2", (1.5, 1.5), (1.5, 1.5)),
             row("train", "f1", (3.0, 3.0), (2.0, 2.0))]
     out = group_rows(rows, ["A0", "A1"], ["B0", "B1"], ["R0", "R1"], seed=0)
-    assert set(out) == {"f1", "f2", "test", "train:f1"}
+    assert set(out) == {"f1", "f2", "validation", "train:f1"}
     f1 = out["f1"]
     assert f1["tasks"] == 2 and f1["a_over_best_rival"] == pytest.approx(0.75) and f1["b_over_best_rival"] == 1.0
     assert f1["models_over_best_rival"] == pytest.approx({"A0": 0.7, "A1": 0.8, "B0": 1.0, "B1": 1.0})
     assert f1["a_over_b"] == pytest.approx(0.75) and f1["a_over_b_ci"] == pytest.approx([0.5, 1.0])
-    assert out["test"]["tasks"] == 3 and out["test"]["a_over_b"] == pytest.approx((1.0 + 0.5 + 1.0) / 3)
+    assert out["validation"]["tasks"] == 3 and out["validation"]["a_over_b"] == pytest.approx((1.0 + 0.5 + 1.0) / 3)
     assert out["train:f1"]["a_over_b"] == pytest.approx(1.5) and out["train:f1"]["a_over_b_ci"] == [1.5, 1.5]
     # each group over each rival, paired per task: A's mean cost 2.0 and 1.0 on f1 over R1's 4.0
     assert f1["over_each_rival"]["a_over_R1"] == pytest.approx([0.375, 0.25, 0.5])
@@ -45,14 +45,14 @@ class FakeTask:
 
 
 def test_part_of_the_stage_tasks_only_those_families_the_first_n_each_in_the_stage_order():
-    stage = [(sp, FakeTask(f, k)) for k in range(3) for f in ("f1", "f2") for sp in ("test", "train")]
-    picked = select_tasks(stage, {"test", "train"}, {"f2"}, 2)
-    assert [(sp, t.name) for sp, t in picked] == [("test", "f2/0"), ("train", "f2/0"), ("test", "f2/1"),
+    stage = [(sp, FakeTask(f, k)) for k in range(3) for f in ("f1", "f2") for sp in ("validation", "train")]
+    picked = select_tasks(stage, {"validation", "train"}, {"f2"}, 2)
+    assert [(sp, t.name) for sp, t in picked] == [("validation", "f2/0"), ("train", "f2/0"), ("validation", "f2/1"),
                                                    ("train", "f2/1")]
-    assert [t.name for _, t in select_tasks(stage, {"test"}, set(), None)] == ["f1/0", "f2/0", "f1/1", "f2/1",
+    assert [t.name for _, t in select_tasks(stage, {"validation"}, set(), None)] == ["f1/0", "f2/0", "f1/1", "f2/1",
                                                                                "f1/2", "f2/2"]
-    with pytest.raises(ValueError, match="--only: no test tasks of f3"):
-        select_tasks(stage, {"test"}, {"f1", "f3"}, None)
+    with pytest.raises(ValueError, match="--only: no validation tasks of f3"):
+        select_tasks(stage, {"validation"}, {"f1", "f3"}, None)
 
 
 def test_a_rows_file_of_an_earlier_pass_gives_the_same_summary_and_names_what_it_lacks(tmp_path):
@@ -60,7 +60,7 @@ def test_a_rows_file_of_an_earlier_pass_gives_the_same_summary_and_names_what_it
 
     from experiments.model_ab import summarise_rows
 
-    rows = [row("test", "f1", (1.8, 2.2), (2.0, 2.0)), row("test", "f1", (1.0, 1.0), (2.0, 2.0))]
+    rows = [row("validation", "f1", (1.8, 2.2), (2.0, 2.0)), row("validation", "f1", (1.0, 1.0), (2.0, 2.0))]
     for r in rows:
         r["device"] = "cpu: test"
     path = tmp_path / "ab.jsonl"
@@ -119,7 +119,8 @@ def test_the_journal_variant_takes_the_measured_row_of_the_plan_it_picks(tiny_pr
         matches = same[same["shards"].map(plan_key) == plan_key(row["shards"])]
         assert not matches.empty and (matches["cost_ms"] == row["cost_ms"]).all()
     result = model_ab.decoding_summary(frame, "dreamshard", "dreamshard+rivals", seed=0)
-    assert set(result) == {"test", "train"}
+    assert set(result) == {"train"}  # the journal's training tasks only: design never reads the test pool
+    assert set(frame["split"]) == {"train"}
     assert all("dreamshard+rivals" in v for fams in result.values() for v in fams.values())
     with pytest.raises(DreamShardError, match="missing: autoshard"):
         model_ab.counterfactual(params, "autoshard", {"rivals": ["size_greedy"]})

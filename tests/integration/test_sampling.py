@@ -52,21 +52,30 @@ def family(**kw) -> TaskFamily:
 # ---------------------------------------------------------------- pools
 
 
-@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.8])
-def test_pools_are_disjoint_and_cover_all_tables(fraction):
+@pytest.mark.parametrize("fraction, validation", [(0.25, 0.0), (0.5, 0.2), (0.5, 0.3), (0.8, 0.1)])
+def test_pools_are_disjoint_and_cover_all_tables(fraction, validation):
     ids = list(range(100, 100 + 37))
-    train, test = split_table_pools(ids, fraction, seed=3)
-    assert not set(train) & set(test)
-    assert sorted(train + test) == ids
-    assert len(test) == round(37 * fraction)
-    assert (train, test) == split_table_pools(list(reversed(ids)), fraction, seed=3)  # by seed, not input order
-    assert (train, test) != split_table_pools(ids, fraction, seed=4)
+    pools = split_table_pools(ids, fraction, seed=3, validation_fraction=validation)
+    train, val, test = pools["train"], pools["validation"], pools["test"]
+    assert not set(train) & set(test) and not set(train) & set(val) and not set(val) & set(test)
+    assert sorted(train + val + test) == ids
+    assert len(test) == round(37 * fraction) and len(val) == round(37 * validation)
+    assert pools == split_table_pools(list(reversed(ids)), fraction, 3, validation)  # by seed, not input order
+    assert pools != split_table_pools(ids, fraction, 4, validation)
+    # the test pool does not depend on the validation share: adding a validation pool takes only training tables
+    assert test == split_table_pools(ids, fraction, 3)["test"]
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
 def test_pools_reject_a_fraction_outside_0_1(fraction):
     with pytest.raises(ValueError, match="test_fraction"):
         split_table_pools(range(10), fraction, seed=0)
+
+
+@pytest.mark.parametrize("validation", [-0.1, 0.5, 0.9])
+def test_pools_reject_a_validation_share_that_leaves_no_training_table(validation):
+    with pytest.raises(ValueError, match="validation_fraction"):
+        split_table_pools(range(10), 0.5, seed=0, validation_fraction=validation)
 
 
 # ---------------------------------------------------------------- sample_tasks
@@ -96,6 +105,24 @@ def test_sampled_tasks_are_valid_and_feasible(stats):
             assert (t.rows, t.pooling_factor) == (row["rows"], row["pooling_factor"])
             assert t.bins == tuple(row[BIN_COLUMNS])
     assert seen_dims == set(dims)
+
+
+@pytest.mark.parametrize("num_tables, count, blocks", [(4, 6, 6), (6, 6, 6), (8, 6, 5), (13, 6, 3), (20, 6, 2)])
+def test_grouped_tasks_share_tables_only_within_their_block(stats, num_tables, count, blocks):
+    # a pool of 40 tables: as many disjoint blocks of num_tables as it holds, at most one per task
+    fam = family(num_tables=num_tables, num_devices=2, memory_gb=4.0)
+    tasks = sample_tasks(stats, list(range(NUM_TABLES)), fam, count, "test", [4], MemoryModel(),
+                         np.random.default_rng(5), grouped=True)
+    names = stats.set_index("name")["table_id"]
+    ids = [{int(names[t.name]) for t in task.tables} for task in tasks]
+    for i in range(count):
+        for j in range(i + 1, count):
+            if i % blocks != j % blocks:
+                assert not ids[i] & ids[j], f"tasks {i} and {j} of different blocks share a table"
+    if blocks == count:  # room for every task: no two share a table
+        assert sum(len(x) for x in ids) == len(set().union(*ids))
+    else:  # tasks of one block draw from the same few tables: they share some
+        assert ids[0] & ids[blocks]
 
 
 def test_memory_limit_makes_sampling_reject_infeasible_draws(stats):
@@ -175,11 +202,13 @@ def stage_params(tmp_path, **tasks_overrides):
     cfg = {
         "seed": 0,
         "test_fraction": 0.5,
+        "validation_fraction": 0.25,
         "dims": [4, 16, 64],
         "profile": "small",
         "profiles": {
             "small": [
-                {"name": "f-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.5, "num_train": 4, "num_test": 3},
+                {"name": "f-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.5, "num_train": 4, "num_test": 3,
+                 "num_validation": 2},
                 {"name": "f-10-4", "num_tables": 10, "num_devices": 4, "memory_gb": 0.5, "num_train": 2, "num_test": 2},
             ]
         },
@@ -199,17 +228,18 @@ def run_stage(tmp_path, stats, **overrides):
     params = stage_params(tmp_path, **overrides)
     tasks_stage.run(params)
     return {split: read_tasks(tmp_path / f"tasks/{split}.parquet", tmp_path / "tables.parquet")
-            for split in ("train", "test")}
+            for split in ("train", "validation", "test")}
 
 
 def test_tasks_stage_invariants(tmp_path, stats):
     out = run_stage(tmp_path, stats)
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
-    train_pool, test_pool = split_table_pools(stats["table_id"].tolist(), 0.5, 0)
+    pools = split_table_pools(stats["table_id"].tolist(), 0.5, 0, 0.25)
     assert [t.family for t in out["train"]] == ["f-6-2"] * 4 + ["f-10-4"] * 2
+    assert [t.family for t in out["validation"]] == ["f-6-2"] * 2
     assert [t.family for t in out["test"]] == ["f-6-2"] * 3 + ["f-10-4"] * 2
     used = {}
-    for split, pool in (("train", train_pool), ("test", test_pool)):
+    for split, pool in pools.items():
         used[split] = set()
         for task in out[split]:
             assert task.name.startswith(f"{split}/{task.family}/")
@@ -220,6 +250,7 @@ def test_tasks_stage_invariants(tmp_path, stats):
             validate_plan(task, Plan.from_assignment(task, find_feasible_assignment(task)))
             used[split] |= set(ids)
     assert not used["train"] & used["test"], "a table appears in both train and test tasks"
+    assert not used["validation"] & (used["train"] | used["test"]), "a validation table in another split's tasks"
     df = pd.read_parquet(tmp_path / "tasks/train.parquet")
     assert set(df["split"]) == {"train"}
     assert df["task_id"].is_unique
@@ -229,7 +260,7 @@ def test_tasks_stage_is_deterministic_by_seed(tmp_path, stats):
     run_stage(tmp_path / "a", stats)
     run_stage(tmp_path / "b", stats)
     run_stage(tmp_path / "c", stats, seed=1)
-    for split in ("train", "test"):
+    for split in ("train", "validation", "test"):
         a = pq.read_table(tmp_path / f"a/tasks/{split}.parquet")
         b = pq.read_table(tmp_path / f"b/tasks/{split}.parquet")
         c = pq.read_table(tmp_path / f"c/tasks/{split}.parquet")
@@ -238,15 +269,15 @@ def test_tasks_stage_is_deterministic_by_seed(tmp_path, stats):
 
 
 def test_an_extra_family_of_the_model_ab_benchmark_draws_the_tasks_the_stage_draws(tmp_path, stats):
-    """experiments.model_ab --families: a test family outside the profile gets the tasks the tasks stage would
-    give it in the profile (same pool, seed, dims and stream), and a malformed spec names itself."""
+    """experiments.model_ab --families: a validation family outside the profile gets the tasks the tasks stage
+    would give it in the profile (same pool, seed, dims and stream), and a malformed spec names itself."""
     from experiments.model_ab import extra_tasks, parse_families
 
     out = run_stage(tmp_path, stats)
     params = stage_params(tmp_path)
-    drawn = extra_tasks(params, parse_families("f-10-4:10:4:0.5:2,f-8-2:8:2:0.5:1"))
-    assert [t.name for t in drawn] == ["test/f-10-4/0000", "test/f-10-4/0001", "test/f-8-2/0000"]
-    assert drawn[:2] == [t for t in out["test"] if t.family == "f-10-4"]
+    drawn = extra_tasks(params, parse_families("f-6-2:6:2:0.5:2,f-8-2:8:2:0.5:1"))
+    assert [t.name for t in drawn] == ["validation/f-6-2/0000", "validation/f-6-2/0001", "validation/f-8-2/0000"]
+    assert drawn[:2] == [t for t in out["validation"] if t.family == "f-6-2"]
     with pytest.raises(ValueError, match="'f-8-2:8': expected name:tables:devices:memory_gb:tasks"):
         parse_families("f-8-2:8")
     with pytest.raises(ValueError, match="must be >= 1"):
@@ -258,6 +289,6 @@ def test_tasks_stage_param_errors(tmp_path, stats):
         run_stage(tmp_path, stats, profile="nope")
     with pytest.raises(ParamsError, match="tasks.dims"):
         run_stage(tmp_path, stats, dims=[4, 6])
-    with pytest.raises(ValueError, match="needs 30 tables per task but the train pool has 20"):
+    with pytest.raises(ValueError, match="needs 30 tables per task but the train pool has 10"):
         run_stage(tmp_path, stats, profiles={"small": [
             {"name": "big", "num_tables": 30, "num_devices": 2, "memory_gb": 1, "num_train": 1, "num_test": 1}]})

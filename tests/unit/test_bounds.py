@@ -259,7 +259,7 @@ def synthetic_stats(num_tables: int, seed: int, batch: int = 512, max_rows: int 
 @pytest.fixture(scope="module")
 def generated_tasks() -> list[Task]:
     stats = synthetic_stats(40, seed=5)
-    pool, _ = split_table_pools(stats["table_id"].tolist(), 0.25, 0)
+    pool = split_table_pools(stats["table_id"].tolist(), 0.25, 0)["train"]
     rng = np.random.default_rng(1)
     tasks = []
     for fam in (TaskFamily("b-10-2", 10, 2, 0.02, 0, 0), TaskFamily("b-12-4", 12, 4, 0.02, 0, 0),

@@ -18,6 +18,7 @@ from dreamshard.evaluation.summary import (
     generalisation,
     interleave_families,
     paired_ratios,
+    table_groups,
     win_rate,
 )
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
@@ -98,6 +99,41 @@ def mixed_results() -> pd.DataFrame:
         task_rows("g", "dreamshard", {"x": 4.0, "y": 6.0}))
 
 
+def test_grouped_bootstrap_resamples_whole_groups():
+    """Oracle: groups of equal size holding one value each resample exactly as the task bootstrap of one value a
+    group; tasks that are copies of one another widen the interval back to what their groups justify."""
+    values = np.random.default_rng(4).normal(1.0, 0.1, 6)
+    copies = np.repeat(values, 3)
+    labels = np.repeat(list("abcdef"), 3)
+    assert bootstrap_ci(copies, 7, groups=labels) == pytest.approx(bootstrap_ci(values, 7), rel=1e-12)
+    low, high = bootstrap_ci(copies, 7)  # as if the 18 tasks were independent: too narrow
+    g_low, g_high = bootstrap_ci(copies, 7, groups=labels)
+    assert g_high - g_low > 1.5 * (high - low)
+    # distinct labels: the task bootstrap itself; one group: nothing to resample
+    assert bootstrap_ci(values, 3, groups=range(6)) == bootstrap_ci(values, 3)
+    assert all(np.isnan(bootstrap_ci(values, 3, groups=["x"] * 6)))
+    with pytest.raises(ValueError, match="mean only"):
+        bootstrap_ci(copies, 7, groups=labels, statistic=np.median)
+    with pytest.raises(ValueError, match="5 group labels for 6 values"):
+        bootstrap_ci(values, 7, groups=range(5))
+
+
+def test_table_groups_join_tasks_that_share_tables_within_a_family():
+    def task(name: str, family: str, tables: str) -> Task:
+        return Task.uniform(name, [Table(n, 100, 4, 1.0) for n in tables], 2, 1.0, family=family)
+
+    tasks = [task("a0", "a", "pq"), task("a1", "a", "rs"), task("a2", "a", "qr"), task("a3", "a", "xy"),
+             task("b0", "b", "pq"), task("b1", "b", "tu")]
+    groups = table_groups(tasks)
+    assert groups["a0"] == groups["a1"] == groups["a2"]  # a0-a2 share q, a2-a1 share r: one group
+    assert len({groups["a0"], groups["a3"], groups["b0"], groups["b1"]}) == 4  # families apart, disjoint apart
+    frame = pd.DataFrame([{"family": "a", "task": n, "algorithm": algo, "cost_ms": c, "table_group": groups[n]}
+                          for n, (x, y) in zip(["a0", "a1", "a2", "a3"], [(1, 2), (1, 2), (1, 2), (3, 4)])
+                          for algo, c in (("x", x), ("y", y))])
+    out = compare(frame, "x", "y", seed=0)
+    assert (out["tasks"], out["groups"]) == (4, 2)
+
+
 def test_win_rate_counts_a_tie_as_one_half():
     results = mixed_results()
     f = results[results["family"] == "f"]
@@ -139,7 +175,7 @@ def test_compare_is_better_only_when_the_whole_interval_is_below_one():
     assert not noisy["better"] and not noisy["worse"]
     dearer = one([1.2, 1.3, 1.25, 1.22])
     assert dearer["worse"] and not dearer["better"] and dearer["ci_low"] > 1
-    assert set(clearly) == {"mean_ratio", "ci_low", "ci_high", "win_rate", "tasks", "better", "worse"}
+    assert set(clearly) == {"mean_ratio", "ci_low", "ci_high", "win_rate", "tasks", "groups", "better", "worse"}
 
 
 def test_family_summary_keeps_its_keys_and_adds_paired_comparisons():
