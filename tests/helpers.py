@@ -33,14 +33,16 @@ FAMILIES = [
 
 def tiny_params(paths_root: Path | None = None) -> dict:
     """The project's params.yaml scaled down so that each stage takes seconds: 24 synthetic tables, two tiny
-    task families (pools of 8 train, 6 validation, 10 test tables), the analytic backend, short training. `paths_root`: every path under that folder."""
+    task families (pools of 8 train, 6 validation, 10 test tables), the analytic backend, short training.
+    `paths_root`: every path under that folder."""
     p = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
     if paths_root is not None:
         p["paths"] = {key: str(paths_root / value) for key, value in p["paths"].items()}
     p["data"]["source"] = "synthetic"
     p["data"]["synthetic"].update(num_tables=TINY_TABLES, batch_size=256, max_rows=5000, seed=0)
     p["process"]["sample_batch"] = 64
-    p["tasks"].update(seed=0, test_fraction=0.4, validation_fraction=0.25, dims=[4, 8, 16], profile="tiny", profiles={"tiny": FAMILIES})
+    p["tasks"].update(seed=0, test_fraction=0.4, validation_fraction=0.25, dims=[4, 8, 16], profile="tiny",
+                      profiles={"tiny": FAMILIES})
     p["backend"].update(name="analytic", batch_size=512)
     p["backend"]["analytic"] = {"regime": "super_additive"}
     p["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)
