@@ -105,18 +105,23 @@ def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits,
 
     from dreamshard.project.evaluation import (
         BOUND_USED,
+        TABLE_GROUP,
         FusionProbe,
         bootstrap_meta,
         bound_regime,
         family_summary,
         generalisation,
         regime_of,
+        table_groups,
         with_ratios,
     )
 
     cfg = section(params, "evaluate")
     rows = [r for s, t in splits if journal.has(s, t) for r in journal.read(s, t)]
     results = pd.DataFrame(rows)
+    if len(results):  # test tasks sharing tables resample together, as the evaluate stage's intervals do
+        groups = table_groups([t for s, t in splits if s == "test"])
+        results[TABLE_GROUP] = results["task"].map(lambda name: groups.get(name, name))
     seed = int(cfg["seed"])
     probes = journal.peek("fusion_probes")
     fusion = [FusionProbe.from_dict(d) for d in probes] if probes else []
@@ -135,7 +140,7 @@ def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits,
                        "fused_over_costliest_single": [p.monotone for p in fusion], "bound": bound,
                        "lower_bound": BOUND_USED[bound] if bound else "not measured"},
         "rounds": int(cfg["rounds"]),
-        "bootstrap": bootstrap_meta(seed),
+        "bootstrap": bootstrap_meta(seed, grouped=True),
         "families": families,
         "train_families": train_families,
         "generalisation": with_ratios(generalisation(sharders, [t for s, t in splits if s == "test"]),
