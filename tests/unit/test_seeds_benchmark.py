@@ -42,6 +42,7 @@ def test_figures_per_seed_and_their_spread_reach_the_readme():
     assert text.startswith("**Answer: over 3 seeds")
     assert "f-80-8 0.900 [0.850-0.950]" in text
     assert "on 0 of 1 families" in text  # one seed's upper end is above 1
+    assert "the mean over seeds at most 0.90 on 1 of 1" in text
     assert "| f-80-8 | `dreamshard_cut` / torchrec_peer | 0.850 [0.80, 0.95] | 0.900 [0.85, 0.99] |" in text
 
 
