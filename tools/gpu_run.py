@@ -50,7 +50,7 @@ STAGES = {
 for _stage in [s for stages in STAGES.values() for s in stages]:
     STAGES.setdefault(_stage, (_stage,))  # a stage by name (the step `collect` keeps both of its stages)
 STEPS = ("noise", "fusion", *STAGES)
-TORCHREC_SHARDERS = ("torchrec", "torchrec_full")
+TORCHREC_SHARDERS = ("torchrec", "torchrec_full", "torchrec_full_min", "torchrec_calibrated", "torchrec_model")
 
 
 def with_setting(params: dict[str, Any], dotted: str, value: Any) -> None:

@@ -81,8 +81,8 @@ def eval_markdown(metrics: dict) -> str:
     resamples = f" with {boot['resamples']} resamples" if "resamples" in boot else ""
     legend = (f"Test tasks per family: {per_family}. Ratios are paired per task (a sharder's cost over the "
               f"reference's on the same task, averaged over tasks); intervals are {level} percentile bootstrap "
-              f"over {boot.get('over', 'tasks')} ({seed}){resamples}; a sharder is called better only where the whole interval is "
-              f"below 1, worse only where it is above 1. The win rate is the share of tasks where the sharder "
+              f"over {boot.get('over', 'tasks')} ({seed}){resamples}; a sharder is called better only where the "
+              f"whole interval is below 1, worse only where it is above 1. The win rate is the share of tasks where the sharder "
               f"costs less than the best heuristic (a tie counts one half).")
     if "rounds" in metrics:
         legend += f" Each plan was measured in {metrics['rounds']} round{'s' if metrics['rounds'] != 1 else ''}."

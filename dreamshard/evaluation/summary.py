@@ -66,7 +66,7 @@ REFERENCES = ("torchrec", "torchrec_full", "neuroshard_tw")
 # the reference name that means: per family, whichever of TorchRec's planners evaluated there has the lowest mean
 # cost (TorchRec at its strongest); every claim against TorchRec is made against it
 TORCHREC_PEER = "torchrec_peer"
-PEER_CANDIDATES = ("torchrec", "torchrec_full", "torchrec_calibrated")
+PEER_CANDIDATES = ("torchrec", "torchrec_full", "torchrec_full_min", "torchrec_calibrated")
 
 
 def bootstrap_ci(values: Sequence[float] | np.ndarray | pd.Series, seed: int, resamples: int = BOOTSTRAP_RESAMPLES,

@@ -137,13 +137,15 @@ def _torchrec_model(batch_size: int | None = None, time_limit: float | None = No
                                 torchrec_topology=torchrec_topology)
 
 
-def _torchrec(name: str, full_search: bool) -> Callable[..., Sharder]:
+def _torchrec(name: str, full_search: bool, narrowest: bool = False) -> Callable[..., Sharder]:
+    """`narrowest`: TorchRec's column-wise blocks may be as narrow as our cuts' slices (min_partition always on)."""
     def factory(batch_size: int | None = None, sharding_types: tuple[str, ...] | None = None,
                 time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None,
                 min_partition: bool = False) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
 
-        return make(name, full_search, batch_size, sharding_types, time_limit, links, hbm_gbps, min_partition)
+        return make(name, full_search, batch_size, sharding_types, time_limit, links, hbm_gbps,
+                    min_partition or narrowest)
 
     return factory
 
@@ -194,6 +196,10 @@ _SPECS = (
     SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True),
                 ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps", "min_partition"),
                 splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
+    SharderSpec("torchrec_full_min", "torchrec", _torchrec("torchrec_full_min", True, narrowest=True),
+                ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps"), splits_tables=True,
+                doc="torchrec_full told min_partition = each table's narrowest slice our cuts may make (TorchRec's "
+                    "default, 128 columns, forbids every column cut of a narrower table)"),
     SharderSpec("torchrec_calibrated", "torchrec", _torchrec_calibrated,
                 ("calibration", "batch_size", "time_limit", "links", "hbm_gbps"), splits_tables=True,
                 doc="torchrec_full with TorchRec's perf model's compute fitted to the collected measurements "

@@ -85,7 +85,7 @@ def check_sharding_plan(sp, task: Task, plan: Plan, fqn: str = DEFAULT_FQN) -> N
 
 def test_registered_and_lazy():
     assert {n for n, s in SHARDERS.items() if s.kind == "torchrec"} == {"torchrec", "torchrec_full",
-                                                                      "torchrec_calibrated"}
+                                                                      "torchrec_full_min", "torchrec_calibrated"}
     sharder = make_sharder("torchrec", batch_size=1024)
     assert sharder.name == "torchrec" and not sharder.full_search and sharder.batch_size == 1024
     with pytest.raises(ValueError, match="sharder 'torchrec': unknown option.s. model, seed; it takes batch_size"):
@@ -256,6 +256,19 @@ def test_full_search_places_a_table_larger_than_a_device_row_wise():
     assert make_sharder("torchrec_full").types_for(restricted) == ["table_wise", "column_wise", "table_column_wise"]
     with pytest.raises(DreamShardError):
         make_sharder("torchrec_full").shard(replace(task, sharding=("table",)))
+
+
+def test_told_our_narrowest_slice_torchrec_cuts_a_table_its_default_min_partition_keeps_whole():
+    """torchrec_full_min: TorchRec's min_partition set to each table's narrowest slice (Task.min_width), so a
+    64-column table larger than a device, held to whole tables and columns, is cut where torchrec_full finds no plan."""
+    task = replace(Task.uniform("rows", [Table("big", 3_000_000, 64, 5.0), Table("small", 1000, 16, 1.0)], 4, 0.5),
+                   sharding=("table", "column"))
+    with pytest.raises(DreamShardError):
+        make_sharder("torchrec_full").shard(task)
+    plan = make_sharder("torchrec_full_min").shard(task)
+    validate_plan(task, plan)
+    widths = [s.width for s in plan.shards if s.table == "big"]
+    assert len(widths) >= 2 and sum(widths) == 64 and min(widths) >= task.min_width("big")
 
 
 def test_conversion_of_row_wise_shards_and_refusal_of_replicas():

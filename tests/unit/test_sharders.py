@@ -348,7 +348,8 @@ def test_options_are_typed_and_checked():
     with pytest.raises(TypeError, match=r"model must be a LearnedModel \(load_model\('dreamshard', path\)\), got str"):
         make_sharder("dreamshard", model="models/dreamshard.pt")
     assert {n for n, s in SHARDERS.items() if s.splits_tables} == {"dreamshard_cut", "neuroshard", "torchrec_full",
-                                                                   "torchrec_model", "torchrec_calibrated"}
+                                                                   "torchrec_full_min", "torchrec_model",
+                                                                   "torchrec_calibrated"}
     assert {n for n, s in SHARDERS.items() if s.needs_model} == {"dreamshard", "dreamshard_cut", "autoshard", "rnn", "neuroshard",
                                                                   "neuroshard_tw"}
 
