@@ -289,6 +289,16 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
         raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
 
+    stopped: list[tuple[Task, dict[str, PieceOf]]] = []  # coarser cuts whose search in the sharder's order stopped early
+
+    def place(cut: Task, pieces: dict[str, PieceOf]) -> Plan:
+        plan = shard_whole(cut)
+        if pieces:
+            validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
+            plan = merge_pieces(cut, plan, pieces)
+            validate_plan(task, plan)
+        return plan
+
     def attempt(first: bool, last: bool) -> Plan | None:
         cut, pieces = cut_task(task, cuts)
         if pieces and not last and not packs(cut):
@@ -297,16 +307,19 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
             # a search in the sharder's order that runs long: cut finer instead; at the last cut, placements may
             # start again largest first
             with giving_up_early() if not last else nullcontext():
-                plan = shard_whole(cut)
+                return place(cut, pieces)
         except InfeasibleTaskError:
-            if last:
-                raise
-            return None
-        if pieces:
-            validate_plan(cut, plan)  # the pieces as placed: row-wise blocks on their pinned devices
-            plan = merge_pieces(cut, plan, pieces)
-            validate_plan(task, plan)
-        return plan
+            if not last:
+                stopped.append((cut, pieces))
+                return None
+            # finer is not always easier (row-wise blocks are pinned, one on every device): before saying no plan
+            # exists, search the coarser cuts given up early in full, the finest first
+            for coarser, its_pieces in reversed(stopped):
+                try:
+                    return place(coarser, its_pieces)
+                except InfeasibleTaskError:
+                    continue
+            raise
 
     return refine(task, cuts, attempt, singly=max(SINGLE_CUT_PASSES, SINGLE_CUT_WORK // len(task.tables)))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dreamshard.errors import DataFormatError, InfeasibleTaskError
@@ -82,8 +82,22 @@ def feasible_in_pieces(task: Task) -> bool:
     return brute_force_feasible(cut)
 
 
+def one_hot(k: int) -> tuple[float, ...]:
+    return tuple(1.0 if i == k else 0.0 for i in range(17))
+
+
+# found by this test in CI (2026-11-27): every heuristic placed it cut finer, the policies' searches stopped early
+# at the coarser cuts and the finest cut (row-wise blocks pinned, one on every device) did not pack
+STOPPED_EARLY = Task("prop", tuple(Table(f"t{i}", rows, dim, pooling, one_hot(b)) for i, (rows, dim, pooling, b) in
+                                   enumerate([(619, 12, 123.0, 5), (187, 24, 1e-5, 3), (215, 16, 199.0, 6),
+                                              (142, 24, 169.4, 5), (4, 28, 0.0, 4), (1, 20, 0.0, 0),
+                                              (351, 36, 0.0, 0)])),
+                     (Device(50890), Device(75260)), MemoryModel())
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task=tasks(), seed=st.integers(0, 2**16))
+@example(task=STOPPED_EARLY, seed=0)
 def test_sharders_agree_with_brute_force(task, seed):
     feasible = feasible_in_pieces(task)
     outcomes = {}
