@@ -289,7 +289,9 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
         raise InfeasibleTaskError(f"task {task.name!r}: tables need {need / GB:.3f} GB in total, "
                                   f"the {task.num_devices} devices hold {have / GB:.3f} GB{hint}")
 
-    stopped: list[tuple[Task, dict[str, PieceOf]]] = []  # coarser cuts whose search in the sharder's order stopped early
+    # the cut tables of each coarser cut whose search in the sharder's order stopped early: only those kept (a
+    # whole task per level would hold every level's pieces at once), the cut task rebuilt if it is searched again
+    stopped: list[dict[str, Cut]] = []
 
     def place(cut: Task, pieces: dict[str, PieceOf]) -> Plan:
         plan = shard_whole(cut)
@@ -310,13 +312,13 @@ def _with_pieces(task: Task, shard_whole: Callable[[Task], Plan]) -> Plan:
                 return place(cut, pieces)
         except InfeasibleTaskError:
             if not last:
-                stopped.append((cut, pieces))
+                stopped.append({name: c for name, c in cuts.items() if not c.whole})
                 return None
             # finer is not always easier (row-wise blocks are pinned, one on every device): before saying no plan
             # exists, search the coarser cuts given up early in full, the finest first
-            for coarser, its_pieces in reversed(stopped):
+            for coarser in reversed(stopped):
                 try:
-                    return place(coarser, its_pieces)
+                    return place(*cut_task(task, {name: coarser.get(name, WHOLE) for name in cuts}))
                 except InfeasibleTaskError:
                     continue
             raise
