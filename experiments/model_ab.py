@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params("params.yaml")
         backend = backend_of(params)
         stage_splits = [("validation", t) for t in interleave_families(read_split(params, "validation"))] + \
-            [("train", t) for t in interleave_families(reported_train_tasks(params))]
+            [("train", t) for t in reported_train_tasks(params)]
         splits = select_tasks(stage_splits, splits_wanted, only, args.tasks_per_family)
         splits += [("validation", t) for t in extra_tasks(params, families)]
         names = [f"A{i}" for i in range(len(a))] + [f"B{i}" for i in range(len(b))]

@@ -26,7 +26,6 @@ from tqdm import tqdm
 from dreamshard.project.domain import Task, write_parquet, write_text
 from dreamshard.project.evaluation import (
     BOUND_USED,
-    TABLE_GROUP,
     FusionProbe,
     ImproveConfig,
     PlannedTask,
@@ -50,8 +49,8 @@ from dreamshard.project.evaluation import (
     plan_with,
     regime_of,
     result_row,
-    table_groups,
     with_ratios,
+    with_table_groups,
 )
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.project.sharders import Sharder, spec
@@ -165,9 +164,7 @@ def run(params: dict[str, Any]) -> None:
             planned.update(zip([journal.key(split, t) for split, t in pending],
                                planner.plan([t for _, t in pending])))
             rows += journal.run(part, evaluate, lambda _s, _t, reused: None if reused else bar.update())
-    results = pd.DataFrame(rows)
-    groups = table_groups(tasks)  # test tasks sharing tables resample together; a training task is its own group
-    results[TABLE_GROUP] = results["task"].map(lambda name: groups.get(name, name))
+    results = with_table_groups(pd.DataFrame(rows), tasks)  # intervals resample test tasks that share tables together
     out = Path(section(params, "paths.eval"))
     write_parquet(pa.Table.from_pandas(results, preserve_index=False), out / "results.parquet")
 

@@ -105,23 +105,21 @@ def journal_metrics(params: dict[str, Any], backend, sharders, journal, splits,
 
     from dreamshard.project.evaluation import (
         BOUND_USED,
-        TABLE_GROUP,
         FusionProbe,
         bootstrap_meta,
         bound_regime,
         family_summary,
         generalisation,
         regime_of,
-        table_groups,
         with_ratios,
+        with_table_groups,
     )
 
     cfg = section(params, "evaluate")
     rows = [r for s, t in splits if journal.has(s, t) for r in journal.read(s, t)]
     results = pd.DataFrame(rows)
     if len(results):  # test tasks sharing tables resample together, as the evaluate stage's intervals do
-        groups = table_groups([t for s, t in splits if s == "test"])
-        results[TABLE_GROUP] = results["task"].map(lambda name: groups.get(name, name))
+        results = with_table_groups(results, [t for s, t in splits if s == "test"])
     seed = int(cfg["seed"])
     probes = journal.peek("fusion_probes")
     fusion = [FusionProbe.from_dict(d) for d in probes] if probes else []

@@ -151,6 +151,13 @@ def table_groups(tasks: Sequence[Task]) -> dict[str, str]:
     return out
 
 
+def with_table_groups(results: pd.DataFrame, test_tasks: Sequence[Task]) -> pd.DataFrame:
+    """`results` with the TABLE_GROUP column `compare` resamples by: test tasks grouped by shared tables
+    (table_groups), every other task (training tasks, drawn freely) a group of its own."""
+    groups = table_groups(test_tasks)
+    return results.assign(**{TABLE_GROUP: results["task"].map(lambda name: groups.get(name, name))})
+
+
 def _root(parent: list[int], i: int) -> int:
     """Union-find: the root of `i`, halving the path on the way."""
     while parent[i] != i:

@@ -18,7 +18,6 @@ from dreamshard.evaluation.improve import ImproveConfig
 from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.report import eval_markdown, replace_block, summary_markdown
 from dreamshard.evaluation.summary import (
-    TABLE_GROUP,
     best_known_check,
     best_known_summary,
     bootstrap_ci,
@@ -31,8 +30,8 @@ from dreamshard.evaluation.summary import (
     interleave_families,
     pooled_summary,
     result_row,
-    table_groups,
     with_ratios,
+    with_table_groups,
 )
 from dreamshard.hardware.base import CostBackend
 from dreamshard.hardware.topology import Topology
@@ -44,13 +43,14 @@ from dreamshard.sharders.search import SearchConfig
 from dreamshard.tasks import Task, read_tasks
 
 __all__ = [
-    "BOUND_USED", "TABLE_GROUP", "EvalJournal", "Evaluation", "FusionProbe", "ImproveConfig", "PlannedTask", "ProbeCache",
+    "BOUND_USED", "EvalJournal", "Evaluation", "FusionProbe", "ImproveConfig", "PlannedTask", "ProbeCache",
     "best_known_check", "best_known_summary", "bootstrap_ci", "bootstrap_meta", "bound_regime", "cost_ratio_figure",
     "cost_ratio_table", "estimated_bins_check", "estimated_bins_summary", "eval_markdown", "evaluate_task",
     "evaluated_tasks", "evaluation_setup", "exhaustive_check", "family_summary", "first_per_family", "fusion_probe",
     "generalisation", "journal_fingerprint", "make_sharders", "model_paths_of", "plan_with", "pooled_summary",
     "regime_of", "reported_train_tasks",
-    "replace_block", "result_row", "summary_markdown", "table_groups", "whole_shards", "with_ratios",
+    "replace_block", "result_row", "summary_markdown", "whole_shards", "with_ratios",
+    "with_table_groups",
 ]
 
 
@@ -132,15 +132,15 @@ def evaluated_tasks(params: dict[str, Any]) -> tuple[list[Task], list[tuple[str,
     long run stopped partway, journaled, has measured a like share of every family)."""
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "test.parquet", section(params, "paths.tables"))
     return tasks, ([("test", t) for t in interleave_families(tasks)]
-                   + [("train", t) for t in interleave_families(reported_train_tasks(params))])
+                   + [("train", t) for t in reported_train_tasks(params)])
 
 
 def reported_train_tasks(params: dict[str, Any]) -> list[Task]:
-    """The training tasks the evaluate stage reports beside the test tasks: the first
-    `evaluate.train_tasks_per_family` of each family (reads no test task)."""
-    return first_per_family(read_tasks(Path(section(params, "paths.tasks")) / "train.parquet",
-                                       section(params, "paths.tables")),
-                            int(section(params, "evaluate.train_tasks_per_family")))
+    """The training tasks the evaluate stage reports beside the test tasks, in its order: the first
+    `evaluate.train_tasks_per_family` of each family, the families in turns (reads no test task)."""
+    return interleave_families(first_per_family(read_tasks(Path(section(params, "paths.tasks")) / "train.parquet",
+                                                           section(params, "paths.tables")),
+                                                int(section(params, "evaluate.train_tasks_per_family"))))
 
 
 def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
@@ -178,7 +178,7 @@ def evaluation_setup(params: dict[str, Any], measuring: bool = True, test: bool 
     the stage's journal (tests/unit/test_pools.py holds that only evaluation reads the test pool)."""
     backend = backend_of(params) if measuring else backend_of(params, lookups=RecordedLookups({}))
     tasks, splits = evaluated_tasks(params) if test else \
-        ([], [("train", t) for t in interleave_families(reported_train_tasks(params))])
+        ([], [("train", t) for t in reported_train_tasks(params)])
     sharders = make_sharders(params, int(section(params, "backend.batch_size")))
     journal = EvalJournal(section(params, "paths.eval_journal"), journal_fingerprint(params, backend, sharders))
     return Evaluation(backend, sharders, journal, tasks, splits)
