@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from benchmarks.run_info import machine
+from dreamshard.project.domain import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 SHARDERS = ("dreamshard_cut", "dreamshard")  # reported against the references
@@ -77,7 +78,7 @@ def prepare(clone: Path, commit: str, seed: int) -> None:
     wanted = yaml.safe_dump(with_seed(committed, seed), sort_keys=False)
     params = clone / "params.yaml"
     if params.read_text() != wanted:
-        params.write_text(wanted)
+        write_text(wanted, params)
     if not (clone / ".dvc").is_dir():
         run([str(Path(sys.executable).with_name("dvc")), "init", "-q"], clone)
     run([str(Path(sys.executable).with_name("dvc")), "config", "core.analytics", "false"], clone)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / "seeds.json"
         if not path.is_file():
             ap.error(f"--report: {path}: no such file (a run writes it)")
-        (args.out / "README.md").write_text(readme(json.loads(path.read_text())))
+        write_text(readme(json.loads(path.read_text())), args.out / "README.md")
         return 0
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -209,10 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             "families": seed_figures(metrics)}
         out.mkdir(parents=True, exist_ok=True)
         summary["seeds"] = dict(sorted(summary["seeds"].items(), key=lambda kv: int(kv[0])))
-        tmp = summary_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        tmp.replace(summary_path)
-        (out / "README.md").write_text(readme(summary))
+        write_text(json.dumps(summary, indent=2) + "\n", summary_path)
+        write_text(readme(summary), out / "README.md")
         print(f"seeds: seed {seed} done in {minutes:.1f} min -> {summary_path}", flush=True)
     print(readme(summary))
     return 0
