@@ -186,14 +186,17 @@ class TrainPool:
     statistics of the generated batch, and its first `process.sample_batch` samples as the recorded lookups."""
 
     def __init__(self, params: dict[str, Any], max_rows: int) -> None:
-        from dreamshard.project.data import SyntheticConfig, sample_table_profiles
+        from dreamshard.project.data import SyntheticConfig, sample_table_profiles, synthetic_pooling
         from dreamshard.project.params import build, section
-        from dreamshard.project.tasks import split_table_pools
+        from dreamshard.project.tasks import holdout_settings, split_heavy, split_table_pools
 
         self.config = build(SyntheticConfig, section(params, "data.synthetic"), "data.synthetic")
         self.sample_batch = int(section(params, "process.sample_batch"))
         self.profiles = sample_table_profiles(self.config)
-        train = split_table_pools(list(range(len(self.profiles))), float(section(params, "tasks.test_fraction")),
+        # the tasks stage's pools: the tables pooled beyond tasks.holdout.pooling_above are left out first
+        light, _ = split_heavy(list(range(len(self.profiles))), synthetic_pooling(self.config),
+                               holdout_settings(params, section(params, "tasks.dims"))[0])
+        train = split_table_pools(light, float(section(params, "tasks.test_fraction")),
                                   int(section(params, "tasks.seed")),
                                   float(section(params, "tasks.validation_fraction")))["train"]
         self.ids = [i for i in train if self.profiles[i].hash_size <= max_rows]

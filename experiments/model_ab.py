@@ -138,7 +138,7 @@ def extra_tasks(params: dict[str, Any], families: list[Any]) -> list[Any]:
 
     stats, pools, dims, memory, seed = sampling_inputs(params)
     return [t for fam in families
-            for t in sample_family(stats, pools["validation"], fam, "validation", dims, memory, seed)]
+            for t in sample_family(stats, pools, fam, "validation", dims, memory, seed)]
 
 
 def report(summary: dict[str, Any], out: Path | None) -> None:

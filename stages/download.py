@@ -24,7 +24,7 @@ def run(params: dict[str, Any]) -> None:
         old.unlink()
     if source == "synthetic":
         cfg = build(SyntheticConfig, data.get("synthetic", {}), "data.synthetic")
-        name = f"synthetic_t{cfg.num_tables}_bs{cfg.batch_size}.pt.gz"
+        name = f"synthetic_t{cfg.num_tables + cfg.heavy_tables}_bs{cfg.batch_size}.pt.gz"
         save_dlrm_file(generate_synthetic(cfg), out / name)
         manifest = {"source": "synthetic", "files": [name], "config": data.get("synthetic", {})}
     elif source == "dlrm":

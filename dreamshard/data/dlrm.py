@@ -169,7 +169,9 @@ class SyntheticConfig:
     [log10(min_rows), log10(max_rows)]. Pooling factors: lognormal with median
     `pooling_median` and log-std `pooling_sigma` (mean about 15 by default; a few
     tables near 0, a few above 100), clipped to max_pooling; per-sample lengths are
-    Poisson. Index skew: Zipf exponent uniform in [zipf_min, zipf_max] per table.
+    Poisson. Index skew: Zipf exponent uniform in [zipf_min, zipf_max] per table. Then `heavy_tables` more, alike
+    but pooled log-uniformly in [heavy_pooling_min, max_pooling]: the heavy tail a holdout family draws from
+    (tasks.holdout), in numbers enough for disjoint test tasks; the first `num_tables` do not depend on them.
     """
 
     num_tables: int = 240
@@ -183,6 +185,8 @@ class SyntheticConfig:
     max_pooling: float = 250.0
     zipf_min: float = 0.2
     zipf_max: float = 1.4
+    heavy_tables: int = 0
+    heavy_pooling_min: float = 50.0
     seed: int = 0
 
 
@@ -201,6 +205,16 @@ def sample_table_profiles(cfg: SyntheticConfig) -> list[TableProfile]:
     log_rows = np.clip(log_rows, math.log10(cfg.min_rows), math.log10(cfg.max_rows))
     pooling = np.minimum(rng.lognormal(math.log(cfg.pooling_median), cfg.pooling_sigma, cfg.num_tables), cfg.max_pooling)
     alphas = rng.uniform(cfg.zipf_min, cfg.zipf_max, cfg.num_tables)
+    if cfg.heavy_tables:  # a stream of their own: the tables above stay as they were
+        if not 0 < cfg.heavy_pooling_min <= cfg.max_pooling:
+            raise ValueError(f"heavy_pooling_min: expected a pooling factor in (0, max_pooling = {cfg.max_pooling}], "
+                             f"got {cfg.heavy_pooling_min}")
+        heavy = np.random.default_rng([cfg.seed, 1])
+        log_rows = np.concatenate([log_rows, np.clip(heavy.normal(cfg.rows_log10_mean, cfg.rows_log10_std, cfg.heavy_tables),
+                                                     math.log10(cfg.min_rows), math.log10(cfg.max_rows))])
+        pooling = np.concatenate([pooling, np.exp(heavy.uniform(math.log(cfg.heavy_pooling_min), math.log(cfg.max_pooling),
+                                                                cfg.heavy_tables))])
+        alphas = np.concatenate([alphas, heavy.uniform(cfg.zipf_min, cfg.zipf_max, cfg.heavy_tables)])
     return [
         TableProfile(int(round(10**lr)), float(p), float(a)) for lr, p, a in zip(log_rows, pooling, alphas)
     ]
@@ -226,6 +240,14 @@ def generate_lookups(profile: TableProfile, batch_size: int, seed: int) -> tuple
     shift = int(rng.integers(0, n))
     indices = (ranks * mult + shift) % n
     return indices.astype(np.int64), lengths
+
+
+def synthetic_pooling(cfg: SyntheticConfig) -> list[float]:
+    """Each generated table's pooling factor as `table_statistics` will measure it (the mean of the lengths
+    generate_lookups draws first), without drawing the indices: which tables a pool split leaves out is known
+    before generating them (benchmarks/dmp_fidelity.py)."""
+    return [float(np.random.default_rng(table_seed(cfg.seed, f"t{i}")).poisson(p.pooling_factor, cfg.batch_size).mean())
+            for i, p in enumerate(sample_table_profiles(cfg))]
 
 
 def table_seed(seed: int, key: str) -> int:

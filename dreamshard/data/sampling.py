@@ -24,12 +24,24 @@ class TaskFamily:
     num_train: int
     num_test: int
     num_validation: int = 0
+    # a distribution no model trains or is designed on (tasks.holdout): "pooling" draws the tables pooled more
+    # heavily than any training table, "dims" draws test tables at dims wider than any training dim; test only
+    holdout: str = ""
+
+    def __post_init__(self) -> None:
+        if self.holdout not in HOLDOUTS:
+            raise ValueError(f"family {self.name!r}: holdout: expected one of {', '.join(map(repr, HOLDOUTS))}, "
+                             f"got {self.holdout!r}")
+        if self.holdout and (self.num_train or self.num_validation):
+            raise ValueError(f"family {self.name!r}: a holdout family is test only: num_train and num_validation "
+                             f"must be 0, got {self.num_train} and {self.num_validation}")
 
     def count(self, split: str) -> int:
         """How many tasks of `split` (one of POOLS) the family draws."""
         return {"train": self.num_train, "validation": self.num_validation, "test": self.num_test}[split]
 
 
+HOLDOUTS = ("", "pooling", "dims")
 POOLS = ("train", "validation", "test")  # disjoint table pools: models learn from train, design reads validation,
 # only the evaluate stage reads test (tests/unit/test_pools.py holds it)
 # splits whose tasks are drawn in disjoint table blocks (sample_tasks), so that their intervals can respect shared tables
@@ -51,6 +63,14 @@ def split_table_pools(table_ids: Sequence[int], test_fraction: float, seed: int,
     n_val = int(round(len(ids) * validation_fraction))
     return {"train": sorted(ids[n_test + n_val:].tolist()), "validation": sorted(ids[n_test:n_test + n_val].tolist()),
             "test": sorted(ids[:n_test].tolist())}
+
+
+def split_heavy(table_ids: Sequence[int], pooling: Sequence[float], pooling_above: float) -> tuple[list[int], list[int]]:
+    """(ids of tables pooled at most `pooling_above`, ids of those above it): the second never trains nor is
+    designed on; only holdout "pooling" families draw them."""
+    light = [int(i) for i, p in zip(table_ids, pooling) if p <= pooling_above]
+    heavy = [int(i) for i, p in zip(table_ids, pooling) if p > pooling_above]
+    return light, heavy
 
 
 def table_blocks(pool: Sequence[int], num_tables: int, count: int, rng: np.random.Generator) -> list[np.ndarray]:

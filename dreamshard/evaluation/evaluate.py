@@ -20,6 +20,9 @@ class PlannedTask:
     algorithm: str
     plan: Plan
     planning_ms: float
+    # a learned sharder beyond its training range (sharders/fallback.py): which plan it kept, "learned" or
+    # "analytic"; "inside" within the range; "" for sharders that check none
+    fallback: str = ""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,15 @@ class EvalResult:
     planning_ms: float
     cost: PlanCost
     bound: LowerBound
+    fallback: str = ""
+
+
+def fallback_of(sharder: Sharder) -> str:
+    """What a learned sharder's last plan was (PlannedTask.fallback)."""
+    if not hasattr(sharder, "last_decision"):
+        return ""
+    decision = sharder.last_decision
+    return "inside" if decision is None else decision.kept if decision.analytic else "learned (no fallback)"
 
 
 def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:
@@ -40,7 +52,7 @@ def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:
         plan = sharder.shard(task)
         elapsed = (time.perf_counter() - start) * 1e3
         validate_plan(task, plan)
-        planned.append(PlannedTask(sharder.name, plan, elapsed))
+        planned.append(PlannedTask(sharder.name, plan, elapsed, fallback_of(sharder)))
     return planned
 
 
@@ -119,7 +131,7 @@ def evaluate_task(backend: CostBackend, task: Task, sharders: Sequence[Sharder],
     bound = lower_bound(probes if probes is not None else backend, task, regime,  # type: ignore[arg-type]
                         column_splits=column_splits or column_splits_in(task, plans),
                         row_splits=row_splits_of(task, plans) or None, row_probe_ratio=row_probe_ratio)
-    return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound) for p, c in zip(planned, costs)]
+    return [EvalResult(task, p.algorithm, p.plan, p.planning_ms, c, bound, p.fallback) for p, c in zip(planned, costs)]
 
 
 # ---------------------------------------------------------------- estimated bins

@@ -49,7 +49,7 @@ def result_row(r: EvalResult) -> dict[str, Any]:
     return {
         "task": r.task.name, "family": r.task.family, "algorithm": r.algorithm,
         "cost_ms": r.cost.cost_ms, "lower_bound_ms": r.bound.total_ms, "cost_over_lb": r.cost.cost_ms / r.bound.total_ms,
-        "planning_ms": r.planning_ms,
+        "planning_ms": r.planning_ms, "fallback": r.fallback,
         "fwd_ms": [d.fwd_ms for d in r.cost.devices], "bwd_ms": [d.bwd_ms for d in r.cost.devices],
         "fwd_comm_ms": [d.fwd_comm_ms for d in r.cost.devices], "bwd_comm_ms": [d.bwd_comm_ms for d in r.cost.devices],
         "backend": r.cost.backend, "device_name": r.cost.device_name, "measured": r.cost.measured, "comm": r.cost.comm,

@@ -42,10 +42,19 @@ def table_features(tables: Sequence[Table], memory: MemoryModel) -> np.ndarray:
     return np.stack([shard_features(t, t.dim, memory) for t in tables])
 
 
+# the features whose training range a learned sharder checks a task against (sharders/fallback.py): what a table
+# is made of (its size follows from rows and dim; its bins are fractions, inside [0, 1] for every table)
+RANGE_FEATURES = ("dim", "rows", "pooling_factor")
+
+
 @dataclass(frozen=True)
 class FeatureScaler:
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # the least and greatest raw value of each RANGE_FEATURES over the tables it was fitted on (the training
+    # range); None in checkpoints written before they were recorded: no range is known
+    low: tuple[float, ...] | None = None
+    high: tuple[float, ...] | None = None
 
     @classmethod
     def fit(cls, raw: np.ndarray) -> FeatureScaler:
@@ -54,19 +63,43 @@ class FeatureScaler:
         mean[:_LOG_COLUMNS] = x[:, :_LOG_COLUMNS].mean(axis=0)
         spread = x[:, :_LOG_COLUMNS].std(axis=0)
         std[:_LOG_COLUMNS] = np.where(spread > 1e-8, spread, 1.0)
-        return cls(tuple(mean.tolist()), tuple(std.tolist()))
+        ranged = np.asarray(raw, dtype=np.float64)[:, [FEATURE_NAMES.index(f) for f in RANGE_FEATURES]]
+        return cls(tuple(mean.tolist()), tuple(std.tolist()), tuple(ranged.min(axis=0).tolist()),
+                   tuple(ranged.max(axis=0).tolist()))
+
+    def outside(self, tables: Sequence[Table]) -> dict[str, tuple[float, float]]:
+        """Each RANGE_FEATURES on which some table of `tables` exceeds the training range: (the greatest value, the
+        range's high). Only the high side: a smaller, shorter or lighter table than any trained on costs less, where
+        a network's error matters less. Empty when every table lies inside, or no range is known (an older
+        checkpoint)."""
+        if self.high is None or not tables:
+            return {}
+        values = np.array([[t.dim, t.rows, t.pooling_factor] for t in tables], dtype=np.float64).max(axis=0)
+        return {name: (float(v), hi) for name, v, hi in zip(RANGE_FEATURES, values, self.high) if v > hi}
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         return ((_log(raw) - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)
 
     def to_dict(self) -> dict:
-        return {"mean": list(self.mean), "std": list(self.std), "features": list(FEATURE_NAMES)}
+        d: dict = {"mean": list(self.mean), "std": list(self.std), "features": list(FEATURE_NAMES)}
+        if self.low is not None and self.high is not None:
+            d["range"] = {"features": list(RANGE_FEATURES), "low": list(self.low), "high": list(self.high)}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> FeatureScaler:
         if list(d.get("features", [])) != list(FEATURE_NAMES):
             raise DataFormatError(f"feature scaler: expected features {FEATURE_NAMES}, got {d.get('features')}")
-        return cls(tuple(d["mean"]), tuple(d["std"]))
+        ranged = d.get("range")
+        if ranged is None:
+            return cls(tuple(d["mean"]), tuple(d["std"]))
+        n = len(RANGE_FEATURES)
+        if (not isinstance(ranged, dict) or list(ranged.get("features", [])) != list(RANGE_FEATURES)
+                or len(ranged.get("low", ())) != n or len(ranged.get("high", ())) != n):
+            raise DataFormatError(f"feature scaler: range: expected features {list(RANGE_FEATURES)} with {n} low and "
+                                  f"{n} high values, got {ranged!r}")
+        return cls(tuple(d["mean"]), tuple(d["std"]), tuple(map(float, ranged["low"])),
+                   tuple(map(float, ranged["high"])))
 
 
 def _log(raw: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ from dreamshard.data.dlrm import (
     load_dlrm_file,
     sample_table_profiles,
     save_dlrm_file,
+    synthetic_pooling,
     table_seed,
     table_statistics,
 )
@@ -24,5 +25,5 @@ __all__ = [
     "DEFAULT_ZIPF_ALPHA", "MANIFEST", "META_KEY", "GeneratedLookups", "RecordedLookups", "SyntheticConfig",
     "TableProfile", "TableRequests", "fit_tables_file", "generate_lookups", "generate_synthetic", "is_dataset_file",
     "load_dlrm_file", "production_model_tables", "requests_to_arrow", "sample_table_profiles", "save_dlrm_file",
-    "table_seed", "table_statistics",
+    "synthetic_pooling", "table_seed", "table_statistics",
 ]

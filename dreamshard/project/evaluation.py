@@ -106,6 +106,11 @@ def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | No
                 "links": links, "hbm_gbps": hbm_gbps}
     if "torchrec_calibrated" in names:  # TorchRec's compute fitted to the collected measurements, once
         settings["calibration"] = torchrec_calibration(params, batch_size, links, hbm_gbps)
+    fallback = cfg.get("fallback")  # learned sharders' plans beyond their training range (sharders/fallback.py)
+    if fallback not in (None, "torchrec_model"):
+        raise ParamsError(f"params.yaml: evaluate.fallback: expected torchrec_model or null, got {fallback!r}")
+    if fallback:
+        settings["fallback"] = make_sharder(fallback, **spec(fallback).taken_from(settings))
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
     if not isinstance(decoding, dict) or any(not isinstance(v, dict) for v in decoding.values()):
         raise ParamsError(f"params.yaml: evaluate.decoding: expected a mapping of sharder name to options, "
@@ -151,6 +156,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
     evaluate["decoding"] = cfg.get("decoding") or {}  # absent: no options
+    evaluate["fallback"] = cfg.get("fallback")
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "evaluate": evaluate,

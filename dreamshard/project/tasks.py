@@ -9,10 +9,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.data.sampling import GROUPED_SPLITS, TaskFamily, sample_tasks, split_table_pools
+from dreamshard.data.sampling import GROUPED_SPLITS, POOLS, TaskFamily, sample_tasks, split_heavy, split_table_pools
 from dreamshard.memory import MemoryModel
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.tasks import Task, read_tasks
+
+__all__ = ["HEAVY", "POOLS", "holdout_settings", "read_split", "sample_family", "sampling_inputs", "split_heavy",
+           "split_table_pools", "task_families"]
 
 
 def task_families(params: dict[str, Any]) -> list[TaskFamily]:
@@ -24,19 +27,40 @@ def task_families(params: dict[str, Any]) -> list[TaskFamily]:
     return [build(TaskFamily, f, f"tasks.profiles.{profile}[{i}]") for i, f in enumerate(profiles[profile])]
 
 
-def sample_family(stats: pd.DataFrame, pool: Sequence[int], family: TaskFamily, split: str, dims: Sequence[int],
-                 memory: MemoryModel, seed: int) -> list[Task]:
-    """`family`'s tasks of `split` (its num_train, num_validation or num_test) drawn from the table ids in `pool`
-    (validation and test tasks in disjoint table blocks, GROUPED_SPLITS): one random stream per (family, split), so
-    adding a family leaves the others' tasks unchanged."""
+HEAVY = "heavy"  # sampling_inputs' pool of the tables pooled beyond tasks.holdout.pooling_above
+
+
+def sample_family(stats: pd.DataFrame, pools: dict[str, list[int]], family: TaskFamily, split: str,
+                  dims: Sequence[int], memory: MemoryModel, seed: int, holdout_dims: Sequence[int] = ()) -> list[Task]:
+    """`family`'s tasks of `split` (its num_train, num_validation or num_test) drawn from `pools[split]` (a holdout
+    "pooling" family: from the heavy pool) at `dims` (a holdout "dims" family: at `holdout_dims`); validation and
+    test tasks in disjoint table blocks (GROUPED_SPLITS); one random stream per (family, split), so adding a family
+    leaves the others' tasks unchanged."""
     rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
+    pool = pools[HEAVY] if family.holdout == "pooling" else pools[split]
+    if family.holdout == "dims":
+        dims = holdout_dims
     return sample_tasks(stats, pool, family, family.count(split), split, dims, memory, rng,
                         grouped=split in GROUPED_SPLITS)
 
 
+def holdout_settings(params: dict[str, Any], dims: Sequence[int]) -> tuple[float, list[int]]:
+    """tasks.holdout: (pooling_above, dims), checked: the holdout dims wider than every training dim."""
+    cfg = section(params, "tasks.holdout")
+    above, wide = cfg.get("pooling_above") if isinstance(cfg, dict) else None, cfg.get("dims") if isinstance(cfg, dict) else None
+    if isinstance(above, bool) or not isinstance(above, (int, float)) or above <= 0:
+        raise ParamsError(f"params.yaml: tasks.holdout.pooling_above: expected a positive pooling factor, got {above!r}")
+    if not isinstance(wide, list) or any(isinstance(d, bool) or not isinstance(d, int) or d % 4 or d <= max(dims)
+                                         for d in wide):
+        raise ParamsError(f"params.yaml: tasks.holdout.dims: expected a list of multiples of 4 wider than every dim "
+                          f"of tasks.dims (max {max(dims)}), got {wide!r}")
+    return float(above), wide
+
+
 def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[int]], list[int], MemoryModel, int]:
-    """What every family's draw reads: the table stats, the disjoint {"train", "validation", "test"} pools of table
-    ids, the dims, the memory model and the seed (a bad value is a ParamsError naming its key)."""
+    """What every family's draw reads: the table stats, the pools of table ids (the disjoint "train", "validation"
+    and "test" of the tables pooled at most tasks.holdout.pooling_above, and HEAVY, the others), the dims, the
+    memory model and the seed (a bad value is a ParamsError naming its key)."""
     memory = build(MemoryModel, section(params, "memory"), "memory")
     dims = section(params, "tasks").get("dims")
     if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
@@ -45,11 +69,13 @@ def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, lis
     stats = pd.read_parquet(section(params, "paths.tables"))
     test_fraction = section(params, "tasks.test_fraction")
     validation_fraction = section(params, "tasks.validation_fraction")
+    pooling_above, _ = holdout_settings(params, dims)
+    light, heavy = split_heavy(stats["table_id"].tolist(), stats["pooling_factor"].tolist(), pooling_above)
     try:
-        pools = split_table_pools(stats["table_id"].tolist(), test_fraction, seed, validation_fraction)
+        pools = split_table_pools(light, test_fraction, seed, validation_fraction)
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"params.yaml: tasks.test_fraction, tasks.validation_fraction: {exc}") from None
-    return stats, pools, dims, memory, seed
+    return stats, {**pools, HEAVY: heavy}, dims, memory, seed
 
 
 def read_split(params: dict[str, Any], split: str) -> list[Task]:

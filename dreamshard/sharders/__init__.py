@@ -88,7 +88,16 @@ def _policy(name: str) -> Callable[..., Sharder]:
     return factory
 
 
-def _dreamshard_cut(model: Any, cuts: Any = None) -> Sharder:
+def _checked_fallback(name: str, fallback: Any) -> Any:
+    """A learned sharder's analytic fallback (sharders/fallback.py): a sharder that also rates plans (rating_ms)."""
+    if fallback is not None and not (callable(getattr(fallback, "shard", None))
+                                     and callable(getattr(fallback, "rating_ms", None))):
+        raise TypeError(f"sharder {name!r}: fallback must be a sharder that rates plans, as torchrec_model's does "
+                        f"(shard and rating_ms), got {type(fallback).__name__}")
+    return fallback
+
+
+def _dreamshard_cut(model: Any, cuts: Any = None, fallback: Any = None) -> Sharder:
     from dreamshard.learning.policy import LearnedModel  # imports torch
     from dreamshard.sharders.cuts import CutConfig, CutSearchSharder
 
@@ -97,7 +106,8 @@ def _dreamshard_cut(model: Any, cuts: Any = None) -> Sharder:
                         f"got {type(model).__name__}")
     if cuts is not None and not isinstance(cuts, CutConfig):
         raise TypeError(f"sharder 'dreamshard_cut': cuts must be a CutConfig, got {type(cuts).__name__}")
-    return CutSearchSharder("dreamshard_cut", model, cuts or CutConfig())
+    return CutSearchSharder("dreamshard_cut", model, cuts or CutConfig(),
+                            fallback=_checked_fallback("dreamshard_cut", fallback))
 
 
 def _rnn(model: Any) -> Sharder:
@@ -110,7 +120,7 @@ def _rnn(model: Any) -> Sharder:
 
 
 def _neuroshard(name: str, table_wise: bool) -> Callable[..., Sharder]:
-    def factory(model: Any, search: Any = None) -> Sharder:
+    def factory(model: Any, search: Any = None, fallback: Any = None) -> Sharder:
         from dataclasses import replace
 
         from dreamshard.learning.neuroshard import NeuroShardModel  # imports torch
@@ -124,7 +134,7 @@ def _neuroshard(name: str, table_wise: bool) -> Callable[..., Sharder]:
         config = search or SearchConfig()
         if table_wise:  # the greedy grid search alone: no moves, so no column or row cuts
             config = replace(config, depth=0, row_splits=False)
-        return NeuroShardSharder(model, config, name=name)
+        return NeuroShardSharder(model, config, name=name, fallback=_checked_fallback(name, fallback))
 
     return factory
 
@@ -174,7 +184,7 @@ _SPECS = (
                 doc="greedy, key = dim x pooling factor x log10(rows)"),
     SharderSpec("dreamshard", "policy", _policy("dreamshard"), ("model", "samples", "seed", "rivals"), needs_model=True,
                 doc="policy trained on the estimated MDP"),
-    SharderSpec("dreamshard_cut", "policy", _dreamshard_cut, ("model", "cuts"), needs_model=True,
+    SharderSpec("dreamshard_cut", "policy", _dreamshard_cut, ("model", "cuts", "fallback"), needs_model=True,
                 splits_tables=True, checkpoint_of="dreamshard",
                 doc="DreamShard's policy and cost network, searching which tables to cut into "
                                         "column slices (sharders/cuts.py); the dreamshard checkpoint"),
@@ -182,7 +192,8 @@ _SPECS = (
                 doc="policy trained on real measurements"),
     SharderSpec("rnn", "rnn", _rnn, ("model",), needs_model=True,
                 doc="the RNN baseline: an LSTM over the tables in order, trained on real measurements"),
-    SharderSpec("neuroshard", "search", _neuroshard("neuroshard", False), ("model", "search"), needs_model=True,
+    SharderSpec("neuroshard", "search", _neuroshard("neuroshard", False), ("model", "search", "fallback"),
+                needs_model=True,
                 splits_tables=True, doc="beam search over column splits with pre-trained cost models"),
     SharderSpec("neuroshard_tw", "search", _neuroshard("neuroshard_tw", True), ("model", "search"), needs_model=True,
                 doc="NeuroShard table-wise: its greedy grid search on whole tables (the peer of the table-wise "

@@ -20,6 +20,7 @@ from dreamshard.learning.policy import LearnedModel
 from dreamshard.limits import BYTES_PER_CUT_PIECE, check_memory
 from dreamshard.placement import Rules, place_tables
 from dreamshard.plan import Plan, validate_plan
+from dreamshard.sharders.fallback import AnalyticSharder, Decision
 from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, num_pieces, table_pieces
 from dreamshard.tables import Table
@@ -176,6 +177,8 @@ class CutSearchSharder(LearnedSharder):
     model: LearnedModel
     config: CutConfig = field(default_factory=CutConfig)
     bins: BinEstimator | None = None
+    fallback: AnalyticSharder | None = None  # plans tasks beyond the training range too (sharders/fallback.py)
+    last_decision: Decision | None = field(default=None, init=False, compare=False)
 
     @torch.no_grad()
     def _shard(self, task: Task) -> Plan:

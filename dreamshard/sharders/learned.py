@@ -7,7 +7,7 @@ it rates cheapest. Devices of different speed, decoding options and estimated bi
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.placement import PlacementState, place_tables
 from dreamshard.plan import Plan
+from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_safer
 from dreamshard.sharders.heuristics import GREEDY_KEYS, greedy_assignment
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.tasks import Task
@@ -26,22 +27,36 @@ from dreamshard.tasks import Task
 
 class LearnedSharder:
     """What every sharder planning with a trained model does around its own `_shard`: tables without bins get
-    them from `bins` (None: the estimator the model's metadata carries, if any), and tables the task asks to be
-    cut are cut into pieces first (`with_pieces`). Subclasses are dataclasses with these three fields."""
+    them from `bins` (None: the estimator the model's metadata carries, if any), tables the task asks to be
+    cut are cut into pieces first (`with_pieces`), and a task beyond the model's training range is also planned by
+    `fallback` where one is given (sharders/fallback.py; `last_decision` says what happened to the last task).
+    Subclasses are dataclasses with these fields."""
 
     name: str
-    model: Any  # has .meta
+    model: Any  # has .meta and .scaler
     bins: BinEstimator | None
+    fallback: AnalyticSharder | None
+    last_decision: Decision | None
 
     def __post_init__(self) -> None:
         if self.bins is None:
             self.bins = BinEstimator.from_meta(self.model.meta, f"{self.name} model metadata")
 
     def shard(self, task: Task) -> Plan:
-        return with_pieces(task_with_estimated_bins(task, self.bins, self.name), self._shard)
+        task = task_with_estimated_bins(task, self.bins, self.name)
+        plan = with_pieces(task, self._shard)
+        plan, self.last_decision = keep_safer(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
+                                              self.fallback)
+        return plan
 
     def _shard(self, task: Task) -> Plan:
         raise NotImplementedError
+
+    def own_ms(self, task: Task, plan: Plan) -> float:
+        """`plan` rated by the sharder's own cost model (ms; a model's estimate)."""
+        from dreamshard.learning.cost_model import NetworkEstimate
+
+        return NetworkEstimate(self.model.cost_net, self.model.scaler).plan_cost(task, plan).cost_ms
 
 
 @dataclass
@@ -53,6 +68,8 @@ class PolicySharder(LearnedSharder):
     rivals: tuple[str, ...] = ()  # greedy heuristics (GREEDY_KEYS) whose plans the cost network rates beside the policy's
     # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
     bins: BinEstimator | None = None
+    fallback: AnalyticSharder | None = None  # plans tasks beyond the training range too (sharders/fallback.py)
+    last_decision: Decision | None = field(default=None, init=False, compare=False)
 
     @torch.no_grad()
     def _shard(self, task: Task) -> Plan:

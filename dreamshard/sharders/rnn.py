@@ -2,7 +2,7 @@
 through `place_tables`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,6 +11,7 @@ from dreamshard.learning.decoding import rank_devices
 from dreamshard.learning.rnn import RnnContext, RnnModel
 from dreamshard.placement import PlacementState, place_tables
 from dreamshard.plan import Plan
+from dreamshard.sharders.fallback import Decision
 from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.tasks import Task
 
@@ -24,6 +25,8 @@ class RnnSharder(LearnedSharder):
     name: str = "rnn"
     # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
     bins: BinEstimator | None = None
+    fallback: None = None  # no cost model to rate an analytic plan by: beyond the range it only says so
+    last_decision: Decision | None = field(default=None, init=False, compare=False)
 
     @torch.no_grad()
     def _shard(self, task: Task) -> Plan:

@@ -8,7 +8,7 @@ search, its bounds on row cuts and why row moves are off by default: docs/learni
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +19,7 @@ from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
 from dreamshard.plan import Plan, Shard
+from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_safer
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -266,12 +267,23 @@ class NeuroShardSharder:
     # estimates the bins of tables that lack them; None: the model's own estimator, if its metadata has one
     bins: BinEstimator | None = None
 
+    fallback: AnalyticSharder | None = None  # plans tasks beyond the training range too (sharders/fallback.py)
+    last_decision: Decision | None = field(default=None, init=False, compare=False)
+
     def __post_init__(self) -> None:
         if self.bins is None:
             object.__setattr__(self, "bins", BinEstimator.from_meta(self.model.meta, f"{self.name} model metadata"))
 
     def shard(self, task: Task) -> Plan:
-        return with_pieces(task_with_estimated_bins(task, self.bins, self.name), self._shard)
+        task = task_with_estimated_bins(task, self.bins, self.name)
+        plan = with_pieces(task, self._shard)
+        plan, self.last_decision = keep_safer(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
+                                              self.fallback)
+        return plan
+
+    def own_ms(self, task: Task, plan: Plan) -> float:
+        """`plan` rated by NeuroShard's own cost models (ms; a model's estimate)."""
+        return self.model.plan_cost(task, plan).cost_ms
 
     def _shard(self, task: Task) -> Plan:
         ev = _Evaluator(self.model, task)

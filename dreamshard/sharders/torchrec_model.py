@@ -231,6 +231,12 @@ class TorchRecModelSharder:
         batch, topo = self._batch(task), self._topo(task)
         return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch, topo).cost_ms)
 
+    def rating_ms(self, task: Task, plan: Plan) -> float:
+        """`plan` as TorchRec's perf model rates it on this sharder's cluster (ms; a model's estimate)."""
+        from dreamshard.interop.torchrec import torchrec_perf_estimate
+
+        return torchrec_perf_estimate(task, plan, self._batch(task), self._topo(task)).cost_ms
+
     def _search(self, task: Task, memo: PriceMemo | None = None, deadline: float = float("inf")) -> Plan:
         options = _cuts_of(task, self.config)
         starts = [_first_fit(task), _row_wise_start(task)]
