@@ -1,6 +1,7 @@
 """Drawing task families: the inputs every family's draw reads, and one family's tasks of a split."""
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,16 +40,24 @@ def sample_family(stats: pd.DataFrame, pools: dict[str, list[int]], family: Task
     rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
     pool = pools[HEAVY] if family.holdout == "pooling" else pools[split]
     if family.holdout == "dims":
+        if not holdout_dims:
+            raise ParamsError(f"params.yaml: tasks.holdout.dims: family {family.name!r} draws at holdout dims, but "
+                              "tasks.holdout names none")
         dims = holdout_dims
     return sample_tasks(stats, pool, family, family.count(split), split, dims, memory, rng,
                         grouped=split in GROUPED_SPLITS)
 
 
 def holdout_settings(params: dict[str, Any], dims: Sequence[int]) -> tuple[float, list[int]]:
-    """tasks.holdout: (pooling_above, dims), checked: the holdout dims wider than every training dim."""
-    cfg = section(params, "tasks.holdout")
-    above, wide = cfg.get("pooling_above") if isinstance(cfg, dict) else None, cfg.get("dims") if isinstance(cfg, dict) else None
-    if isinstance(above, bool) or not isinstance(above, (int, float)) or above <= 0:
+    """tasks.holdout: (pooling_above, dims), checked: the holdout dims wider than every training dim. Absent: no
+    table is held out (inf, [])."""
+    cfg = section(params, "tasks").get("holdout")
+    if cfg is None:
+        return math.inf, []
+    if not isinstance(cfg, dict):
+        raise ParamsError(f"params.yaml: tasks.holdout: expected a mapping with pooling_above and dims, got {cfg!r}")
+    above, wide = cfg.get("pooling_above"), cfg.get("dims")
+    if isinstance(above, bool) or not isinstance(above, (int, float)) or not above > 0:
         raise ParamsError(f"params.yaml: tasks.holdout.pooling_above: expected a positive pooling factor, got {above!r}")
     if not isinstance(wide, list) or any(isinstance(d, bool) or not isinstance(d, int) or d % 4 or d <= max(dims)
                                          for d in wide):
