@@ -55,6 +55,10 @@ def bins_record(algo: str, task: Task, sharder: Any) -> dict[str, Any]:
 
 def provenance(algo: str, model_path: str | Path | None, model: Any, task: Task, sharder: Any) -> dict[str, Any]:
     """The `made_by` record of a plan file."""
-    return {"tool": "dreamshard", "version": tool_version(), "sharder": algo,
-            "model": None if model_path is None else model_record(algo, model_path, model),
-            "bins": bins_record(algo, task, sharder)}
+    record = {"tool": "dreamshard", "version": tool_version(), "sharder": algo,
+              "model": None if model_path is None else model_record(algo, model_path, model),
+              "bins": bins_record(algo, task, sharder)}
+    decision = getattr(sharder, "last_decision", None)  # a learned sharder's task beyond its training range
+    if decision is not None:
+        record["fallback"] = decision.to_dict()
+    return record

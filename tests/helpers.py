@@ -39,10 +39,11 @@ def tiny_params(paths_root: Path | None = None) -> dict:
     if paths_root is not None:
         p["paths"] = {key: str(paths_root / value) for key, value in p["paths"].items()}
     p["data"]["source"] = "synthetic"
-    p["data"]["synthetic"].update(num_tables=TINY_TABLES, batch_size=256, max_rows=5000, seed=0)
+    p["data"]["synthetic"].update(num_tables=TINY_TABLES, batch_size=256, max_rows=5000, seed=0, heavy_tables=0)
     p["process"]["sample_batch"] = 64
     p["tasks"].update(seed=0, test_fraction=0.4, validation_fraction=0.25, dims=[4, 8, 16], profile="tiny",
                       profiles={"tiny": FAMILIES})
+    p["tasks"]["holdout"]["pooling_above"] = 1000.0  # above every table: the tiny pools keep all 24
     p["backend"].update(name="analytic", batch_size=512)
     p["backend"]["analytic"] = {"regime": "super_additive"}
     p["collect"].update(seed=0, num_plans=12, perturb_fraction=0.5, chunk_size=5)

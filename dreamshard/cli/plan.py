@@ -82,6 +82,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "hardware all the same")
     p.add_argument("--samples", type=int,
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="dreamshard_cut, neuroshard: plan tables beyond the model's training range by the model alone "
+                        "(default: also by TorchRec's perf model (torchrec_model), keeping the plan the other model "
+                        "rates better; the plan file's made_by.fallback says which; docs/learning.md)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="torchrec, torchrec_full, torchrec_model: stop searching after this long and keep the best "
                         "plan found (TorchRec's timeout_seconds; our search's moves); needed past the task sizes "
@@ -157,6 +161,10 @@ def sharder_options(args: argparse.Namespace, num_devices: int) -> dict:
             check_model_hardware(args, options[name])
     if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at:
         options["batch_size"] = args.batch_size * num_devices  # per device here; our sharders take the global one
+    if "fallback" in s.options and not args.no_fallback:  # beyond the model's training range (sharders/fallback.py)
+        options["fallback"] = make_sharder("torchrec_model", batch_size=args.batch_size * num_devices)
+    elif args.no_fallback and "fallback" not in s.options:
+        raise DreamShardError(f"--no-fallback: sharder {args.algo!r} has no fallback (dreamshard_cut and neuroshard do)")
     return options
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,18 @@ class PlanToMeasure:
 
 def perturb(task: Task, plan: Plan, rng: np.random.Generator, max_moves: int) -> Plan:
     """Move up to `max_moves` random whole tables to random devices that have room and that the task's rules let
-    them take (placement.Rules: a pinned or grouped table stays)."""
+    them take (placement.Rules: a pinned or grouped table stays). A table the plan holds in pieces (a heuristic cuts
+    a table no device holds whole) stays as it is."""
     rules = Rules.of_task(task)
-    assignment = {s.table: s.device for s in plan.shards}
+    shards_of, dims = Counter(s.table for s in plan.shards), {t.name: t.dim for t in task.tables}
+    assignment = {s.table: s.device for s in plan.shards if shards_of[s.table] == 1 and s.width == dims[s.table]
+                  and not s.is_row_range and not s.replica and s.cache is None}
     used = device_memory_bytes(task, plan)
     for _ in range(int(rng.integers(1, max_moves + 1))):
         i = int(rng.integers(len(task.tables)))
         t = task.tables[i]
+        if t.name not in assignment:
+            continue
         size = int(rules.sizes[i])
         src = assignment[t.name]
         room = [d for d in rules.with_room(i, used) if d != src] if rules.movable(i) else []
@@ -58,7 +64,8 @@ def perturb(task: Task, plan: Plan, rng: np.random.Generator, max_moves: int) ->
             assignment[t.name] = dst
             used[src] -= size
             used[dst] += size
-    return Plan.from_assignment(task, [assignment[t.name] for t in task.tables])
+    return Plan(plan.num_devices, tuple(replace(s, device=assignment[s.table]) if s.table in assignment else s
+                                        for s in plan.shards))
 
 
 def cut_tables(task: Task, plan: Plan, rng: np.random.Generator, max_tables: int = 2) -> Plan:

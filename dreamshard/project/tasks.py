@@ -39,6 +39,9 @@ def sample_family(stats: pd.DataFrame, pools: dict[str, list[int]], family: Task
     leaves the others' tasks unchanged."""
     rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
     pool = pools[HEAVY] if family.holdout == "pooling" else pools[split]
+    if family.holdout == "pooling" and family.count(split) and not pool:
+        raise ParamsError(f"params.yaml: tasks.holdout.pooling_above: family {family.name!r} draws the tables pooled "
+                          "beyond it, but no table is (or tasks.holdout is absent)")
     if family.holdout == "dims":
         if not holdout_dims:
             raise ParamsError(f"params.yaml: tasks.holdout.dims: family {family.name!r} draws at holdout dims, but "

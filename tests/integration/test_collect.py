@@ -154,6 +154,26 @@ def test_perturb_moves_tables_only_where_they_fit(data):
     assert moved > 0
 
 
+def test_perturb_leaves_a_table_in_pieces_as_it_is(data):
+    """A heuristic cuts a table no device holds whole (with_pieces): moving its pieces as one table put it whole on
+    one device, beyond its memory (a crash of the collect stage). Its pieces stay; the whole tables still move."""
+    _, _, tasks = data
+    task = tasks[0]
+    plan = make_sharder("size_greedy").shard(task)
+    cut = max(task.tables, key=lambda t: t.dim)
+    half = cut.dim // 2
+    pieces = (Shard(cut.name, 0, 0, half), Shard(cut.name, 1, half, cut.dim))
+    plan = Plan(plan.num_devices, tuple(s for s in plan.shards if s.table != cut.name) + pieces)
+    rng = np.random.default_rng(1)
+    moved = 0
+    for _ in range(30):
+        new = perturb(task, plan, rng, max_moves=len(task.tables))
+        validate_plan(task, new)
+        assert [s for s in new.shards if s.table == cut.name] == list(pieces)
+        moved += new != plan
+    assert moved > 0
+
+
 # ---------------------------------------------------------------- journal, crash, resume
 
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dreamshard.data.sampling import TaskFamily, sample_tasks, split_table_pools
+from dreamshard.data.sampling import TaskFamily, sample_tasks, split_heavy, split_table_pools
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.io import write_parquet
 from dreamshard.memory import GB, MemoryModel
@@ -292,3 +292,52 @@ def test_tasks_stage_param_errors(tmp_path, stats):
     with pytest.raises(ValueError, match="needs 30 tables per task but the train pool has 10"):
         run_stage(tmp_path, stats, profiles={"small": [
             {"name": "big", "num_tables": 30, "num_devices": 2, "memory_gb": 1, "num_train": 1, "num_test": 1}]})
+
+
+# ---------------------------------------------------------------- holdout families
+
+
+HOLDOUT_FAMILIES = [
+    {"name": "f-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.5, "num_train": 3, "num_test": 2,
+     "num_validation": 2},
+    {"name": "heavy-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 0.5, "num_train": 0, "num_test": 2,
+     "holdout": "pooling"},
+    {"name": "wide-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 2.0, "num_train": 0, "num_test": 2,
+     "holdout": "dims"},
+]
+
+
+def test_holdout_families_draw_what_no_training_or_validation_task_holds(tmp_path, stats):
+    """tasks.holdout: tables pooled beyond pooling_above are in no train, validation or test pool, only in
+    "pooling" families' tasks; "dims" families draw test tables at dims wider than any training dim."""
+    above = float(np.quantile(stats["pooling_factor"], 0.7))
+    out = run_stage(tmp_path, stats, holdout={"pooling_above": above, "dims": [128, 256]},
+                    profiles={"small": HOLDOUT_FAMILIES})
+    pooling = dict(zip(stats["name"], stats["pooling_factor"]))
+    light, heavy = split_heavy(stats["table_id"].tolist(), stats["pooling_factor"].tolist(), above)
+    assert sorted(light + heavy) == sorted(stats["table_id"]) and not set(light) & set(heavy)
+    pools = split_table_pools(light, 0.5, 0, 0.25)
+    name_to_id = dict(zip(stats["name"], stats["table_id"]))
+    for split in ("train", "validation"):
+        assert {t.family for t in out[split]} == {"f-6-2"}
+        assert all(pooling[t.name] <= above and t.dim <= 64 for task in out[split] for t in task.tables)
+    by_family = {f: [t for t in out["test"] if t.family == f] for f in ("f-6-2", "heavy-6-2", "wide-6-2")}
+    assert all(len(v) == 2 for v in by_family.values())
+    assert all(pooling[t.name] > above for task in by_family["heavy-6-2"] for t in task.tables)
+    assert all(t.dim in (128, 256) and name_to_id[t.name] in pools["test"]
+               for task in by_family["wide-6-2"] for t in task.tables)
+    assert all(t.dim <= 64 and name_to_id[t.name] in pools["test"] for task in by_family["f-6-2"] for t in task.tables)
+
+
+def test_holdout_settings_and_families_are_checked(tmp_path, stats):
+    with pytest.raises(ParamsError, match="tasks.holdout.dims: expected a list of multiples of 4 wider than every dim"):
+        run_stage(tmp_path, stats, holdout={"pooling_above": 10.0, "dims": [64]})
+    with pytest.raises(ParamsError, match="tasks.holdout.pooling_above"):
+        run_stage(tmp_path, stats, holdout={"dims": [128]})
+    with pytest.raises(ParamsError, match="a holdout family is test only"):
+        run_stage(tmp_path, stats, holdout={"pooling_above": 10.0, "dims": [128]},
+                  profiles={"small": [{**HOLDOUT_FAMILIES[1], "num_train": 1}]})
+    with pytest.raises(ParamsError, match="holdout: expected one of"):
+        run_stage(tmp_path, stats, profiles={"small": [{**HOLDOUT_FAMILIES[1], "holdout": "rows"}]})
+    with pytest.raises(ParamsError, match="tasks.holdout names none"):
+        run_stage(tmp_path, stats, profiles={"small": [HOLDOUT_FAMILIES[2]]})

@@ -16,6 +16,7 @@ from dreamshard.data.dlrm import (
     load_dlrm_file,
     sample_table_profiles,
     save_dlrm_file,
+    synthetic_pooling,
     table_statistics,
 )
 from dreamshard.errors import DataFormatError
@@ -319,3 +320,21 @@ def test_synthetic_statistics_are_heavy_tailed(synthetic_200):
     for t, p in enumerate(sample_table_profiles(cfg)):
         ix, _ = batch.table(t)
         assert ix.size == 0 or ix.max() < p.hash_size
+
+
+def test_heavy_tables_follow_the_others_and_leave_them_unchanged():
+    """data.synthetic.heavy_tables: more tables pooled log-uniformly in [heavy_pooling_min, max_pooling], after the
+    first num_tables, which stay as they were; synthetic_pooling gives every table's measured pooling factor
+    before generating it."""
+    base = SyntheticConfig(num_tables=30, batch_size=128, max_rows=5000, seed=2)
+    heavy = SyntheticConfig(num_tables=30, batch_size=128, max_rows=5000, seed=2, heavy_tables=12, heavy_pooling_min=60.0)
+    assert sample_table_profiles(heavy)[:30] == sample_table_profiles(base)
+    extra = sample_table_profiles(heavy)[30:]
+    assert len(extra) == 12 and all(60.0 <= p.pooling_factor <= heavy.max_pooling for p in extra)
+    batch = generate_synthetic(heavy)
+    np.testing.assert_array_equal(batch.lengths[:30], generate_synthetic(base).lengths)
+    measured = [table_statistics(*batch.table(t)).pooling_factor for t in range(batch.num_tables)]
+    assert synthetic_pooling(heavy) == measured
+    assert min(measured[30:]) > 50.0
+    with pytest.raises(ValueError, match="heavy_pooling_min"):
+        sample_table_profiles(SyntheticConfig(num_tables=3, heavy_tables=2, heavy_pooling_min=300.0))

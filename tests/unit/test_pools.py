@@ -25,6 +25,7 @@ EVALUATION = {
     "dreamshard/data/sampling.py": "draws the pools (POOLS, GROUPED_SPLITS): reads no task file",
     "tools/paper_cpu.py": "the evaluate stage for the paper profile, journal by journal",
     "tools/journal_summary.py": "summarises an evaluate journal's test rows as the stage does",
+    "tools/model_error.py": "rates the evaluate stage's measured test plans by each cost model",
 }
 READERS = {"evaluated_tasks"}  # functions that return test tasks
 SETUP = "evaluation_setup"  # returns test tasks unless called with test=False

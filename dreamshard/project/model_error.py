@@ -1,0 +1,109 @@
+"""How well each cost model rates the plans the evaluate stage measured: per family, its mean absolute percentage
+error on a plan's cost and its Kendall tau over each task's plans (the ranking a search relies on).
+
+The models: DreamShard's cost network (the dreamshard checkpoint), NeuroShard's cost models, TorchRec's perf model
+told the cluster the backend prices (`torchrec`, CUDA defaults: its scale is not the CPU's, its ranking is what
+counts) and the same with its compute fitted to the collected measurements (`torchrec_calibrated`,
+interop/calibration.py). Each rates the very plans that were measured; nothing is measured here. For the tables
+beyond the learned models' training range (holdout families), `tools.model_error` reports these beside the
+default families.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dreamshard.learning.cost_model import NetworkEstimate, kendall_tau
+from dreamshard.plan import Plan
+from dreamshard.tasks import Task
+
+Estimate = Callable[[Task, Plan], float]
+
+
+def plan_of_row(row: Any, task: Task) -> Plan:
+    """The plan a results row measured (its `shards` column, JSON)."""
+    return Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(row.shards)}, f"results row {row.task}")
+
+
+def torchrec_estimates(batch_size: int, links: Any, hbm_gbps: float | None, calibration: Any = None) -> Estimate:
+    """TorchRec's rating of a plan (ms, slowest rank) at the global `batch_size` on `links`: its own perf model, or
+    with `calibration`'s compute factors."""
+    from dreamshard.interop.torchrec import (
+        _table_shards,
+        plan_caches,
+        quiet_torchrec,
+        shard_estimates,
+        topology,
+        torchrec_batch,
+    )
+
+    def rate(task: Task, plan: Plan) -> float:
+        from torchrec.distributed.planner.perf_models import NoopPerfModel
+
+        topo = topology(task, links, hbm_gbps)
+        with quiet_torchrec():
+            options = shard_estimates(task, _table_shards(task, plan), torchrec_batch(task, batch_size),
+                                      plan_caches(task, plan), topo, calibration=calibration)
+            return float(NoopPerfModel(topo).rate(options))
+
+    return rate
+
+
+def learned_estimates(dreamshard_model: Any = None, neuroshard_model: Any = None) -> dict[str, Estimate]:
+    """The learned cost models given: "cost_network" (a LearnedModel's), "neuroshard" (a NeuroShardModel)."""
+    found: dict[str, Estimate] = {}
+    if dreamshard_model is not None:
+        net = NetworkEstimate(dreamshard_model.cost_net, dreamshard_model.scaler)
+        found["cost_network"] = lambda task, plan: net.plan_cost(task, plan).cost_ms
+    if neuroshard_model is not None:
+        found["neuroshard"] = lambda task, plan: neuroshard_model.plan_cost(task, plan).cost_ms
+    return found
+
+
+def estimates_of(params: dict[str, Any]) -> dict[str, Estimate]:
+    """The four models of the module docstring as the evaluate stage's params give them: the trained checkpoints
+    (paths), TorchRec told backend.topology and backend.hbm_gbps at backend.batch_size, calibrated on paths.costs."""
+    from dreamshard.hardware.topology import Topology
+    from dreamshard.project.evaluation import _hbm_gbps, model_paths_of, torchrec_calibration
+    from dreamshard.project.params import build, section
+    from dreamshard.sharders import load_model
+
+    batch = int(section(params, "backend.batch_size"))
+    links, hbm = build(Topology, section(params, "backend.topology"), "backend.topology"), _hbm_gbps(params)
+    models = model_paths_of(params)
+    return {**learned_estimates(load_model("dreamshard", models["dreamshard"]),
+                                load_model("neuroshard", models["neuroshard"])),
+            "torchrec": torchrec_estimates(batch, links, hbm),
+            "torchrec_calibrated": torchrec_estimates(batch, links, hbm,
+                                                      torchrec_calibration(params, batch, links, hbm))}
+
+
+def model_error(results: pd.DataFrame, tasks: Sequence[Task], estimates: Mapping[str, Estimate]) -> dict[str, Any]:
+    """Per family and model: `mape` (mean |estimate - measured| / measured over the rows' plans), `tau` (mean over
+    tasks of Kendall's tau between estimates and measured costs of the task's distinct plans; tasks with fewer than
+    3 distinct plans are left out), the numbers of plans and tasks."""
+    by_name = {t.name: t for t in tasks}
+    rows = []
+    for r in results.itertuples():
+        task = by_name[r.task]
+        plan = plan_of_row(r, task)
+        rows.append({"family": r.family, "task": r.task, "key": repr(plan.key()), "measured": float(r.cost_ms),
+                     **{name: float(f(task, plan)) for name, f in estimates.items()}})
+    frame = pd.DataFrame(rows)
+    summary: dict[str, Any] = {}
+    for family, g in frame.groupby("family", sort=False):
+        summary[str(family)] = {}
+        for name in estimates:
+            ape = (g[name] - g["measured"]).abs() / g["measured"]
+            taus = []
+            for _, t in g.groupby("task", sort=False):
+                distinct = t.drop_duplicates("key")
+                if len(distinct) >= 3:
+                    taus.append(kendall_tau(distinct[name].to_numpy(), distinct["measured"].to_numpy()))
+            summary[str(family)][name] = {"mape": float(ape.mean()), "tau": float(np.mean(taus)) if taus else None,
+                                          "plans": int(len(g)), "tasks_ranked": len(taus)}
+    return summary

@@ -1,0 +1,149 @@
+"""A learned sharder beyond its training range (sharders/fallback.py): the scaler's recorded range, the rule that
+keeps the plan the other model rates better, and dreamshard_cut planning with TorchRec's model as its fallback."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+from dreamshard.errors import DataFormatError
+from dreamshard.learning.features import FeatureScaler, table_features
+from dreamshard.memory import MemoryModel
+from dreamshard.plan import Plan, validate_plan
+from dreamshard.sharders import make_sharder
+from dreamshard.sharders.fallback import keep_safer
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+BINS = tuple([0.5, 0.3, 0.2] + [0.0] * 14)
+MEMORY = MemoryModel()
+
+
+def training_tables() -> list[Table]:
+    rng = np.random.default_rng(0)
+    return [Table(f"tr{i}", int(rng.integers(100, 100_000)), int(rng.choice([8, 16, 32, 64])),
+                  float(rng.uniform(1, 20)), BINS) for i in range(40)]
+
+
+def scaler() -> FeatureScaler:
+    return FeatureScaler.fit(table_features(training_tables(), MEMORY))
+
+
+def task_of(tables: list[Table], devices: int = 2, memory_gb: float = 1.0) -> Task:
+    return Task.uniform("t", tables, devices, memory_gb, MEMORY, "f")
+
+
+def test_the_scaler_records_the_training_range_and_names_what_lies_beyond():
+    s = scaler()
+    tables = training_tables()
+    assert s.high == (max(t.dim for t in tables), max(t.rows for t in tables), max(t.pooling_factor for t in tables))
+    assert s.low == (min(t.dim for t in tables), min(t.rows for t in tables), min(t.pooling_factor for t in tables))
+    assert s.outside(tables) == {}
+    assert s.outside([replace(tables[0], dim=4, rows=100, pooling_factor=0.5)]) == {}  # below: not extrapolating up
+    wide = replace(tables[0], dim=256)
+    heavy = replace(tables[1], pooling_factor=90.0)
+    assert s.outside([tables[2], wide, heavy]) == {"dim": (256.0, s.high[0]), "pooling_factor": (90.0, s.high[2])}
+    assert FeatureScaler.from_dict(s.to_dict()) == s
+    old = {k: v for k, v in s.to_dict().items() if k != "range"}  # a checkpoint written before ranges were kept
+    assert FeatureScaler.from_dict(old).outside([wide]) == {}
+    bad = {**s.to_dict(), "range": {"features": ["dim"], "low": [1.0], "high": [2.0]}}
+    with pytest.raises(DataFormatError, match="feature scaler: range: expected features"):
+        FeatureScaler.from_dict(bad)
+
+
+@dataclass
+class Rated:
+    """A sharder with a fixed plan and fixed ratings by plan (the rule's oracle: each case's numbers by hand)."""
+
+    plan: Plan
+    ratings: dict
+    name: str = "rated"
+
+    def shard(self, task: Task) -> Plan:
+        return self.plan
+
+    def rating_ms(self, task: Task, plan: Plan) -> float:
+        return self.ratings[plan.key()]
+
+
+@pytest.mark.parametrize("learned_own, analytic_own, learned_ana, analytic_ana, kept", [
+    (1.0, 1.5, 2.0, 1.0, "analytic"),  # learned plan 2x dearer by the analytic model, analytic plan 1.5x by the own
+    (1.0, 3.0, 2.0, 1.0, "learned"),   # ... 3x: the learned plan loses less
+    (1.0, 2.0, 2.0, 1.0, "learned"),   # equal regret: the learned plan
+    (1.0, 0.9, 1.2, 1.0, "analytic"),  # the own model rates the analytic plan cheaper still
+])
+def test_the_fallback_keeps_the_plan_whose_regret_under_the_other_model_is_smaller(
+        learned_own, analytic_own, learned_ana, analytic_ana, kept):
+    tables = [Table(f"t{i}", 1000, 8, 1.0, BINS) for i in range(2)]
+    task = task_of(tables)
+    mine, other = Plan.from_assignment(task, [0, 1]), Plan.from_assignment(task, [0, 0])
+    analytic = Rated(other, {mine.key(): learned_ana, other.key(): analytic_ana})
+    own = {mine.key(): learned_own, other.key(): analytic_own}
+    outside = {"pooling_factor": (90.0, 40.0)}
+    plan, decision = keep_safer(task, mine, outside, lambda _t, p: own[p.key()], analytic)
+    assert decision is not None and decision.kept == kept and decision.analytic == "rated"
+    assert plan == (other if kept == "analytic" else mine)
+    assert (decision.learned_by_own, decision.analytic_by_own) == (learned_own, analytic_own)
+    assert decision.to_dict()["outside_training_range"] == {"pooling_factor": {"value": 90.0, "training_high": 40.0}}
+    # inside the range: the learned plan, nothing planned besides, no decision
+    assert keep_safer(task, mine, {}, lambda *_: 1 / 0, analytic) == (mine, None)
+    # outside without a fallback: the learned plan, and the decision says so
+    plan, decision = keep_safer(task, mine, outside, lambda *_: 1 / 0, None)
+    assert plan == mine and decision is not None and not decision.analytic and decision.kept == "learned"
+
+
+def untrained_model():
+    import torch
+
+    from dreamshard.learning.cost_model import CostNetConfig
+    from dreamshard.learning.policy import LearnedModel, PolicyNetConfig
+
+    gen = torch.Generator().manual_seed(0)
+    return LearnedModel(CostNetConfig().build(gen), PolicyNetConfig().build(gen), scaler(), {})
+
+
+def test_dreamshard_cut_falls_back_to_torchrec_model_beyond_its_training_range_only():
+    """Real parts: dreamshard_cut (an untrained model: the mechanism, not its quality) with torchrec_model as the
+    fallback. Inside the range its plans are its own; beyond, the kept plan is the one the recorded ratings choose,
+    and the ratings are the two models' own."""
+    pytest.importorskip("torchrec")
+    from dreamshard.interop.torchrec import torchrec_batch, torchrec_perf_estimate
+    from dreamshard.learning.cost_model import NetworkEstimate
+
+    model = untrained_model()
+    analytic = make_sharder("torchrec_model", batch_size=1024)
+    alone = make_sharder("dreamshard_cut", model=model)
+    with_fallback = make_sharder("dreamshard_cut", model=model, fallback=analytic)
+    inside = task_of(training_tables()[:8], 4)
+    assert with_fallback.shard(inside) == alone.shard(inside) and with_fallback.last_decision is None
+
+    beyond = task_of([replace(t, pooling_factor=t.pooling_factor * 10) for t in training_tables()[:8]], 4)
+    plan = with_fallback.shard(beyond)
+    validate_plan(beyond, plan)
+    d = with_fallback.last_decision
+    assert d is not None and d.analytic == "torchrec_model" and set(d.outside) == {"pooling_factor"}
+    mine, theirs = alone.shard(beyond), analytic.shard(beyond)
+    assert plan == (theirs if d.kept == "analytic" else mine)
+    own = NetworkEstimate(model.cost_net, model.scaler)
+    assert d.learned_by_own == pytest.approx(own.plan_cost(beyond, mine).cost_ms)
+    assert d.analytic_by_own == pytest.approx(own.plan_cost(beyond, theirs).cost_ms)
+    batch = torchrec_batch(beyond, 1024)
+    assert d.analytic_by_analytic == pytest.approx(torchrec_perf_estimate(beyond, theirs, batch).cost_ms)
+    assert d.learned_by_analytic == pytest.approx(torchrec_perf_estimate(beyond, mine, batch).cost_ms)
+    regret_learned = d.learned_by_analytic / d.analytic_by_analytic
+    regret_analytic = d.analytic_by_own / d.learned_by_own
+    assert d.kept == ("analytic" if regret_analytic < regret_learned else "learned")
+    from dreamshard.provenance import provenance  # what a plan file's made_by says of it
+
+    assert provenance("dreamshard_cut", None, model, beyond, with_fallback)["fallback"] == d.to_dict()
+    with_fallback.shard(inside)
+    assert "fallback" not in provenance("dreamshard_cut", None, model, inside, with_fallback)
+
+
+def test_only_the_learned_sharders_that_cut_take_a_fallback_and_it_must_rate_plans():
+    model = untrained_model()
+    with pytest.raises(TypeError, match="fallback must be a sharder that rates plans"):
+        make_sharder("dreamshard_cut", model=model, fallback=make_sharder("size_greedy"))
+    with pytest.raises(ValueError, match="unknown option"):
+        make_sharder("dreamshard", model=model, fallback=None)

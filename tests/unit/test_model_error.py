@@ -1,0 +1,59 @@
+"""dreamshard.project.model_error: each cost model's error on measured plans, per family, against oracles: rows
+whose "measured" cost is the model's own estimate (no error, tau 1) or its reverse ranking (tau -1)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_fallback import MEMORY, training_tables, untrained_model
+
+from dreamshard.plan import Plan
+from dreamshard.project.model_error import learned_estimates, model_error, plan_of_row, torchrec_estimates
+from dreamshard.tasks import Task
+
+
+def tasks_and_plans() -> list[tuple[Task, list[Plan]]]:
+    out = []
+    for k in range(2):
+        tables = training_tables()[6 * k:6 * k + 6]
+        task = Task.uniform(f"test/f/{k:04d}", tables, 3, 1.0, MEMORY, "f")
+        plans = [Plan.from_assignment(task, a) for a in ([0, 1, 2, 0, 1, 2], [0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, 2],
+                                                         [2, 1, 0, 0, 1, 2])]
+        out.append((task, plans))
+    return out
+
+
+def rows(estimate, sign: float = 1.0) -> pd.DataFrame:
+    return pd.DataFrame([{"task": task.name, "family": task.family, "shards": json.dumps(p.to_dict()["shards"]),
+                          "cost_ms": estimate(task, p) if sign > 0 else 100.0 - estimate(task, p)}
+                         for task, plans in tasks_and_plans() for p in plans])
+
+
+def test_a_model_rating_its_own_estimates_has_no_error_and_ranks_them_exactly():
+    est = learned_estimates(untrained_model())["cost_network"]
+    tasks = [t for t, _ in tasks_and_plans()]
+    same = model_error(rows(est), tasks, {"cost_network": est})["f"]["cost_network"]
+    assert same["mape"] == pytest.approx(0.0, abs=1e-9) and same["tau"] == pytest.approx(1.0)
+    assert (same["plans"], same["tasks_ranked"]) == (8, 2)
+    reverse = model_error(rows(est, -1.0), tasks, {"cost_network": est})["f"]["cost_network"]
+    assert reverse["tau"] == pytest.approx(-1.0) and reverse["mape"] > 0.5
+    frame = rows(est)
+    task, plans = tasks_and_plans()[0]
+    assert plan_of_row(next(frame.itertuples()), task) == plans[0]
+
+
+def test_torchrec_estimates_are_torchrec_ratings_and_calibration_scales_compute():
+    pytest.importorskip("torchrec")
+    from dreamshard.interop.calibration import PerfCalibration
+    from dreamshard.interop.torchrec import torchrec_batch, torchrec_perf_estimate
+
+    task, plans = tasks_and_plans()[0]
+    plain = torchrec_estimates(512, None, None)
+    assert plain(task, plans[0]) == pytest.approx(torchrec_perf_estimate(task, plans[0], torchrec_batch(task, 512)).cost_ms)
+    est = torchrec_perf_estimate(task, plans[0], torchrec_batch(task, 512))
+    tripled = PerfCalibration((("table_wise", 3.0),), (("table_wise", 3.0),), 1, 0.0, 0.0)
+    compute = np.array([b["fwd_compute"] + b["bwd_compute"] for b in est.rank_breakdown_ms])
+    expected = max(r + 2 * c for r, c in zip(est.rank_ms, compute))
+    assert torchrec_estimates(512, None, None, tripled)(task, plans[0]) == pytest.approx(expected, rel=1e-6)
