@@ -84,8 +84,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--no-fallback", action="store_true",
                    help="dreamshard_cut, neuroshard: plan tables beyond the model's training range by the model alone "
-                        "(default: also by TorchRec's perf model (torchrec_model), keeping the plan the other model "
-                        "rates better; the plan file's made_by.fallback says which; docs/learning.md)")
+                        "(default: also by TorchRec's perf model (torchrec_model), keeping the plan the model "
+                        "rates cheaper; the plan file's made_by.fallback says which; docs/learning.md)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="torchrec, torchrec_full, torchrec_model: stop searching after this long and keep the best "
                         "plan found (TorchRec's timeout_seconds; our search's moves); needed past the task sizes "

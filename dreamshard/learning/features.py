@@ -45,6 +45,9 @@ def table_features(tables: Sequence[Table], memory: MemoryModel) -> np.ndarray:
 # the features whose training range a learned sharder checks a task against (sharders/fallback.py): what a table
 # is made of (its size follows from rows and dim; its bins are fractions, inside [0, 1] for every table)
 RANGE_FEATURES = ("dim", "rows", "pooling_factor")
+# beyond the training high by more than this share counts as outside: a table a few rows above the largest training
+# table (the synthetic generator clips rows at max_rows) is no extrapolation
+RANGE_SLACK = 0.1
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,15 @@ class FeatureScaler:
                    tuple(ranged.max(axis=0).tolist()))
 
     def outside(self, tables: Sequence[Table]) -> dict[str, tuple[float, float]]:
-        """Each RANGE_FEATURES on which some table of `tables` exceeds the training range: (the greatest value, the
-        range's high). Only the high side: a smaller, shorter or lighter table than any trained on costs less, where
-        a network's error matters less. Empty when every table lies inside, or no range is known (an older
-        checkpoint)."""
+        """Each RANGE_FEATURES on which some table of `tables` exceeds the training range's high by more than
+        RANGE_SLACK: (the greatest value, the high). Only the high side: a smaller, shorter or lighter table than any
+        trained on costs less, where a network's error matters less. Empty when every table lies inside, or no range
+        is known (an older checkpoint)."""
         if self.high is None or not tables:
             return {}
         values = np.array([[t.dim, t.rows, t.pooling_factor] for t in tables], dtype=np.float64).max(axis=0)
-        return {name: (float(v), hi) for name, v, hi in zip(RANGE_FEATURES, values, self.high) if v > hi}
+        return {name: (float(v), hi) for name, v, hi in zip(RANGE_FEATURES, values, self.high)
+                if v > hi * (1 + RANGE_SLACK)}
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         return ((_log(raw) - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)

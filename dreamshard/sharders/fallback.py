@@ -1,11 +1,12 @@
-"""A learned sharder's fallback outside its training range: also plan by an analytic model, keep the safer plan.
+"""A learned sharder's fallback outside its training range: also plan by an analytic model, keep the better plan.
 
 A learned cost model is fitted on the training tables; a task with a table wider, longer or more heavily pooled than
 any of them (`FeatureScaler.outside`) asks it to extrapolate. There the sharder also plans the task with the
-analytic sharder it was given (`torchrec_model`: our search rated by TorchRec's perf model) and rates both plans by
-both models. Each plan is its own model's optimum, so each model prefers its own: the sharder keeps the plan whose
-regret under the other model is smaller (its cost over the other plan's, by the model that did not make it), the
-learned plan on a tie. Inside the range nothing changes. `Decision` records what happened: a plan file's `made_by`
+analytic sharder it was given (`torchrec_model`: our search rated by TorchRec's perf model) and keeps the plan its
+own model rates cheaper (the learned plan on a tie); both models' ratings of both plans are recorded. Its own model
+judges because on the evaluated plans it ranks them better than TorchRec's, beyond the range too, and a rule that
+trusted TorchRec's model there (the plan with the smaller regret under the other model) measured worse: both in
+results/holdout. Inside the range nothing changes. `Decision` records what happened: a plan file's `made_by`
 (`fallback`) and the evaluate stage's rows carry it.
 """
 from __future__ import annotations
@@ -49,10 +50,10 @@ class Decision:
         return d
 
 
-def keep_safer(task: Task, plan: Plan, outside: dict[str, tuple[float, float]], own_ms: Any,
+def keep_better(task: Task, plan: Plan, outside: dict[str, tuple[float, float]], own_ms: Any,
                analytic: AnalyticSharder | None) -> tuple[Plan, Decision | None]:
-    """`plan` (the learned sharder's) or `analytic`'s plan of `task`, as the module docstring says; `own_ms` rates a
-    plan by the learned model. No decision when the task lies inside the range."""
+    """`plan` (the learned sharder's) or `analytic`'s plan of `task`, whichever `own_ms` (the learned model) rates
+    cheaper, as the module docstring says. No decision when the task lies inside the range."""
     if not outside:
         return plan, None
     if analytic is None:
@@ -60,7 +61,5 @@ def keep_safer(task: Task, plan: Plan, outside: dict[str, tuple[float, float]], 
     other = analytic.shard(task)
     a_own, b_own = float(own_ms(task, plan)), float(own_ms(task, other))
     a_ana, b_ana = analytic.rating_ms(task, plan), analytic.rating_ms(task, other)
-    learned_regret = a_ana / b_ana if b_ana > 0 else 1.0  # the learned plan's cost over the other's, by the analytic
-    analytic_regret = b_own / a_own if a_own > 0 else 1.0
-    kept = "analytic" if analytic_regret < learned_regret else "learned"
+    kept = "analytic" if b_own < a_own else "learned"
     return (other if kept == "analytic" else plan), Decision(outside, analytic.name, kept, a_own, b_own, a_ana, b_ana)

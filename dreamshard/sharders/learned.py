@@ -19,7 +19,7 @@ from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.placement import PlacementState, place_tables
 from dreamshard.plan import Plan
-from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_safer
+from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_better
 from dreamshard.sharders.heuristics import GREEDY_KEYS, greedy_assignment
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.tasks import Task
@@ -45,7 +45,7 @@ class LearnedSharder:
     def shard(self, task: Task) -> Plan:
         task = task_with_estimated_bins(task, self.bins, self.name)
         plan = with_pieces(task, self._shard)
-        plan, self.last_decision = keep_safer(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
+        plan, self.last_decision = keep_better(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
                                               self.fallback)
         return plan
 

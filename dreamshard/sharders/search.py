@@ -19,7 +19,7 @@ from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
 from dreamshard.plan import Plan, Shard
-from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_safer
+from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_better
 from dreamshard.sharders.pieces import with_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -277,7 +277,7 @@ class NeuroShardSharder:
     def shard(self, task: Task) -> Plan:
         task = task_with_estimated_bins(task, self.bins, self.name)
         plan = with_pieces(task, self._shard)
-        plan, self.last_decision = keep_safer(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
+        plan, self.last_decision = keep_better(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
                                               self.fallback)
         return plan
 

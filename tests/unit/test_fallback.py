@@ -12,7 +12,7 @@ from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.memory import MemoryModel
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders import make_sharder
-from dreamshard.sharders.fallback import keep_safer
+from dreamshard.sharders.fallback import keep_better
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -41,6 +41,7 @@ def test_the_scaler_records_the_training_range_and_names_what_lies_beyond():
     assert s.low == (min(t.dim for t in tables), min(t.rows for t in tables), min(t.pooling_factor for t in tables))
     assert s.outside(tables) == {}
     assert s.outside([replace(tables[0], dim=4, rows=100, pooling_factor=0.5)]) == {}  # below: not extrapolating up
+    assert s.outside([replace(tables[0], rows=int(s.high[1] * 1.05))]) == {}  # within RANGE_SLACK of the high
     wide = replace(tables[0], dim=256)
     heavy = replace(tables[1], pooling_factor=90.0)
     assert s.outside([tables[2], wide, heavy]) == {"dim": (256.0, s.high[0]), "pooling_factor": (90.0, s.high[2])}
@@ -68,12 +69,12 @@ class Rated:
 
 
 @pytest.mark.parametrize("learned_own, analytic_own, learned_ana, analytic_ana, kept", [
-    (1.0, 1.5, 2.0, 1.0, "analytic"),  # learned plan 2x dearer by the analytic model, analytic plan 1.5x by the own
-    (1.0, 3.0, 2.0, 1.0, "learned"),   # ... 3x: the learned plan loses less
-    (1.0, 2.0, 2.0, 1.0, "learned"),   # equal regret: the learned plan
-    (1.0, 0.9, 1.2, 1.0, "analytic"),  # the own model rates the analytic plan cheaper still
+    (1.0, 1.5, 2.0, 1.0, "learned"),   # the analytic model's preference does not decide
+    (1.0, 0.9, 1.2, 1.0, "analytic"),  # the own model rates the analytic plan cheaper
+    (1.0, 0.9, 0.5, 1.0, "analytic"),  # ... whatever the analytic model says
+    (1.0, 1.0, 2.0, 1.0, "learned"),   # a tie: the learned plan
 ])
-def test_the_fallback_keeps_the_plan_whose_regret_under_the_other_model_is_smaller(
+def test_the_fallback_keeps_the_plan_its_own_model_rates_cheaper(
         learned_own, analytic_own, learned_ana, analytic_ana, kept):
     tables = [Table(f"t{i}", 1000, 8, 1.0, BINS) for i in range(2)]
     task = task_of(tables)
@@ -81,15 +82,15 @@ def test_the_fallback_keeps_the_plan_whose_regret_under_the_other_model_is_small
     analytic = Rated(other, {mine.key(): learned_ana, other.key(): analytic_ana})
     own = {mine.key(): learned_own, other.key(): analytic_own}
     outside = {"pooling_factor": (90.0, 40.0)}
-    plan, decision = keep_safer(task, mine, outside, lambda _t, p: own[p.key()], analytic)
+    plan, decision = keep_better(task, mine, outside, lambda _t, p: own[p.key()], analytic)
     assert decision is not None and decision.kept == kept and decision.analytic == "rated"
     assert plan == (other if kept == "analytic" else mine)
     assert (decision.learned_by_own, decision.analytic_by_own) == (learned_own, analytic_own)
     assert decision.to_dict()["outside_training_range"] == {"pooling_factor": {"value": 90.0, "training_high": 40.0}}
     # inside the range: the learned plan, nothing planned besides, no decision
-    assert keep_safer(task, mine, {}, lambda *_: 1 / 0, analytic) == (mine, None)
+    assert keep_better(task, mine, {}, lambda *_: 1 / 0, analytic) == (mine, None)
     # outside without a fallback: the learned plan, and the decision says so
-    plan, decision = keep_safer(task, mine, outside, lambda *_: 1 / 0, None)
+    plan, decision = keep_better(task, mine, outside, lambda *_: 1 / 0, None)
     assert plan == mine and decision is not None and not decision.analytic and decision.kept == "learned"
 
 
@@ -131,9 +132,7 @@ def test_dreamshard_cut_falls_back_to_torchrec_model_beyond_its_training_range_o
     batch = torchrec_batch(beyond, 1024)
     assert d.analytic_by_analytic == pytest.approx(torchrec_perf_estimate(beyond, theirs, batch).cost_ms)
     assert d.learned_by_analytic == pytest.approx(torchrec_perf_estimate(beyond, mine, batch).cost_ms)
-    regret_learned = d.learned_by_analytic / d.analytic_by_analytic
-    regret_analytic = d.analytic_by_own / d.learned_by_own
-    assert d.kept == ("analytic" if regret_analytic < regret_learned else "learned")
+    assert d.kept == ("analytic" if d.analytic_by_own < d.learned_by_own else "learned")
     from dreamshard.provenance import provenance  # what a plan file's made_by says of it
 
     assert provenance("dreamshard_cut", None, model, beyond, with_fallback)["fallback"] == d.to_dict()
