@@ -5,7 +5,7 @@ default ones): DreamShard's cost network, NeuroShard's models, TorchRec's perf m
 
 Reads the evaluate stage's results (paths.eval/results.parquet), its test tasks, the trained models and the
 collected measurements (for the calibration) of a finished `make run`; writes OUT.json (per family and model:
-mape, tau, plans; dreamshard.project.model_error) and prints a table. Nothing is measured here.
+mape, bias, tau, plans; dreamshard.project.model_error) and prints a table. Nothing is measured here.
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     write_text(json.dumps({"command": " ".join(["python -m tools.model_error", *sys.argv[1:]]), "device": devices,
                            "families": summary}, indent=2) + "\n", args.out)
     names = list(estimates)
-    print("| family | " + " | ".join(f"{n} MAPE | {n} tau" for n in names) + " |")
-    print("|---|" + "---:|" * (2 * len(names)))
+    print("| family | " + " | ".join(f"{n} MAPE | bias | tau" for n in names) + " |")
+    print("|---|" + "---:|" * (3 * len(names)))
     for family, by_model in summary.items():
         cells = []
         for n in names:
             m = by_model[n]
-            cells += [f"{m['mape']:.2f}", "-" if m["tau"] is None else f"{m['tau']:.2f}"]
+            cells += [f"{m['mape']:.2f}", f"{m['bias']:+.2f}", "-" if m["tau"] is None else f"{m['tau']:.2f}"]
         print(f"| {family} | " + " | ".join(cells) + " |")
     return 0
 

@@ -131,6 +131,20 @@ def replace_block(readme: Path, text: str, begin: str = BEGIN, end: str = END) -
     readme.write_text(re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, old, flags=re.S))
 
 
+def only_families(metrics: dict, families: list[str]) -> dict:
+    """`metrics` with only `families` among its test families (and in its generalisation table); a family it does
+    not hold is an error."""
+    missing = sorted(set(families) - set(metrics.get("families", {})))
+    if missing:
+        raise SystemExit(f"--families: {', '.join(missing)} not in the metrics' test families "
+                         f"({', '.join(metrics.get('families', {}))})")
+    out = {**metrics, "families": {f: v for f, v in metrics["families"].items() if f in families}}
+    out["generalisation"] = {algo: {**g, "test_families": {f: v for f, v in g.get("test_families", {}).items()
+                                                           if f in families}}
+                             for algo, g in metrics.get("generalisation", {}).items()}
+    return out
+
+
 def update_readme(readme: Path, metrics: dict) -> None:
     """Replace the summary block of a results page (a markdown file) with the table of `metrics`."""
     replace_block(readme, summary_markdown(metrics))
@@ -145,6 +159,11 @@ if __name__ == "__main__":
                                                  "python -m dreamshard.evaluation.readme_table)")
     parser.add_argument("--metrics", type=Path, default=Path("metrics/eval.json"))
     parser.add_argument("--readme", type=Path, default=Path("results/README-history.md"))
+    parser.add_argument("--families", help="comma-separated: only these test families (default: all), so that a "
+                                           "page of many families can be split in two")
     args = parser.parse_args()
-    update_readme(args.readme, json.loads(args.metrics.read_text()))
+    metrics = json.loads(args.metrics.read_text())
+    if args.families:
+        metrics = only_families(metrics, args.families.split(","))
+    update_readme(args.readme, metrics)
     print(f"{args.readme}: summary regenerated from {args.metrics}")

@@ -83,7 +83,8 @@ def estimates_of(params: dict[str, Any]) -> dict[str, Estimate]:
 
 
 def model_error(results: pd.DataFrame, tasks: Sequence[Task], estimates: Mapping[str, Estimate]) -> dict[str, Any]:
-    """Per family and model: `mape` (mean |estimate - measured| / measured over the rows' plans), `tau` (mean over
+    """Per family and model: `mape` (mean |estimate - measured| / measured over the rows' plans), `bias` (the mean
+    of (estimate - measured) / measured: below 0, the model rates the plans cheaper than they measure), `tau` (mean over
     tasks of Kendall's tau between estimates and measured costs of the task's distinct plans; tasks with fewer than
     3 distinct plans are left out), the numbers of plans and tasks."""
     by_name = {t.name: t for t in tasks}
@@ -98,12 +99,13 @@ def model_error(results: pd.DataFrame, tasks: Sequence[Task], estimates: Mapping
     for family, g in frame.groupby("family", sort=False):
         summary[str(family)] = {}
         for name in estimates:
-            ape = (g[name] - g["measured"]).abs() / g["measured"]
+            rel = (g[name] - g["measured"]) / g["measured"]
             taus = []
             for _, t in g.groupby("task", sort=False):
                 distinct = t.drop_duplicates("key")
                 if len(distinct) >= 3:
                     taus.append(kendall_tau(distinct[name].to_numpy(), distinct["measured"].to_numpy()))
-            summary[str(family)][name] = {"mape": float(ape.mean()), "tau": float(np.mean(taus)) if taus else None,
+            summary[str(family)][name] = {"mape": float(rel.abs().mean()), "bias": float(rel.mean()),
+                                          "tau": float(np.mean(taus)) if taus else None,
                                           "plans": int(len(g)), "tasks_ranked": len(taus)}
     return summary

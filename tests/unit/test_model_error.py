@@ -36,6 +36,7 @@ def test_a_model_rating_its_own_estimates_has_no_error_and_ranks_them_exactly():
     tasks = [t for t, _ in tasks_and_plans()]
     same = model_error(rows(est), tasks, {"cost_network": est})["f"]["cost_network"]
     assert same["mape"] == pytest.approx(0.0, abs=1e-9) and same["tau"] == pytest.approx(1.0)
+    assert same["bias"] == pytest.approx(0.0, abs=1e-9)
     assert (same["plans"], same["tasks_ranked"]) == (8, 2)
     reverse = model_error(rows(est, -1.0), tasks, {"cost_network": est})["f"]["cost_network"]
     assert reverse["tau"] == pytest.approx(-1.0) and reverse["mape"] > 0.5

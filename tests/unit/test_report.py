@@ -116,3 +116,13 @@ def test_generalisation_table_splits_each_trained_sharders_ratios_by_what_is_new
                                                    ["big-8", "tables, table count, device count"]]
     assert "0.900" in rows[0] and "0.850" in rows[1] and "1.150" in rows[2]
     assert generalisation_markdown({**HEADER, "families": families}) == ""
+    # a page split by family (report --families): the other family's rows are gone from both tables
+    from dreamshard.evaluation.report import only_families, summary_markdown
+
+    split = summary_markdown(only_families({**HEADER, "families": families, "train_families": train_families,
+                                            "generalisation": gen}, ["big-8"]))
+    lines = split.splitlines()
+    assert any(line.startswith("| big-8 |") for line in lines) and not any(line.startswith("| seen-4 |") for line in lines)
+    assert "seen-4 (training tasks)" in split and "| seen-4 | tables |" not in split
+    with pytest.raises(SystemExit, match="--families: nope not in"):
+        only_families({"families": families}, ["nope"])
