@@ -5,7 +5,8 @@ default ones): DreamShard's cost network, NeuroShard's models, TorchRec's perf m
 
 Reads the evaluate stage's results (paths.eval/results.parquet), its test tasks, the trained models and the
 collected measurements (for the calibration) of a finished `make run`; writes OUT.json (per family and model:
-mape, bias, tau, plans; dreamshard.project.model_error) and prints a table. Nothing is measured here.
+mape, bias, tau, plans; dreamshard.project.model_error) and prints a table. `--blend`: also a blend of the cost
+network and the calibrated model fitted on the training tasks' plans. Nothing is measured here.
 """
 from __future__ import annotations
 
@@ -19,23 +20,32 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.model_error", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--blend", action="store_true", help="also a log-linear blend of the cost network and TorchRec's "
+                    "calibrated model, fitted on the evaluate stage's training-task plans (model_error.fitted_blend)")
     args = ap.parse_args(argv)
     import pandas as pd
 
     from dreamshard.project.domain import write_text
-    from dreamshard.project.evaluation import evaluated_tasks
-    from dreamshard.project.model_error import estimates_of, model_error
+    from dreamshard.project.evaluation import evaluated_tasks, reported_train_tasks
+    from dreamshard.project.model_error import estimates_of, fitted_blend, model_error
     from dreamshard.project.params import load_params, section
 
     params = load_params(args.params)
-    results = pd.read_parquet(Path(section(params, "paths.eval")) / "results.parquet")
-    results = results[results["split"] == "test"]
+    rows = pd.read_parquet(Path(section(params, "paths.eval")) / "results.parquet")
+    results = rows[rows["split"] == "test"]
     tasks, _ = evaluated_tasks(params)
     estimates = estimates_of(params)
-    summary = model_error(results, tasks, estimates)
-    devices = sorted(results["device_name"].unique())
-    write_text(json.dumps({"command": " ".join(["python -m tools.model_error", *sys.argv[1:]]), "device": devices,
-                           "families": summary}, indent=2) + "\n", args.out)
+    out: dict = {"command": " ".join(["python -m tools.model_error", *sys.argv[1:]]),
+                 "device": sorted(results["device_name"].unique())}
+    if args.blend:
+        estimates["blend"], weights = fitted_blend(rows[rows["split"] == "train"], reported_train_tasks(params),
+                                                   estimates["cost_network"], estimates["torchrec_calibrated"])
+        out["blend"] = {"log_weights": {"constant": weights[0], "cost_network": weights[1],
+                                        "torchrec_calibrated": weights[2]},
+                        "fitted_on": "the evaluate stage's training-task plans"}
+    out["families"] = model_error(results, tasks, estimates)
+    write_text(json.dumps(out, indent=2) + "\n", args.out)
+    summary = out["families"]
     names = list(estimates)
     print("| family | " + " | ".join(f"{n} MAPE | bias | tau" for n in names) + " |")
     print("|---|" + "---:|" * (3 * len(names)))

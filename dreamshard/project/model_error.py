@@ -82,6 +82,25 @@ def estimates_of(params: dict[str, Any]) -> dict[str, Estimate]:
                                                       torchrec_calibration(params, batch, links, hbm))}
 
 
+def fitted_blend(results: pd.DataFrame, tasks: Sequence[Task], first: Estimate,
+                 second: Estimate) -> tuple[Estimate, tuple[float, float, float]]:
+    """A log-linear blend of two models, exp(w0 + w1 log first + w2 log second), fitted by least squares to the
+    log measured costs of `results`' plans (the evaluate stage's training rows: no test plan), and its weights."""
+    by_name = {t.name: t for t in tasks}
+    x, y = [], []
+    for r in results.itertuples():
+        task = by_name[r.task]
+        plan = plan_of_row(r, task)
+        x.append([1.0, np.log(first(task, plan)), np.log(second(task, plan))])
+        y.append(np.log(float(r.cost_ms)))
+    w = np.linalg.lstsq(np.asarray(x), np.asarray(y), rcond=None)[0]
+
+    def blend(task: Task, plan: Plan) -> float:
+        return float(np.exp(w[0] + w[1] * np.log(first(task, plan)) + w[2] * np.log(second(task, plan))))
+
+    return blend, (float(w[0]), float(w[1]), float(w[2]))
+
+
 def model_error(results: pd.DataFrame, tasks: Sequence[Task], estimates: Mapping[str, Estimate]) -> dict[str, Any]:
     """Per family and model: `mape` (mean |estimate - measured| / measured over the rows' plans), `bias` (the mean
     of (estimate - measured) / measured: below 0, the model rates the plans cheaper than they measure), `tau` (mean over

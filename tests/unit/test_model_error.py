@@ -58,3 +58,20 @@ def test_torchrec_estimates_are_torchrec_ratings_and_calibration_scales_compute(
     compute = np.array([b["fwd_compute"] + b["bwd_compute"] for b in est.rank_breakdown_ms])
     expected = max(r + 2 * c for r, c in zip(est.rank_ms, compute))
     assert torchrec_estimates(512, None, None, tripled)(task, plans[0]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_blend_recovers_the_weights_of_costs_made_from_its_two_models():
+    """fitted_blend's oracle: "measured" costs exactly exp(0.1) x first^0.7 x second^0.2 give those weights back."""
+    from dreamshard.project.model_error import fitted_blend
+
+    def first(task, plan):
+        return 1.0 + len({s.device for s in plan.shards}) + 0.1 * sum(s.device * s.width for s in plan.shards)
+
+    def second(task, plan):
+        return 2.0 + sum((s.device + 1) ** 2 for s in plan.shards)
+
+    made = rows(lambda t, p: float(np.exp(0.1) * first(t, p) ** 0.7 * second(t, p) ** 0.2))
+    blend, weights = fitted_blend(made, [t for t, _ in tasks_and_plans()], first, second)
+    assert weights == pytest.approx((0.1, 0.7, 0.2), abs=1e-6)
+    task, plans = tasks_and_plans()[0]
+    assert blend(task, plans[1]) == pytest.approx(made["cost_ms"].iloc[1], rel=1e-6)
