@@ -13,7 +13,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dreamshard.errors import DreamShardError, InvalidPlanError
@@ -583,18 +583,19 @@ class TorchRecEstimator:
 
 
 def torchrec_perf_estimate(task: Task, plan: Plan, batch_size: int = DEFAULT_BATCH_SIZE,
-                           topo=None) -> TorchRecEstimate:
+                           topo=None, calibration: Any = None) -> TorchRecEstimate:
     """Rate `plan` with TorchRec's own performance and storage models (see TorchRecEstimate), on TorchRec's
-    topology `topo` (default: `topology(task)`). The last few ratings are kept: a sharder choosing between plans
-    and the planner checking the chosen one's storage ask for the same one."""
+    topology `topo` (default: `topology(task)`); `calibration`: its compute as fitted to our measurements
+    (interop.calibration). The last few ratings are kept: a sharder choosing between plans and the planner
+    checking the chosen one's storage ask for the same one."""
     require_torchrec()
-    return _kept_estimate(task, plan, batch_size, topo)
+    return _kept_estimate(task, plan, batch_size, topo, calibration)
 
 
 @functools.lru_cache(maxsize=8)
-def _kept_estimate(task: Task, plan: Plan, batch_size: int, topo=None) -> TorchRecEstimate:
+def _kept_estimate(task: Task, plan: Plan, batch_size: int, topo=None, calibration: Any = None) -> TorchRecEstimate:
     with quiet_torchrec():
-        return _perf_estimate(task, plan, batch_size, topo)
+        return _perf_estimate(task, plan, batch_size, topo, calibration)
 
 
 def torchrec_optimizer_classes() -> dict[str, tuple[type, ...]]:
@@ -639,11 +640,11 @@ def shard_estimates(task: Task, slices: Mapping[str, list[Shard]], batch_size: i
     return options
 
 
-def _perf_estimate(task: Task, plan: Plan, batch_size: int, topo=None) -> TorchRecEstimate:
+def _perf_estimate(task: Task, plan: Plan, batch_size: int, topo=None, calibration: Any = None) -> TorchRecEstimate:
     from torchrec.distributed.planner.perf_models import NoopPerfModel
 
     topo = topology(task) if topo is None else topo
-    options = shard_estimates(task, _table_shards(task, plan), batch_size, plan_caches(task, plan), topo)
+    options = shard_estimates(task, _table_shards(task, plan), batch_size, plan_caches(task, plan), topo, calibration)
     fields = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")  # Perf.total's terms
     breakdown = [dict.fromkeys(fields, 0.0) for _ in range(task.num_devices)]
     totals = [0.0] * task.num_devices
@@ -656,4 +657,6 @@ def _perf_estimate(task: Task, plan: Plan, batch_size: int, topo=None) -> TorchR
             hbm[shard.rank] += int(shard.storage.hbm)
             ddr[shard.rank] += int(shard.storage.ddr)
     cost = float(NoopPerfModel(topo).rate(options))
-    return TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm), tuple(ddr))
+    estimate = TorchRecEstimate(cost, tuple(totals), tuple(breakdown), batch_size, tuple(hbm), tuple(ddr))
+    return estimate if calibration is None else replace(
+        estimate, model="torchrec EmbeddingPerfEstimator (analytic, compute calibrated to measurements)")

@@ -43,7 +43,8 @@ def table_features(tables: Sequence[Table], memory: MemoryModel) -> np.ndarray:
 
 
 # the features whose training range a learned sharder checks a task against (sharders/fallback.py): what a table
-# is made of (its size follows from rows and dim; its bins are fractions, inside [0, 1] for every table)
+# is made of (its size follows from rows and dim; its bins are fractions, inside [0, 1] for every table); each is
+# also the name of a Table attribute
 RANGE_FEATURES = ("dim", "rows", "pooling_factor")
 # beyond the training high by more than this share counts as outside: a table a few rows above the largest training
 # table (the synthetic generator clips rows at max_rows) is no extrapolation
@@ -77,7 +78,7 @@ class FeatureScaler:
         is known (an older checkpoint)."""
         if self.high is None or not tables:
             return {}
-        values = np.array([[t.dim, t.rows, t.pooling_factor] for t in tables], dtype=np.float64).max(axis=0)
+        values = np.array([[getattr(t, f) for f in RANGE_FEATURES] for t in tables], dtype=np.float64).max(axis=0)
         return {name: (float(v), hi) for name, v, hi in zip(RANGE_FEATURES, values, self.high)
                 if v > hi * (1 + RANGE_SLACK)}
 

@@ -32,23 +32,11 @@ def plan_of_row(row: Any, task: Task) -> Plan:
 def torchrec_estimates(batch_size: int, links: Any, hbm_gbps: float | None, calibration: Any = None) -> Estimate:
     """TorchRec's rating of a plan (ms, slowest rank) at the global `batch_size` on `links`: its own perf model, or
     with `calibration`'s compute factors."""
-    from dreamshard.interop.torchrec import (
-        _table_shards,
-        plan_caches,
-        quiet_torchrec,
-        shard_estimates,
-        topology,
-        torchrec_batch,
-    )
+    from dreamshard.interop.torchrec import topology, torchrec_batch, torchrec_perf_estimate
 
     def rate(task: Task, plan: Plan) -> float:
-        from torchrec.distributed.planner.perf_models import NoopPerfModel
-
-        topo = topology(task, links, hbm_gbps)
-        with quiet_torchrec():
-            options = shard_estimates(task, _table_shards(task, plan), torchrec_batch(task, batch_size),
-                                      plan_caches(task, plan), topo, calibration=calibration)
-            return float(NoopPerfModel(topo).rate(options))
+        return torchrec_perf_estimate(task, plan, torchrec_batch(task, batch_size), topology(task, links, hbm_gbps),
+                                      calibration).cost_ms
 
     return rate
 

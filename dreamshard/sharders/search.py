@@ -14,13 +14,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from dreamshard.data.bins import BinEstimator, task_with_estimated_bins
+from dreamshard.data.bins import BinEstimator
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
 from dreamshard.plan import Plan, Shard
-from dreamshard.sharders.fallback import AnalyticSharder, Decision, keep_better
-from dreamshard.sharders.pieces import with_pieces
+from dreamshard.sharders.fallback import AnalyticSharder, Decision
+from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -260,7 +260,7 @@ def to_plan(task: Task, shards: ShardSet, assignment: Sequence[int]) -> Plan:
 
 
 @dataclass
-class NeuroShardSharder:
+class NeuroShardSharder(LearnedSharder):
     model: NeuroShardModel
     config: SearchConfig = SearchConfig()
     name: str = "neuroshard"
@@ -269,17 +269,6 @@ class NeuroShardSharder:
 
     fallback: AnalyticSharder | None = None  # plans tasks beyond the training range too (sharders/fallback.py)
     last_decision: Decision | None = field(default=None, init=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.bins is None:
-            object.__setattr__(self, "bins", BinEstimator.from_meta(self.model.meta, f"{self.name} model metadata"))
-
-    def shard(self, task: Task) -> Plan:
-        task = task_with_estimated_bins(task, self.bins, self.name)
-        plan = with_pieces(task, self._shard)
-        plan, self.last_decision = keep_better(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
-                                              self.fallback)
-        return plan
 
     def own_ms(self, task: Task, plan: Plan) -> float:
         """`plan` rated by NeuroShard's own cost models (ms; a model's estimate)."""
