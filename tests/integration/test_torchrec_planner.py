@@ -838,9 +838,9 @@ def test_the_default_search_rates_plans_on_the_users_topology_not_defaults(monke
     seen = []
     real = tx.shard_estimates
 
-    def spy(task, slices, batch_size, caches=None, topo=None):
+    def spy(task, slices, batch_size, caches=None, topo=None, calibration=None):
         seen.append((topo, batch_size))
-        return real(task, slices, batch_size, caches, topo)
+        return real(task, slices, batch_size, caches, topo, calibration)
 
     monkeypatch.setattr(tx, "shard_estimates", spy)
     for device in ("cuda", "cpu"):  # a CPU job's topology too: ratings stay on TorchRec's CUDA model
