@@ -188,14 +188,14 @@ class TrainPool:
     def __init__(self, params: dict[str, Any], max_rows: int) -> None:
         from dreamshard.project.data import SyntheticConfig, sample_table_profiles, synthetic_pooling
         from dreamshard.project.params import build, section
-        from dreamshard.project.tasks import holdout_settings, split_heavy, split_table_pools
+        from dreamshard.project.tasks import family_dims, holdout_settings, split_heavy, split_table_pools
 
         self.config = build(SyntheticConfig, section(params, "data.synthetic"), "data.synthetic")
         self.sample_batch = int(section(params, "process.sample_batch"))
         self.profiles = sample_table_profiles(self.config)
         # the tasks stage's pools: the tables pooled beyond tasks.holdout.pooling_above are left out first
         light, _ = split_heavy(list(range(len(self.profiles))), synthetic_pooling(self.config),
-                               holdout_settings(params, section(params, "tasks.dims"))[0])
+                               holdout_settings(params, family_dims(params))[0])
         train = split_table_pools(light, float(section(params, "tasks.test_fraction")),
                                   int(section(params, "tasks.seed")),
                                   float(section(params, "tasks.validation_fraction")))["train"]

@@ -292,12 +292,13 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
         load_cost_net,
         measure_samples,
     )
+    from dreamshard.project.tasks import family_dims
 
     params = load_params("params.yaml")
     folder, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
     tasks = {split: read_tasks(folder / f"{split}.parquet", tables) for split in ("train", "validation")}
     if args.action == "measure":
-        dims = [int(d) for d in section(params, "tasks.dims")]
+        dims = family_dims(params, training=True)
         samples, pool_of = [], {}
         for k, name in enumerate(pools):  # sample ids kept apart per pool
             for s in device_samples(table_pool(tasks[name]), args.samples, args.max_tables, args.memory_cap_gb,

@@ -7,7 +7,7 @@ from typing import Any
 
 from dreamshard.project.domain import tasks_to_arrow, write_parquet
 from dreamshard.project.params import section
-from dreamshard.project.tasks import POOLS, holdout_settings, sample_family, sampling_inputs, task_families
+from dreamshard.project.tasks import POOLS, family_dims, holdout_settings, sample_family, sampling_inputs, task_families
 
 
 def run(params: dict[str, Any]) -> None:
@@ -15,7 +15,7 @@ def run(params: dict[str, Any]) -> None:
     stats, pools, dims, memory, seed = sampling_inputs(params)
     name_to_id = dict(zip(stats["name"], stats["table_id"]))
     out = Path(section(params, "paths.tasks"))
-    _, holdout_dims = holdout_settings(params, dims)
+    _, holdout_dims = holdout_settings(params, family_dims(params))
     for split in POOLS:
         tasks = [t for fam in families for t in sample_family(stats, pools, fam, split, dims, memory, seed, holdout_dims)]
         write_parquet(tasks_to_arrow(tasks, split, name_to_id), out / f"{split}.parquet")

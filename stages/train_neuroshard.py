@@ -30,6 +30,7 @@ from dreamshard.project.learning import (
     table_features,
 )
 from dreamshard.project.params import ParamsError, build, section
+from dreamshard.project.tasks import family_dims
 
 
 def run(params: dict[str, Any]) -> None:
@@ -39,7 +40,7 @@ def run(params: dict[str, Any]) -> None:
     cfg.pop("holdout_fraction")
     if not 0 < holdout < 1:
         raise ParamsError(f"params.yaml: train_neuroshard.holdout_fraction: expected in (0, 1), got {holdout}")
-    augment = build(AugmentConfig, {**cfg, "dims": tuple(section(params, "tasks.dims"))}, "train_neuroshard")
+    augment = build(AugmentConfig, {**cfg, "dims": tuple(family_dims(params, training=True))}, "train_neuroshard")
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
     pool = table_pool(tasks)
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))

@@ -27,8 +27,16 @@ class TaskFamily:
     # a distribution no model trains or is designed on (tasks.holdout): "pooling" draws the tables pooled more
     # heavily than any training table, "dims" draws test tables at dims wider than any training dim; test only
     holdout: str = ""
+    # the dims its tables take (a training family spanning wider dims than the test families); () for tasks.dims
+    dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.dims, (list, tuple)) or any(
+                isinstance(d, bool) or not isinstance(d, int) or d < 4 or d % 4 for d in self.dims):
+            raise ValueError(f"family {self.name!r}: dims: expected a list of positive multiples of 4, got {self.dims!r}")
+        object.__setattr__(self, "dims", tuple(self.dims))
+        if self.holdout and self.dims:
+            raise ValueError(f"family {self.name!r}: a holdout family takes its dims from tasks.holdout, not dims")
         if self.holdout not in HOLDOUTS:
             raise ValueError(f"family {self.name!r}: holdout: expected one of {', '.join(map(repr, HOLDOUTS))}, "
                              f"got {self.holdout!r}")

@@ -15,8 +15,8 @@ from dreamshard.memory import MemoryModel
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.tasks import Task, read_tasks
 
-__all__ = ["HEAVY", "POOLS", "holdout_settings", "read_split", "sample_family", "sampling_inputs", "split_heavy",
-           "split_table_pools", "task_families"]
+__all__ = ["HEAVY", "POOLS", "base_dims", "family_dims", "holdout_settings", "read_split", "sample_family",
+           "sampling_inputs", "split_heavy", "split_table_pools", "task_families"]
 
 
 def task_families(params: dict[str, Any]) -> list[TaskFamily]:
@@ -34,10 +34,11 @@ HEAVY = "heavy"  # sampling_inputs' pool of the tables pooled beyond tasks.holdo
 def sample_family(stats: pd.DataFrame, pools: dict[str, list[int]], family: TaskFamily, split: str,
                   dims: Sequence[int], memory: MemoryModel, seed: int, holdout_dims: Sequence[int] = ()) -> list[Task]:
     """`family`'s tasks of `split` (its num_train, num_validation or num_test) drawn from `pools[split]` (a holdout
-    "pooling" family: from the heavy pool) at `dims` (a holdout "dims" family: at `holdout_dims`); validation and
+    "pooling" family: from the heavy pool) at its own dims or `dims` (a holdout "dims" family: at `holdout_dims`); validation and
     test tasks in disjoint table blocks (GROUPED_SPLITS); one random stream per (family, split), so adding a family
     leaves the others' tasks unchanged."""
     rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
+    dims = family.dims or dims
     pool = pools[HEAVY] if family.holdout == "pooling" else pools[split]
     if family.holdout == "pooling" and family.count(split) and not pool:
         raise ParamsError(f"params.yaml: tasks.holdout.pooling_above: family {family.name!r} draws the tables pooled "
@@ -52,8 +53,8 @@ def sample_family(stats: pd.DataFrame, pools: dict[str, list[int]], family: Task
 
 
 def holdout_settings(params: dict[str, Any], dims: Sequence[int]) -> tuple[float, list[int]]:
-    """tasks.holdout: (pooling_above, dims), checked: the holdout dims wider than every training dim. Absent: no
-    table is held out (inf, [])."""
+    """tasks.holdout: (pooling_above, dims), checked: the holdout dims wider than every dim in `dims` (every
+    family's: family_dims). Absent: no table is held out (inf, [])."""
     cfg = section(params, "tasks").get("holdout")
     if cfg is None:
         return math.inf, []
@@ -65,23 +66,40 @@ def holdout_settings(params: dict[str, Any], dims: Sequence[int]) -> tuple[float
     if not isinstance(wide, list) or any(isinstance(d, bool) or not isinstance(d, int) or d % 4 or d <= max(dims)
                                          for d in wide):
         raise ParamsError(f"params.yaml: tasks.holdout.dims: expected a list of multiples of 4 wider than every dim "
-                          f"of tasks.dims (max {max(dims)}), got {wide!r}")
+                          f"of tasks.dims and the families' dims (max {max(dims)}), got {wide!r}")
     return float(above), wide
+
+
+def base_dims(params: dict[str, Any]) -> list[int]:
+    """tasks.dims, checked: the dims of every family that names none of its own."""
+    dims = section(params, "tasks").get("dims")
+    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 4 or d % 4 for d in dims):
+        raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
+    return [int(d) for d in dims]
+
+
+def family_dims(params: dict[str, Any], training: bool = False) -> list[int]:
+    """The dims tables take in the profile's (non-holdout) families, sorted: tasks.dims and the families' own;
+    `training`: only those of families with training tasks (what collect_devices and NeuroShard's augmentation
+    draw at)."""
+    base = base_dims(params)
+    families = [f for f in task_families(params) if not f.holdout and (f.num_train or not training)]
+    dims = {d for f in families for d in (f.dims or base)} | (set() if training else set(base))
+    return sorted(dims or base)
 
 
 def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[int]], list[int], MemoryModel, int]:
     """What every family's draw reads: the table stats, the pools of table ids (the disjoint "train", "validation"
-    and "test" of the tables pooled at most tasks.holdout.pooling_above, and HEAVY, the others), the dims, the
-    memory model and the seed (a bad value is a ParamsError naming its key)."""
+    and "test" of the tables pooled at most tasks.holdout.pooling_above, and HEAVY, the others), tasks.dims (the
+    dims of families without their own), the memory model and the seed (a bad value is a ParamsError naming its
+    key)."""
     memory = build(MemoryModel, section(params, "memory"), "memory")
-    dims = section(params, "tasks").get("dims")
-    if not dims or any(not isinstance(d, int) or d < 4 or d % 4 for d in dims):
-        raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
+    dims = base_dims(params)
     seed = int(section(params, "tasks.seed"))
     stats = pd.read_parquet(section(params, "paths.tables"))
     test_fraction = section(params, "tasks.test_fraction")
     validation_fraction = section(params, "tasks.validation_fraction")
-    pooling_above, _ = holdout_settings(params, dims)
+    pooling_above, _ = holdout_settings(params, family_dims(params))
     light, heavy = split_heavy(stats["table_id"].tolist(), stats["pooling_factor"].tolist(), pooling_above)
     try:
         pools = split_table_pools(light, test_fraction, seed, validation_fraction)

@@ -341,3 +341,30 @@ def test_holdout_settings_and_families_are_checked(tmp_path, stats):
         run_stage(tmp_path, stats, profiles={"small": [{**HOLDOUT_FAMILIES[1], "holdout": "rows"}]})
     with pytest.raises(ParamsError, match="tasks.holdout names none"):
         run_stage(tmp_path, stats, profiles={"small": [HOLDOUT_FAMILIES[2]]})
+
+
+def test_a_family_with_dims_of_its_own_trains_wider_and_the_holdout_dims_must_exceed_them(tmp_path, stats):
+    """A family's own `dims` (issue 55: training spans wider dims than the test families) are what its tables
+    take; family_dims is every family's dims, training=True those of families that train; the holdout dims must be
+    wider than all of them."""
+    from dreamshard.project.tasks import family_dims
+
+    wide_train = {"name": "w-6-2", "num_tables": 6, "num_devices": 2, "memory_gb": 2.0, "num_train": 2,
+                  "num_test": 0, "num_validation": 1, "dims": [4, 128]}
+    profile = {"small": [HOLDOUT_FAMILIES[0], wide_train, HOLDOUT_FAMILIES[2]]}
+    out = run_stage(tmp_path, stats, holdout={"pooling_above": 1e9, "dims": [256]}, profiles=profile)
+    assert {t.dim for task in out["train"] if task.family == "w-6-2" for t in task.tables} <= {4, 128}
+    assert any(t.dim == 128 for task in out["train"] if task.family == "w-6-2" for t in task.tables)
+    assert {t.dim for task in out["train"] if task.family == "f-6-2" for t in task.tables} <= {4, 16, 64}
+    params = stage_params(tmp_path, holdout={"pooling_above": 1e9, "dims": [256]}, profiles=profile)
+    assert family_dims(params) == [4, 16, 64, 128]
+    assert family_dims(params, training=True) == [4, 16, 64, 128]
+    only_wide = stage_params(tmp_path, profiles={"small": [wide_train]})
+    assert family_dims(only_wide, training=True) == [4, 128]
+    with pytest.raises(ParamsError, match=r"tasks.holdout.dims: .*families' dims \(max 128\)"):
+        run_stage(tmp_path, stats, holdout={"pooling_above": 1e9, "dims": [128]}, profiles=profile)
+    with pytest.raises(ParamsError, match="dims: expected a list of positive multiples of 4"):
+        run_stage(tmp_path, stats, profiles={"small": [{**wide_train, "dims": [4, 6]}]})
+    with pytest.raises(ParamsError, match="a holdout family takes its dims from tasks.holdout"):
+        run_stage(tmp_path, stats, holdout={"pooling_above": 1e9, "dims": [256]},
+                  profiles={"small": [{**HOLDOUT_FAMILIES[2], "dims": [512]}]})
