@@ -6,7 +6,9 @@ default ones): DreamShard's cost network, NeuroShard's models, TorchRec's perf m
 Reads the evaluate stage's results (paths.eval/results.parquet), its test tasks, the trained models and the
 collected measurements (for the calibration) of a finished `make run`; writes OUT.json (per family and model:
 mape, bias, tau, plans; dreamshard.project.model_error) and prints a table. `--blend`: also a blend of the cost
-network and the calibrated model fitted on the training tasks' plans. Nothing is measured here.
+network and the calibrated model fitted on the training tasks' plans. `--also LABEL=DIR`: also the learned models
+of another finished project folder (its own params.yaml's model paths), named "cost_network@LABEL" and
+"neuroshard@LABEL": models trained otherwise, rated on the same plans. Nothing is measured here.
 """
 from __future__ import annotations
 
@@ -22,12 +24,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--blend", action="store_true", help="also a log-linear blend of the cost network and TorchRec's "
                     "calibrated model, fitted on the evaluate stage's training-task plans (model_error.fitted_blend)")
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=DIR",
+                    help="the learned models of another project folder, rated on the same plans (repeatable)")
     args = ap.parse_args(argv)
+    also = []
+    for spec in args.also:
+        label, sep, folder = spec.partition("=")
+        if not sep or not label or not (Path(folder) / "params.yaml").is_file():
+            ap.error(f"--also {spec!r}: expected LABEL=DIR with DIR a project folder holding params.yaml")
+        also.append((label, Path(folder)))
     import pandas as pd
 
     from dreamshard.project.domain import write_text
     from dreamshard.project.evaluation import evaluated_tasks, reported_train_tasks
-    from dreamshard.project.model_error import estimates_of, fitted_blend, model_error
+    from dreamshard.project.model_error import estimates_of, fitted_blend, learned_estimates_of, model_error
     from dreamshard.project.params import load_params, section
 
     params = load_params(args.params)
@@ -35,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     results = rows[rows["split"] == "test"]
     tasks, _ = evaluated_tasks(params)
     estimates = estimates_of(params)
+    for label, folder in also:
+        estimates.update({f"{name}@{label}": rate for name, rate in learned_estimates_of(folder).items()})
     out: dict = {"command": " ".join(["python -m tools.model_error", *sys.argv[1:]]),
                  "device": sorted(results["device_name"].unique())}
     if args.blend:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,19 @@ def learned_estimates(dreamshard_model: Any = None, neuroshard_model: Any = None
     if neuroshard_model is not None:
         found["neuroshard"] = lambda task, plan: neuroshard_model.plan_cost(task, plan).cost_ms
     return found
+
+
+def learned_estimates_of(folder: str | Path) -> dict[str, Estimate]:
+    """learned_estimates of the checkpoints of another finished project folder (its params.yaml's model paths, read
+    relative to it): models trained otherwise, to rate on the same plans."""
+    from dreamshard.project.evaluation import model_paths_of
+    from dreamshard.project.params import load_params
+    from dreamshard.sharders import load_model
+
+    root = Path(folder)
+    paths = model_paths_of(load_params(root / "params.yaml"))
+    return learned_estimates(load_model("dreamshard", str(root / paths["dreamshard"])),
+                             load_model("neuroshard", str(root / paths["neuroshard"])))
 
 
 def estimates_of(params: dict[str, Any]) -> dict[str, Estimate]:

@@ -75,3 +75,36 @@ def test_a_blend_recovers_the_weights_of_costs_made_from_its_two_models():
     assert weights == pytest.approx((0.1, 0.7, 0.2), abs=1e-6)
     task, plans = tasks_and_plans()[0]
     assert blend(task, plans[1]) == pytest.approx(made["cost_ms"].iloc[1], rel=1e-6)
+
+
+def test_another_folders_models_rate_plans_as_they_do_loaded_there(tmp_path):
+    """learned_estimates_of (tools.model_error --also): the checkpoints at another project folder's model paths
+    (relative to it) rate a plan exactly as those models do; a folder without them fails, naming the file."""
+    from dataclasses import replace
+
+    import torch
+    import yaml
+
+    from dreamshard.learning.cost_model import CostNetConfig
+    from dreamshard.learning.neuroshard import CommNetConfig, NeuroShardModel
+    from dreamshard.project.model_error import learned_estimates_of
+
+    model = replace(untrained_model(), meta={"algorithm": "dreamshard"})
+    gen = torch.Generator().manual_seed(1)
+    neuro = NeuroShardModel(CostNetConfig().build(gen), CommNetConfig().build(gen), model.scaler, {})
+    paths = {"dreamshard_model": "m/ds.pt", "neuroshard_model": "m/ns.pt", "autoshard_model": "m/a.pt",
+             "rnn_model": "m/r.pt"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"paths": paths}))
+    (tmp_path / "m").mkdir()
+    model.save(tmp_path / "m/ds.pt")
+    neuro.save(tmp_path / "m/ns.pt")
+    rated = learned_estimates_of(tmp_path)
+    expected = learned_estimates(model, neuro)
+    assert set(rated) == {"cost_network", "neuroshard"}
+    for task, plans in tasks_and_plans():
+        for p in plans:
+            assert rated["cost_network"](task, p) == pytest.approx(expected["cost_network"](task, p))
+            assert rated["neuroshard"](task, p) == pytest.approx(expected["neuroshard"](task, p))
+    (tmp_path / "m/ns.pt").unlink()
+    with pytest.raises(Exception, match="ns.pt"):
+        learned_estimates_of(tmp_path)
