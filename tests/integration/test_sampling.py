@@ -368,3 +368,25 @@ def test_a_family_with_dims_of_its_own_trains_wider_and_the_holdout_dims_must_ex
     with pytest.raises(ParamsError, match="a holdout family takes its dims from tasks.holdout"):
         run_stage(tmp_path, stats, holdout={"pooling_above": 1e9, "dims": [256]},
                   profiles={"small": [{**HOLDOUT_FAMILIES[2], "dims": [512]}]})
+
+
+def test_the_world_profile_needs_the_holdout_its_results_page_gives_it():
+    """params.yaml's `world` profile trains at dims up to 256: with the default holdout dims (256, 512) the tasks
+    stage refuses it, naming the key; with results/holdout/world-training's overrides it is consistent."""
+    from pathlib import Path
+
+    import yaml
+
+    from dreamshard.project.tasks import family_dims, holdout_settings
+
+    root = Path(__file__).resolve().parents[2]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["tasks"]["profile"] = "world"
+    with pytest.raises(ParamsError, match="tasks.holdout.dims"):
+        holdout_settings(params, family_dims(params))
+    page = (root / "results/holdout/world-training/README.md").read_text()
+    assert "-S tasks.profile=world" in page and "'tasks.holdout.dims=[384,512]'" in page
+    params["tasks"]["holdout"] = {"pooling_above": 100, "dims": [384, 512]}
+    assert family_dims(params) == [4, 8, 16, 32, 64, 128, 256]
+    assert family_dims(params, training=True) == [4, 8, 16, 32, 64, 128, 256]
+    assert holdout_settings(params, family_dims(params)) == (100.0, [384, 512])
