@@ -31,8 +31,7 @@ class TaskFamily:
     dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dims, (list, tuple)) or any(
-                isinstance(d, bool) or not isinstance(d, int) or d < 4 or d % 4 for d in self.dims):
+        if not isinstance(self.dims, (list, tuple)) or not dims_ok(self.dims):
             raise ValueError(f"family {self.name!r}: dims: expected a list of positive multiples of 4, got {self.dims!r}")
         object.__setattr__(self, "dims", tuple(self.dims))
         if self.holdout and self.dims:
@@ -47,6 +46,11 @@ class TaskFamily:
     def count(self, split: str) -> int:
         """How many tasks of `split` (one of POOLS) the family draws."""
         return {"train": self.num_train, "validation": self.num_validation, "test": self.num_test}[split]
+
+
+def dims_ok(dims: Sequence[object]) -> bool:
+    """Every dim a positive multiple of 4 (an int, not a bool): FBGEMM aligns rows to 4 columns."""
+    return all(isinstance(d, int) and not isinstance(d, bool) and d >= 4 and d % 4 == 0 for d in dims)
 
 
 HOLDOUTS = ("", "pooling", "dims")

@@ -10,7 +10,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dreamshard.data.sampling import GROUPED_SPLITS, POOLS, TaskFamily, sample_tasks, split_heavy, split_table_pools
+from dreamshard.data.sampling import (
+    GROUPED_SPLITS,
+    POOLS,
+    TaskFamily,
+    dims_ok,
+    sample_tasks,
+    split_heavy,
+    split_table_pools,
+)
 from dreamshard.memory import MemoryModel
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.tasks import Task, read_tasks
@@ -34,9 +42,9 @@ HEAVY = "heavy"  # sampling_inputs' pool of the tables pooled beyond tasks.holdo
 def sample_family(stats: pd.DataFrame, pools: dict[str, list[int]], family: TaskFamily, split: str,
                   dims: Sequence[int], memory: MemoryModel, seed: int, holdout_dims: Sequence[int] = ()) -> list[Task]:
     """`family`'s tasks of `split` (its num_train, num_validation or num_test) drawn from `pools[split]` (a holdout
-    "pooling" family: from the heavy pool) at its own dims or `dims` (a holdout "dims" family: at `holdout_dims`); validation and
-    test tasks in disjoint table blocks (GROUPED_SPLITS); one random stream per (family, split), so adding a family
-    leaves the others' tasks unchanged."""
+    "pooling" family: from the heavy pool) at its own dims or else `dims` (a holdout "dims" family: at
+    `holdout_dims`); validation and test tasks in disjoint table blocks (GROUPED_SPLITS); one random stream per
+    (family, split), so adding a family leaves the others' tasks unchanged."""
     rng = np.random.default_rng([seed, zlib.crc32(family.name.encode()), zlib.crc32(split.encode())])
     dims = family.dims or dims
     pool = pools[HEAVY] if family.holdout == "pooling" else pools[split]
@@ -63,8 +71,7 @@ def holdout_settings(params: dict[str, Any], dims: Sequence[int]) -> tuple[float
     above, wide = cfg.get("pooling_above"), cfg.get("dims")
     if isinstance(above, bool) or not isinstance(above, (int, float)) or not above > 0:
         raise ParamsError(f"params.yaml: tasks.holdout.pooling_above: expected a positive pooling factor, got {above!r}")
-    if not isinstance(wide, list) or any(isinstance(d, bool) or not isinstance(d, int) or d % 4 or d <= max(dims)
-                                         for d in wide):
+    if not isinstance(wide, list) or not dims_ok(wide) or any(d <= max(dims) for d in wide):
         raise ParamsError(f"params.yaml: tasks.holdout.dims: expected a list of multiples of 4 wider than every dim "
                           f"of tasks.dims and the families' dims (max {max(dims)}), got {wide!r}")
     return float(above), wide
@@ -73,7 +80,7 @@ def holdout_settings(params: dict[str, Any], dims: Sequence[int]) -> tuple[float
 def base_dims(params: dict[str, Any]) -> list[int]:
     """tasks.dims, checked: the dims of every family that names none of its own."""
     dims = section(params, "tasks").get("dims")
-    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 4 or d % 4 for d in dims):
+    if not dims or not dims_ok(dims):
         raise ParamsError(f"params.yaml: tasks.dims: expected a list of positive multiples of 4, got {dims!r}")
     return [int(d) for d in dims]
 
@@ -84,7 +91,9 @@ def family_dims(params: dict[str, Any], training: bool = False) -> list[int]:
     draw at)."""
     base = base_dims(params)
     families = [f for f in task_families(params) if not f.holdout and (f.num_train or not training)]
-    dims = {d for f in families for d in (f.dims or base)} | (set() if training else set(base))
+    dims = {d for f in families for d in (f.dims or base)}
+    if not training:
+        dims |= set(base)
     return sorted(dims or base)
 
 
