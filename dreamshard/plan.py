@@ -33,6 +33,23 @@ def row_blocks(rows: int, num_devices: int) -> list[tuple[int, int]]:
     return [(start, min(start + block, rows)) for start in range(0, rows, block)]
 
 
+def host_blocks(rows: int, per_host: int, host: int) -> list[tuple[int, tuple[int, int]]]:
+    """TorchRec's table_row_wise layout on `host`: (device, rows) of row_blocks(rows, per_host), block i on the
+    host's i-th device (hosts are consecutive blocks of `per_host` devices)."""
+    return [(host * per_host + i, block) for i, block in enumerate(row_blocks(rows, per_host))]
+
+
+def host_of_blocks(task: Task, table: Table, placed: Sequence[Shard]) -> int | None:
+    """The host whose devices hold `placed` in TorchRec's table_row_wise layout (host_blocks), None when they do
+    not, or when the task's devices do not name several hosts (Task.per_host)."""
+    per_host = task.per_host()
+    if per_host is None or not placed or any(s.replica or s.width != table.dim for s in placed):
+        return None
+    got = sorted((s.device, s.rows(table.rows)) for s in placed)
+    host = got[0][0] // per_host
+    return host if got == host_blocks(table.rows, per_host, host) else None
+
+
 ShardKey = tuple[str, int, int, int, int, int, bool, float]  # Shard.key()
 
 
@@ -393,6 +410,8 @@ def _check_kinds(task: Task, t: Table, placed: list[Shard]) -> None:
         "column" if "column" in kinds else "table"
     needed = [kind, "column"] if "row+column" in kinds else [kind]
     allowed = task.kinds_of(t.name)
+    if kind == "row" and "row" not in allowed and "host" in allowed and host_of_blocks(task, t, placed) is not None:
+        needed = ["host"]  # TorchRec's table_row_wise: row-wise over one host's devices
     if task.num_devices == 1 and kind == "table":
         allowed = ("table",)  # one device: the table whole is every layout
     refused = [k for k in needed if k not in allowed]

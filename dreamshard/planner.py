@@ -49,9 +49,11 @@ class DreamShardPlannerError(DreamShardError, PlannerError):
 
 
 # TorchRec's sharding types -> our kinds (Task.table_kinds): a whole table is table_wise, or column_wise in one
-# slice; table_row_wise is row-wise over one host, TorchRec's row-wise layout when the topology has one host
+# slice; table_row_wise is row-wise over one host: TorchRec's row-wise layout when the topology has one host,
+# our "host" kind (row-wise over one host's devices) when it has several (ACROSS_HOSTS)
 KINDS_OF_TYPE = {"table_wise": ("table",), "column_wise": ("table", "column"), "row_wise": ("row",),
                  "table_row_wise": ("row",), "data_parallel": ("data",)}
+ACROSS_HOSTS = {**KINDS_OF_TYPE, "table_row_wise": ("host",)}
 # how a whole table is written, in order of preference, and on one rank (every layout holds a whole table there)
 WHOLE_TYPES = ("table_wise", "column_wise")
 ONE_RANK_TYPES = ("row_wise", "table_row_wise", "data_parallel")
@@ -403,9 +405,12 @@ class DreamShardPlanner(ShardingPlanner):
         offered = self._offered(found, sharders)
         kinds = self.sharding
         rows = ("row_wise", "table_row_wise") if self._one_host else ("row_wise",)
+        if self._one_host:  # table_row_wise is the row-wise layout there ("row")
+            kinds = tuple(k for k in kinds if k != "host")
         if offered is not None:
             kinds = tuple(k for k in kinds if k in ("table", "data") or (k == "column" and "column_wise" in offered)
-                          or (k == "row" and set(rows) & set(offered)))
+                          or (k == "row" and set(rows) & set(offered))
+                          or (k == "host" and "table_row_wise" in offered))
         device = self.topology.compute_device
         if not all("data_parallel" in s.sharding_types(device) and "dense" in s.compute_kernels("data_parallel", device)
                    for s in _bag_sharders(found, sharders)):
@@ -414,7 +419,7 @@ class DreamShardPlanner(ShardingPlanner):
             if "table_wise" not in ec:
                 raise DreamShardError(f"DreamShardPlanner: the EmbeddingCollection sharder offers {ec} with the "
                                       "fused kernel; DreamShard places whole tables table_wise")
-            by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise"}
+            by_kind = {"table": "table_wise", "column": "column_wise", "row": "row_wise", "host": "table_row_wise"}
             kinds = tuple(k for k in kinds if k == "data" or by_kind[k] in ec)  # sequence tables: never replicas
         return kinds
 
@@ -435,22 +440,22 @@ class DreamShardPlanner(ShardingPlanner):
             model_parallel = any(k in ck for k in MODEL_PARALLEL_KERNELS)
             types = [t for t in types if (t == "data_parallel" and "dense" in ck)
                      or (t != "data_parallel" and model_parallel)]
-        if not self._one_host:  # table_row_wise spans one host: TorchRec's row-wise layout only on one host
-            types = [t for t in types if t != "table_row_wise"]
+        kinds_of_type = KINDS_OF_TYPE if self._one_host else ACROSS_HOSTS
         if self.topology.world_size == 1:  # one rank: every layout is the whole table
             ours: tuple[str, ...] = ("table",) if types else ()
         else:
-            ours = tuple(k for k in kinds if any(k in KINDS_OF_TYPE[t] for t in types))
+            ours = tuple(k for k in kinds if any(k in kinds_of_type[t] for t in types))
         if not ours:
             raise DreamShardPlannerError(
                 f"DreamShardPlanner: table {config.name!r}: its constraint allows sharding types "
                 f"{asked or 'any'} with compute kernels {ck or 'any'}, its sharder offers {avail} on "
                 f"{self.topology.compute_device}{'' if self._one_host else ' across hosts'}, and `sharding` allows "
                 f"{list(kinds)}: none in common that DreamShard plans (table_wise, column_wise, row_wise, "
-                "table_row_wise within one host, data_parallel)", PlannerErrorType.STRICT_CONSTRAINTS)
+                "table_row_wise, data_parallel)", PlannerErrorType.STRICT_CONSTRAINTS)
         whole_types = WHOLE_TYPES + (ONE_RANK_TYPES if self.topology.world_size == 1 else ())
         whole_as = next((t for t in whole_types if t in types), None)
-        row_as = next((t for t in ("row_wise", "table_row_wise") if t in types), None)
+        rows = ("row_wise", "table_row_wise") if self._one_host else ("row_wise",)  # across hosts: "host" blocks
+        row_as = next((t for t in rows if t in types), None)
         return TableTypes(ours, whole_as, row_as)
 
     def _kernels_allowed(self, found, sharders) -> tuple[str, ...]:
@@ -522,6 +527,9 @@ class DreamShardPlanner(ShardingPlanner):
                 raise DreamShardError(f"DreamShardPlanner: rank {d.rank} has no {kind} memory left after TorchRec's "
                                       "storage reservation")
             devices.append(Device(int(cap)))
+        if self.devices is None and not self._one_host:  # rank r on host r // local_world_size, as TorchRec lays out
+            local = self.topology.local_world_size
+            devices = [Device(d.memory_bytes, host=f"host{r // local}") for r, d in enumerate(devices)]
         if self.devices is not None:  # kinds, speeds and hosts per rank; the memory stays the topology's
             if len(self.devices) != len(devices):
                 raise DreamShardError(f"DreamShardPlanner: {len(self.devices)} devices given for a topology of "

@@ -42,8 +42,9 @@ def cache_state_bytes(rows: int, load_factor: float) -> int:
 
 
 SHARDING_KINDS = ("table", "column", "row")  # whole tables, column slices, row ranges (TorchRec's layouts)
-# and "data": data-parallel, a copy of a small table on every device (sharders/replicas.py); asked for, never a default
-ALL_SHARDING_KINDS = (*SHARDING_KINDS, "data")
+# and "data": data-parallel, a copy of a small table on every device (sharders/replicas.py); "host": row-wise blocks
+# over the devices of one host (TorchRec's table_row_wise), on devices that name several hosts; asked for, never defaults
+ALL_SHARDING_KINDS = (*SHARDING_KINDS, "data", "host")
 MIN_WIDTH = 4  # the narrowest column slice: FBGEMM aligns rows to 4 columns
 
 
@@ -195,11 +196,11 @@ class Task:
         return self.sharding if own is None else tuple(k for k in self.sharding if k in own)
 
     def allows(self, table: str, kind: str) -> bool:
-        """May `table` take `kind` (table, column, row, data) by the task's sharding, its own kinds and its
+        """May `table` take `kind` (table, column, row, data, host) by the task's sharding, its own kinds and its
         constraints (pinned, grouped or whole tables are never cut; model_parallel ones never replicated)?"""
         if kind not in self.kinds_of(table):
             return False
-        if kind in ("column", "row"):
+        if kind in ("column", "row", "host"):
             return table not in self._limits[2]
         return kind != "data" or table not in self.model_parallel
 
@@ -249,6 +250,15 @@ class Task:
             raise ValueError(f"task {self.name!r}: some devices name a host and some do not; name all or none")
         order: dict[str, int] = {}
         return tuple(order.setdefault(d.host, len(order)) for d in self.devices)
+
+    def per_host(self) -> int | None:
+        """Devices per host when the devices name two hosts or more, each one consecutive block of devices, all
+        blocks of one size (TorchRec's layout of ranks, where table_row_wise blocks live); else None."""
+        hosts = self.host_ids()
+        if hosts is None or len(set(hosts)) < 2:
+            return None
+        size = len(hosts) // len(set(hosts))
+        return size if list(hosts) == [d // size for d in range(len(hosts))] else None
 
     def derived(self, tables: Sequence[Table], origin: dict[str, str], pins: Sequence[tuple[str, int]] = ()) -> Task:
         """This task over `tables` derived from its own (pieces, shards): origin maps each new table name to the

@@ -20,7 +20,7 @@ from dreamshard.errors import DreamShardError, InvalidPlanError
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.io import atomic_path
 from dreamshard.memory import DEFAULT_BATCH_SIZE
-from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
+from dreamshard.plan import Plan, Shard, host_of_blocks, row_blocks, validate_plan
 from dreamshard.tasks import Task
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ COMPUTE_KERNEL = "fused"  # FBGEMM TBE with the weights in device memory (HBM)
 TABLE_WISE = "table_wise"
 COLUMN_WISE = "column_wise"
 ROW_WISE = "row_wise"
+TABLE_ROW_WISE = "table_row_wise"  # row-wise over the ranks of one host (plan.host_blocks)
 DATA_PARALLEL = "data_parallel"  # replicas (Shard.replica), run by TorchRec's dense kernel
 DENSE_KERNEL = "dense"
 UVM_KERNEL = "fused_uvm_caching"  # dreamshard.caching: weights in host memory, a share of the rows cached in HBM
@@ -319,6 +320,8 @@ def table_layout(task: Task, table_index: int, shards: list[Shard]) -> str:
     expected = [(block, rank) for rank, block in enumerate(row_blocks(t.rows, task.num_devices))]
     if all(s.width == t.dim for s in shards) and blocks == expected:
         return ROW_WISE
+    if host_of_blocks(task, t, shards) is not None:
+        return TABLE_ROW_WISE
     raise DreamShardError(
         f"table {t.name!r}: its row ranges {', '.join(s.label() + f' on {s.device}' for s in shards[:4])}"
         f"{', ...' if len(shards) > 4 else ''} are not TorchRec's row-wise layout: TorchRec trains a row-wise table "
@@ -377,6 +380,8 @@ def table_generators(task: Task, plan: Plan, whole_as: str | Mapping[str, str] =
             per_table[t.name] = data_parallel()
         elif layout == TABLE_WISE:
             per_table[t.name] = table_wise(rank=blocks[0].device, compute_kernel=kernel)
+        elif layout == TABLE_ROW_WISE:  # a host's ranks: host_of_blocks
+            per_table[t.name] = _with_kernel(table_row_wise(host_index=host_of_blocks(task, t, blocks)), kernel)
         elif layout == ROW_WISE and rows_as.get(t.name) == "table_row_wise":
             per_table[t.name] = _with_kernel(table_row_wise(host_index=0), kernel)
         elif layout == ROW_WISE:

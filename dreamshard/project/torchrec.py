@@ -10,9 +10,10 @@ from dreamshard.interop.torchrec import (
     quiet_torchrec,
     table_layout,
     to_torchrec_plan,
+    topology_from,
     torchrec_perf_estimate,
 )
 from dreamshard.planner import DreamShardPlanner
 
 __all__ = ["DreamShardPlanner", "meta_ebc", "plan_caches", "quiet_torchrec", "table_layout", "to_torchrec_plan",
-           "torchrec_perf_estimate"]
+           "topology_from", "torchrec_perf_estimate"]

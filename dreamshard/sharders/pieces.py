@@ -18,7 +18,7 @@ from dreamshard.errors import DreamShardError, InfeasibleTaskError
 from dreamshard.limits import MAX_PIECES
 from dreamshard.memory import GB
 from dreamshard.placement import check_satisfiable, giving_up_early, table_sizes
-from dreamshard.plan import Plan, Shard, row_blocks, validate_plan
+from dreamshard.plan import Plan, Shard, host_blocks, row_blocks, validate_plan
 from dreamshard.sharders.replicas import data_parallel_tables, must_replicate, with_replicas
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
@@ -26,10 +26,17 @@ from dreamshard.tasks import Task
 
 @dataclass(frozen=True)
 class Cut:
-    """How one table is cut: `columns` slices (1: all columns), or row-wise over every device."""
+    """How one table is cut: `columns` slices (1: all columns), or row-wise over every device, or, with `host`,
+    row-wise over the `per_host` devices of that host (TorchRec's table_row_wise, Task.per_host)."""
 
     columns: int = 1
     row_wise: bool = False
+    host: int | None = None
+    per_host: int = 0
+
+    def __post_init__(self) -> None:
+        if self.host is not None and not (self.row_wise and self.host >= 0 and self.per_host >= 1):
+            raise ValueError(f"Cut: a host's row-wise blocks need row_wise, host >= 0 and per_host >= 1; got {self}")
 
     @property
     def whole(self) -> bool:
@@ -78,6 +85,19 @@ def fits_row_wise(table: Table, task: Task) -> bool:
                for i, (start, end) in enumerate(row_blocks(table.rows, task.num_devices)))
 
 
+def host_cuts(table: Table, task: Task) -> list[Cut]:
+    """`table` row-wise over one host's devices (TorchRec's table_row_wise), one cut per host whose blocks fit its
+    devices; none unless the task allows "host" for it and its devices name several hosts (Task.per_host)."""
+    per_host = task.per_host()
+    if per_host is None or not task.allows(table.name, "host") or table.rows < 2:
+        return []
+    banned = set(task.avoided().get(table.name, ()))
+    hosts = range(task.num_devices // per_host)
+    return [Cut(row_wise=True, host=h, per_host=per_host) for h in hosts
+            if all(d not in banned and task.shard_bytes(table, end - start) <= task.capacity(d)
+                   for d, (start, end) in host_blocks(table.rows, per_host, h))]
+
+
 def _capacity(task: Task, table: str) -> int:
     """The largest capacity among the devices `table` may use."""
     return max(task.capacity(d) for d in task.allowed_devices(table))
@@ -91,6 +111,10 @@ def first_cut(table: Table, task: Task, capacity: int | None = None) -> Cut:
     if must_cut and "row" in task.kinds_of(table.name):
         if fits_row_wise(table, task):  # its constraint allows row-wise alone (or beside data-parallel)
             return Cut(row_wise=True)
+    elif must_cut and task.allows(table.name, "host"):  # its constraint allows table_row_wise alone
+        fitting = host_cuts(table, task)
+        if fitting:
+            return fitting[0]
     elif task.shard_bytes(table) <= capacity:
         return WHOLE
     if table.name in task.never_cut():
@@ -147,9 +171,11 @@ def table_pieces(table: Table, cut: Cut, num_devices: int) -> list[tuple[Table, 
     if cut.whole:
         return [(table, (table.name, 0, None, 0, table.dim), None)]
     if cut.row_wise:
+        blocks = enumerate(row_blocks(table.rows, num_devices)) if cut.host is None else \
+            host_blocks(table.rows, cut.per_host, cut.host)
         return [(table.block(start, end),  # named "<table>[rows start:end]"
                  (table.name, start, end, 0, table.dim), device)
-                for device, (start, end) in enumerate(row_blocks(table.rows, num_devices))]
+                for device, (start, end) in blocks]
     out: list[tuple[Table, PieceOf, int | None]] = []
     start = 0
     for width in column_widths(table.dim, cut.columns):
@@ -362,7 +388,7 @@ def refine(task: Task, cuts: dict[str, Cut], attempt: Callable[[bool, bool], R |
 
 def num_pieces(cut: Cut, num_devices: int) -> int:
     """How many pieces `cut` makes of a table."""
-    return num_devices if cut.row_wise else cut.columns
+    return (num_devices if cut.host is None else cut.per_host) if cut.row_wise else cut.columns
 
 
 def check_pieces(task: Task, count: int, partial: bool = False) -> None:

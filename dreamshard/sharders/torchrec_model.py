@@ -3,12 +3,14 @@
 For a user with no trained cost model, TorchRec's analytic `EmbeddingPerfEstimator` is the estimate TorchRec's
 planner already trusts; this sharder optimises that same rating with a wider search than TorchRec's proposers:
 every table whole, in 2, 4, ... column slices or row-wise (the cuts `dreamshard_cut` tries, `cuts.cut_options`),
+and, where the task allows "host", row-wise over the devices of each one host (`pieces.host_cuts`),
 with or without the shared data-parallel rule (sharders/replicas.py). TorchRec rates a plan by its slowest rank,
 the sum of its shards' estimates, and a shard's estimate does not depend on what else its rank holds; so each
 table's pieces are priced once per cut (one TorchRec call per cut), and the search is placement only:
 
 1. two starts: every table whole (one too large for a device at its first cut, cut finer while the pieces do
-   not pack: `pieces`' rule), and TorchRec's usual layout (every table row-wise that may be);
+   not pack: `pieces`' rule), and TorchRec's usual layout (every table row-wise that may be); on devices of
+   several hosts a third, TorchRec's layout there (every table row-wise over one host's devices, table_row_wise);
 2. a plan of given cuts: the pieces largest estimate first (else largest in bytes first) onto the least-loaded
    device with room (`place_tables`' rule, in one pass; `place_tables` itself, backing up, for the starts);
 3. moves: each other cut of the `candidates` costliest tables on the slowest rank, and of the `candidates`
@@ -35,6 +37,7 @@ from dreamshard.sharders.pieces import (
     first_cut,
     first_cuts,
     fits_row_wise,
+    host_cuts,
     merge_pieces,
     packs,
     refine,
@@ -64,7 +67,8 @@ def _cuts_of(task: Task, config: ModelSearchConfig) -> dict[str, list[Cut]]:
     from dreamshard.sharders.cuts import CutConfig, as_cut, cut_options
 
     rule = CutConfig(max_slices=config.max_slices)
-    return {t.name: [as_cut(k) for k in cut_options(task, t, rule)] for t in task.tables}
+    return {t.name: [as_cut(k) for k in cut_options(task, t, rule)]
+            + ([] if t.name in task.never_cut() else host_cuts(t, task)) for t in task.tables}
 
 
 def _slices(table: Table, cut: Cut, num_devices: int) -> list[Shard]:
@@ -152,9 +156,78 @@ def _row_wise_start(task: Task) -> dict[str, Cut]:
     return {n: c for n, c in cuts.items() if not c.whole}
 
 
+def _host_start(task: Task) -> dict[str, Cut] | None:
+    """The start across hosts (None on one host): TorchRec's usual layout there, every table that may be row-wise
+    over one host's devices (table_row_wise), largest first onto the host with the fewest bytes so far whose
+    devices hold its blocks; the rest whole or at their first cut."""
+    if task.per_host() is None:
+        return None
+    uncut = task.never_cut()
+    held: dict[int, int] = {}
+    cuts: dict[str, Cut] = {}
+    for t in sorted(task.tables, key=lambda t: (-task.shard_bytes(t), t.name)):
+        fitting = [] if t.name in uncut else host_cuts(t, task)
+        if fitting:
+            cut = min(fitting, key=lambda c: (held.get(c.host or 0, 0), c.host))
+            held[cut.host or 0] = held.get(cut.host or 0, 0) + task.shard_bytes(t)
+            cuts[t.name] = cut
+        else:
+            cuts[t.name] = first_cut(t, task)
+    return {n: c for n, c in cuts.items() if not c.whole}
+
+
+TARGET_STEPS = 24  # targets tried by _target_start, from the bound up in steps of TARGET_STEP
+TARGET_STEP = 0.04
+
+
+def rating_bound(num_devices: int, layouts: list[list[list[float]]]) -> float:
+    """No placement of tables, each in one of its layouts (`layouts`: per table, per layout, its pieces' prices),
+    is rated below this (ms): the slowest rank holds at least the mean of every rank's sum, so at least the cheapest
+    total of each table over the ranks, and at least the dearest table's cheapest largest piece. Memory is left
+    out, so it may be below every plan that fits."""
+    totals = sum(min(sum(p) for p in table) for table in layouts)
+    largest = max((min(max(p) for p in table) for table in layouts), default=0.0)
+    return max(totals / num_devices, largest)
+
+
+def _target_start(task: Task, rules: Rules, options: dict[str, list[Cut]],
+                  prices: dict[tuple[str, Cut], list[float]], layouts: dict[tuple[str, Cut], _Layout]
+                  ) -> dict[str, Cut] | None:
+    """A start aimed at a slowest rank of T: each table at its cheapest cut in total among those whose largest
+    piece costs at most T, placed as every move is (`_place`), for T from `rating_bound` up in steps; the cuts of
+    the best placed. Where every start above cuts tables one way, this one weighs each table's total against
+    its largest piece."""
+    capacity = max(task.capacities())
+    usable = {n: [c for c in cuts if max(layouts[(n, c)][0]) <= capacity] for n, cuts in options.items()}
+    if any(not cuts for cuts in usable.values()):
+        return None
+    bound = rating_bound(task.num_devices, [[prices[(n, c)] for c in cuts] for n, cuts in usable.items()])
+    best: _Placed | None = None
+    seen: set[tuple[tuple[str, Cut], ...]] = set()
+    for step in range(TARGET_STEPS):
+        target = bound * (1 + TARGET_STEP * step)
+        cuts = {}
+        for n, cands in usable.items():
+            within = [c for c in cands if max(prices[(n, c)]) <= target] or cands
+            cuts[n] = min(within, key=lambda c: (sum(prices[(n, c)]), max(prices[(n, c)])))
+        key = tuple(sorted((n, c) for n, c in cuts.items() if not c.whole))
+        if key in seen:
+            continue
+        seen.add(key)
+        placed = _place(task, rules, dict(key), prices, layouts)
+        if placed is not None and (best is None or placed.cost < best.cost):
+            best = placed
+    return None if best is None else best.cuts
+
+
+def _cut_name(c: Cut) -> str:
+    if c.row_wise:
+        return "row-wise" if c.host is None else f"row-wise on host {c.host}"
+    return f"{c.columns} column slices"
+
+
 def _cut_names(cuts: dict[str, Cut]) -> str:
-    shown = [f"{n}: {'row-wise' if c.row_wise else f'{c.columns} column slices'}" for n, c in cuts.items()
-             if not c.whole]
+    shown = [f"{n}: {_cut_name(c)}" for n, c in cuts.items() if not c.whole]
     return ", ".join(shown) or "every table whole"
 
 
@@ -217,10 +290,14 @@ class TorchRecModelSharder:
             return with_pieces(task, search)
         plans = []
         replicated, forced = data_parallel_tables(task), must_replicate(task)
-        # the shared data-parallel rule, and none (those whose constraints ask for data-parallel alone)
+        # the shared data-parallel rule, none (those whose constraints ask for data-parallel alone), and those
+        # TorchRec's model rates cheaper as copies than in any cut of theirs
         choices = [replicated] if replicated else []
         if forced != replicated or not choices:
             choices.append(forced)
+        priced = self._priced_replicas(task, memo)
+        if priced and all(set(map(id, priced)) != set(map(id, c)) for c in choices):
+            choices.append(priced)
         for chosen in choices:
             try:
                 plans.append(with_replicas(task, chosen, search) if chosen else search(task))
@@ -231,6 +308,60 @@ class TorchRecModelSharder:
         batch, topo = self._batch(task), self._topo(task)
         return min(plans, key=lambda p: torchrec_perf_estimate(task, p, batch, topo).cost_ms)
 
+    def bound_ms(self, task: Task) -> float:
+        """No plan of the layouts this search tries (`_cuts_of`, data-parallel copies) is rated below this by
+        TorchRec's model (ms): `rating_bound` with each table's copies as one more option. Memory is left out."""
+        from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
+        from dreamshard.sharders.replicas import replica_shards
+
+        options = _cuts_of(task, self.config)
+        prices = piece_prices(task, options, self._batch(task), {}, self._topo(task))
+        layouts = {t.name: [prices[(t.name, c)] for c in options[t.name]] for t in task.tables}
+        copies: set[str] = set()
+        if "data" in task.sharding and task.num_devices > 1:
+            copies = {t.name for t in task.tables if task.allows(t.name, "data") and not t.sequence}
+        if copies:
+            slices = {t.name: replica_shards(t, task.num_devices) if t.name in copies else
+                      _slices(t, Cut(), task.num_devices) for t in task.tables}
+            with quiet_torchrec():
+                for o in shard_estimates(task, slices, self._batch(task), None, self._topo(task)):
+                    if o.name in copies:
+                        layouts[o.name].append([float(s.perf.total) for s in o.shards])
+        return rating_bound(task.num_devices, list(layouts.values()))
+
+    def _priced_replicas(self, task: Task, memo: PriceMemo) -> list[Table]:
+        """The tables TorchRec's model rates cheaper data-parallel (summed over the ranks) than at the cheapest of
+        their cuts, cheapest copies first while they fit in half the smallest device (data_parallel_tables' room),
+        beside those that must be; [] where the task allows no data-parallel table."""
+        from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
+        from dreamshard.sharders.replicas import replica_shards
+
+        forced = must_replicate(task)
+        if "data" not in task.sharding or task.num_devices < 2 or not task.memory.batch_size:
+            return forced
+        fixed = task.never_cut() | set(task.avoided()) | {t.name for t in forced}
+        candidates = [t for t in task.tables if t.name not in fixed and task.allows(t.name, "data")
+                      and not t.sequence and t.cache_load_factor is None]
+        if not candidates:
+            return forced
+        options = _cuts_of(task, self.config)
+        prices = piece_prices(task, options, self._batch(task), memo, self._topo(task))
+        names = {t.name for t in candidates}
+        slices = {t.name: replica_shards(t, task.num_devices) if t.name in names else _slices(t, Cut(), task.num_devices)
+                  for t in task.tables}
+        with quiet_torchrec():
+            estimated = shard_estimates(task, slices, self._batch(task), None, self._topo(task))
+        copies = {o.name: sum(float(s.perf.total) for s in o.shards) for o in estimated if o.name in names}
+        cheaper = sorted((task.shard_bytes(t, replica=True), t.name, t) for t in candidates
+                         if copies[t.name] < min(sum(prices[(t.name, c)]) for c in options[t.name]))
+        chosen, used = list(forced), sum(task.shard_bytes(t, replica=True) for t in forced)
+        for need, _, t in cheaper:
+            if used + need > min(task.capacities()) // 2:
+                break
+            chosen.append(t)
+            used += need
+        return chosen
+
     def rating_ms(self, task: Task, plan: Plan) -> float:
         """`plan` as TorchRec's perf model rates it on this sharder's cluster (ms; a model's estimate)."""
         from dreamshard.interop.torchrec import torchrec_perf_estimate
@@ -239,7 +370,8 @@ class TorchRecModelSharder:
 
     def _search(self, task: Task, memo: PriceMemo | None = None, deadline: float = float("inf")) -> Plan:
         options = _cuts_of(task, self.config)
-        starts = [_first_fit(task), _row_wise_start(task)]
+        across = _host_start(task)
+        starts = [_first_fit(task), _row_wise_start(task)] + ([] if across is None else [across])
         for start in starts:
             for name, cut in start.items():
                 if cut not in options[name]:
@@ -247,6 +379,9 @@ class TorchRecModelSharder:
         prices = piece_prices(task, options, self._batch(task), memo, self._topo(task))
         layouts = {(t.name, cut): _layout(task, t, cut) for t in task.tables for cut in options[t.name]}
         rules = Rules.of_task(task)
+        target = _target_start(task, rules, options, prices, layouts)
+        if target is not None:
+            starts.append(target)
         ends = [self._descend(task, rules, start, options, prices, layouts, deadline) for start in starts]
         found = [e for e in ends if e is not None]
         if not found:

@@ -18,8 +18,9 @@ from dreamshard.plan import Plan, Shard
 from dreamshard.tasks import Task
 
 # TorchRec's sharding types (with the fused kernel) for each of our sharding kinds (Task.sharding)
+# (data-parallel: none, TorchRec's peer plans model-parallel tables here; host: table_row_wise across hosts)
 TYPES_OF_KIND = {"table": (TABLE_WISE,), "column": (COLUMN_WISE, "table_column_wise"),
-                 "row": ("row_wise", "table_row_wise")}
+                 "row": ("row_wise", "table_row_wise"), "data": (), "host": ("table_row_wise",)}
 GRID = "grid_shard"  # rows and columns: offered when both kinds are allowed
 # TorchRec's kinds that cut a table into row blocks within one host: on a task spanning several hosts no plan of
 # ours holds them yet, nor does our cost price their two-level exchange, so they are not offered there
@@ -62,7 +63,7 @@ class TorchRecSharder:
         the task's sharding kinds allow (Task.sharding), narrowed to `sharding_types` when given."""
         if not self.full_search:
             return [TABLE_WISE]
-        allowed = [x for kind in task.sharding for x in TYPES_OF_KIND[kind]]
+        allowed = list(dict.fromkeys(x for kind in task.sharding for x in TYPES_OF_KIND[kind]))
         if "column" in task.sharding and "row" in task.sharding:
             allowed.append(GRID)
         if self.sharding_types is not None:

@@ -92,6 +92,49 @@ def test_it_finds_the_optimum_over_cuts_and_placements_of_a_small_task():
         ours = torchrec_perf_estimate(task, plan, BATCH).cost_ms
     assert any(s.col_end - s.col_start < 64 or s.is_row_range for s in plan.shards if s.table == "big")
     assert ours == pytest.approx(best, rel=1e-9)
+    bound = make_sharder("torchrec_model", batch_size=BATCH).bound_ms(task)
+    assert 0 < bound <= best * (1 + 1e-9)  # a lower bound of the optimum
+
+
+def two_hosts(task: Task, per_host: int) -> Task:
+    """`task` with its devices named on hosts of `per_host` consecutive devices, row-wise over one host allowed."""
+    devices = tuple(replace(d, host=f"h{i // per_host}") for i, d in enumerate(task.devices))
+    return replace(task, devices=devices, sharding=(*task.sharding, "host"))
+
+
+def test_across_hosts_a_table_row_wise_over_one_host_is_valid_exported_and_refused_where_not_allowed():
+    from dreamshard.errors import InvalidPlanError
+    from dreamshard.interop.torchrec import to_torchrec_module_plan
+    from dreamshard.plan import Plan, Shard, host_blocks
+
+    tables = [Table("t0", 10_001, 16, 4.0), Table("t1", 500, 16, 2.0)]
+    task = two_hosts(Task.uniform("hosts", tables, 8, 1.0, MemoryModel(batch_size=BATCH)), 4)
+    blocks = host_blocks(10_001, 4, 1)
+    assert [d for d, _ in blocks] == [4, 5, 6, 7] and blocks[-1][1][1] == 10_001
+    plan = Plan(8, tuple(Shard("t0", d, 0, 16, r0, r1) for d, (r0, r1) in blocks) + (Shard("t1", 2, 0, 16),))
+    validate_plan(task, plan)
+    assert table_layout(task, 0, sorted(plan.device_shards(4) + plan.device_shards(5) + plan.device_shards(6)
+                                        + plan.device_shards(7), key=lambda s: s.row_start)) == "table_row_wise"
+    module_plan = to_torchrec_module_plan(task, plan)  # TorchRec's own blocks checked against the plan's
+    assert module_plan["t0"].sharding_type == "table_row_wise" and module_plan["t0"].ranks == [4, 5, 6, 7]
+    with pytest.raises(InvalidPlanError, match="t0"):  # neither row-wise kind allowed
+        validate_plan(replace(task, sharding=("table", "column")), plan)
+    shifted = Plan(8, tuple(Shard("t0", d - 1, 0, 16, r0, r1) for d, (r0, r1) in blocks) + (Shard("t1", 2, 0, 16),))
+    with pytest.raises(InvalidPlanError, match="t0"):  # blocks across two hosts are no host's layout
+        validate_plan(replace(task, sharding=("table", "column", "host")), shifted)
+
+
+def test_across_hosts_it_rates_at_or_above_its_bound_and_never_behind_torchrecs_planner():
+    task = two_hosts(task_of(3, 14, 8, 1.0, sharding=("table", "column", "row", "data")), 4)
+    sharder = make_sharder("torchrec_model", batch_size=BATCH)
+    plan = sharder.shard(task)
+    validate_plan(task, plan)
+    with quiet_torchrec():
+        ours = torchrec_perf_estimate(task, plan, BATCH).cost_ms
+        theirs = torchrec_perf_estimate(task, make_sharder("torchrec_full", batch_size=BATCH).shard(task),
+                                        BATCH).cost_ms
+    assert sharder.bound_ms(task) <= ours * (1 + 1e-9)
+    assert ours <= theirs * (1 + 1e-9), (ours, theirs)
 
 
 def test_the_mlperf_model_on_8_ranks_of_16_gib_at_least_twice_as_fast_as_torchrecs_plan_by_its_model():
@@ -105,6 +148,21 @@ def test_the_mlperf_model_on_8_ranks_of_16_gib_at_least_twice_as_fast_as_torchre
         ours = mlperf.ours_row(mlperf.topology(8, 16.0), BATCH, usable, "torchrec_model", None)
     assert ours["fits_usable"] and ours["seconds"] < 10
     assert theirs["max_rank_perf_ms"] / ours["max_rank_perf_ms"] >= 2.0, (ours, theirs)
+
+
+def test_the_mlperf_model_on_2_hosts_of_8_ahead_of_torchrecs_plan_and_at_or_above_the_bound():
+    # issue 50: across hosts, judged on the cluster TorchRec's plan is rated on (benchmarks/mlperf_dcnv2.py)
+    from benchmarks import mlperf_dcnv2 as mlperf
+
+    with quiet_torchrec():
+        topo = mlperf.topology(16, 16.0, 8)
+        usable = mlperf.usable_hbm(topo, BATCH)
+        theirs = min(mlperf.torchrec_row(mlperf.topology(16, 16.0, 8), BATCH, usable, m)["max_rank_perf_ms"]
+                     for m in (None, 64))
+        ours = mlperf.ours_row(mlperf.topology(16, 16.0, 8), BATCH, usable, "torchrec_model", None)
+    assert ours["fits_usable"] and ours["seconds"] < 10
+    assert "table_row_wise/fused" in ours["kinds"]
+    assert ours["bound_ms"] <= ours["max_rank_perf_ms"] and theirs / ours["max_rank_perf_ms"] >= 1.15, (ours, theirs)
 
 
 @st.composite
@@ -157,8 +215,8 @@ def test_a_time_limit_stops_the_moves_and_keeps_the_best_plan_found():
         free = TorchRecModelSharder(512).shard(task)
         rushed = TorchRecModelSharder(512, time_limit=0.0).shard(task)  # the starts only: no move
     validate_plan(task, rushed)
-    # the moves take it from the starts' 0.83 ms to 0.78 by TorchRec's model: without them it stays behind
-    assert torchrec_perf_estimate(task, rushed, 512).cost_ms > torchrec_perf_estimate(task, free, 512).cost_ms * 1.02
+    # the moves take it from the starts' 0.79 ms to 0.78 by TorchRec's model: without them it stays behind
+    assert torchrec_perf_estimate(task, rushed, 512).cost_ms > torchrec_perf_estimate(task, free, 512).cost_ms * 1.01
 
 
 def test_a_start_that_packs_whole_only_by_backing_up_is_kept_whole():
