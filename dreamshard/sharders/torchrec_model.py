@@ -53,7 +53,7 @@ from dreamshard.tasks import Task
 class ModelSearchConfig:
     depth: int = 64  # moves at most
     candidates: int = 4  # tables of each kind whose other cuts are tried per move (module docstring, step 3)
-    max_slices: int = 8  # most column slices of one table
+    max_slices: int = 32  # most column slices of one table
 
     def __post_init__(self) -> None:
         for name, least in (("depth", 0), ("candidates", 1), ("max_slices", 1)):
@@ -310,16 +310,20 @@ class TorchRecModelSharder:
 
     def bound_ms(self, task: Task) -> float:
         """No plan of the layouts this search tries (`_cuts_of`, data-parallel copies) is rated below this by
-        TorchRec's model (ms): `rating_bound` with each table's copies as one more option. Memory is left out."""
+        TorchRec's model (ms): `rating_bound` over each table's cuts whose every piece fits the largest device, and
+        its copies where one fits every device. Memory beyond that is left out."""
         from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
         from dreamshard.sharders.replicas import replica_shards
 
         options = _cuts_of(task, self.config)
         prices = piece_prices(task, options, self._batch(task), {}, self._topo(task))
-        layouts = {t.name: [prices[(t.name, c)] for c in options[t.name]] for t in task.tables}
+        capacity = max(task.capacities())
+        layouts = {t.name: [prices[(t.name, c)] for c in options[t.name]
+                            if max(_layout(task, t, c)[0]) <= capacity] for t in task.tables}
         copies: set[str] = set()
         if "data" in task.sharding and task.num_devices > 1:
-            copies = {t.name for t in task.tables if task.allows(t.name, "data") and not t.sequence}
+            copies = {t.name for t in task.tables if task.allows(t.name, "data") and not t.sequence
+                      and task.shard_bytes(t, replica=True) <= min(task.capacities())}
         if copies:
             slices = {t.name: replica_shards(t, task.num_devices) if t.name in copies else
                       _slices(t, Cut(), task.num_devices) for t in task.tables}
