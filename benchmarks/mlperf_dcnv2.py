@@ -161,9 +161,10 @@ def ours_row(topo, batch_size: int, usable: list[int], algo: str, models: Path |
         if path is None or not path.exists():
             return {"planner": algo, "skipped": f"no checkpoint {path}"}
         options["model"] = path
-    planner = DreamShardPlanner(topo, batch_size, constraints=constraints(), debug=False, algo=algo, **options)
+        options["allow_other_hardware"] = True  # CPU-trained checkpoints on a cuda topology, named so in the README
     start = time.perf_counter()
     try:
+        planner = DreamShardPlanner(topo, batch_size, constraints=constraints(), debug=False, algo=algo, **options)
         planner.plan(model(), [EmbeddingBagCollectionSharder()])
     except DreamShardError as exc:
         return {"planner": algo, "seconds": time.perf_counter() - start, "error": str(exc)}
@@ -235,7 +236,7 @@ def readme(summary: dict[str, Any], command: str) -> str:
         ours = next((r for r in run_["rows"] if r["planner"] == "torchrec_model" and "max_rank_perf_ms" in r), None)
         if peer and ours:
             most = f"; at most {peer['max_rank_perf_ms'] / ours['bound_ms']:.2f}x by any plan" \
-                if ours.get("bound_ms") else ""
+                if ours.get("bound_ms") and not ours["ddr_gib"] else ""  # the bound prices every table in HBM
             default.append(f"{peer['max_rank_perf_ms'] / ours['max_rank_perf_ms']:.2f}x at batch {run_['batch_size']} "
                            f"(against `{peer['planner']}`{most})")
     answer = (f"**Answer.** `DreamShardPlanner()`'s default (`torchrec_model`) against TorchRec's faster variant, by "
@@ -261,7 +262,7 @@ def readme(summary: dict[str, Any], command: str) -> str:
             lines.append(f"| {r['planner']} | {r['busiest_hbm_gib']:.2f} | {'yes' if r['fits_usable'] else 'NO'} | "
                          f"{r['ddr_gib']:.2f} | {r['max_rank_perf_ms']:.3g} | {r['speedup_vs_torchrec']:.2f}x | "
                          f"{r['seconds']:.2f} | {kinds} |")
-        bound = next((r["bound_ms"] for r in run_["rows"] if r.get("bound_ms")), None)
+        bound = next((r["bound_ms"] for r in run_["rows"] if r.get("bound_ms") and not r["ddr_gib"]), None)
         if bound:
             lines += ["", f"No plan of the layouts `torchrec_model` tries (every table whole, in 2, 4, ... 32 column "
                       f"slices, row-wise, row-wise over one host, data-parallel) is rated below {bound:.3g} ms by "
