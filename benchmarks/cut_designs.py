@@ -36,6 +36,9 @@ VARIANTS: dict[str, dict] = {
 }
 
 
+PEER = ("torchrec", "torchrec_full")  # with --peer: TorchRec's planners, told the cluster (evaluate's peer)
+
+
 def parse_variants(items: list[str]) -> dict[str, dict]:
     """NAME=JSON items (`--variant`) -> {name: CutConfig fields changed from params.yaml's cut_search}."""
     variants = {}
@@ -82,6 +85,9 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=1,
                         help="measure every task's plans this many times over, one task after another each time: a "
                              "plan's cost is the median over passes, and each pass's family means are reported")
+    parser.add_argument("--peer", action="store_true",
+                        help="TorchRec's planners as evaluate builds them (told the cluster), the ratio to the better "
+                             "of them per family, and each variant's plan or theirs, whichever its model rates cheaper")
     parser.add_argument("--out", type=Path, default=Path("results/cut_designs"))
     args = parser.parse_args()
     from dreamshard.project.backend import huge_pages_from_params
@@ -110,10 +116,17 @@ def main() -> None:
     # the best heuristics: size_lookup_greedy on every default family, lookup_greedy on some of the paper's
     sharders["size_lookup_greedy"] = make_sharder("size_lookup_greedy")
     sharders["lookup_greedy"] = make_sharder("lookup_greedy")
-    sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
+    if args.peer:  # TorchRec's planners as evaluate builds them: told the cluster, the per-rank batch
+        from dreamshard.project.evaluation import make_sharders
+
+        for peer in make_sharders(params, int(params["backend"]["batch_size"]), names=list(PEER)):
+            sharders[peer.name] = peer
+    else:
+        sharders["torchrec_full"] = make_sharder("torchrec_full", batch_size=int(params["backend"]["batch_size"]))
     backend = backend_of(params)
 
     planned = []  # (family, task, plans, planning ms by sharder): every task planned before anything is measured
+    chosen: dict[tuple[str, str], str] = {}  # (task, rated choice) -> the sharder whose plan it keeps
     for family in args.families.split(","):
         for task in [t for t in tasks if t.family == family][args.first:args.first + args.tasks]:
             plans, planning = [], {}
@@ -121,6 +134,12 @@ def main() -> None:
                 start = time.perf_counter()
                 plans.append(sharder.shard(task))
                 planning[name] = (time.perf_counter() - start) * 1e3
+            if args.peer:  # each variant's plan or TorchRec's, whichever its own cost network rates cheapest
+                for name in variants:
+                    options = [name, *PEER]
+                    rated = {o: sharders[name].own_ms(task, plans[list(sharders).index(o)]) for o in options}
+                    planning[f"{name} or TorchRec's"] = sum(planning[o] for o in options)
+                    chosen[(task.name, f"{name} or TorchRec's")] = min(options, key=lambda o: (rated[o], o != name))
             planned.append((family, task, plans, planning))
     # passes[p][(task, sharder)]: each pass measures every task's plans once more, in the same order
     passes: list[dict[tuple[str, str], float]] = []
@@ -138,6 +157,11 @@ def main() -> None:
             each = [measured[(task.name, name)] for measured in passes]
             rows.append({"family": family, "task": task.name, "sharder": name, "cost_ms": statistics.median(each),
                          "cost_ms_passes": each, "planning_ms": planning[name], "cuts": cut})
+        for (task_name, name), source in chosen.items():  # the measured cost of the plan each choice keeps
+            if task_name == task.name:
+                kept = next(r for r in rows if r["task"] == task.name and r["sharder"] == source)
+                rows.append({**kept, "sharder": name, "planning_ms": planning[name], "kept": source})
+    names = list(dict.fromkeys([*sharders, *(name for _, name in chosen)]))
 
     summary: dict = {"device": backend.device_name(), "versions": backend.versions(), "rounds": args.rounds,
                      "passes": args.passes,
@@ -145,7 +169,7 @@ def main() -> None:
                      "tasks_per_family": args.tasks, "first": args.first, "families": args.families.split(","), "sharders": {}}
     reference = {(r["family"], r["task"]): r["cost_ms"] for r in rows if r["sharder"] == "torchrec_full"}
     reference_passes = {(r["family"], r["task"]): r["cost_ms_passes"] for r in rows if r["sharder"] == "torchrec_full"}
-    for name in sharders:
+    for name in names:
         mine = [r for r in rows if r["sharder"] == name]
         ratios = np.array([r["cost_ms"] / reference[(r["family"], r["task"])] for r in mine])
         low, high = bootstrap_ci(ratios, seed=0)
@@ -161,6 +185,22 @@ def main() -> None:
                                      "per_family": per_family, "tasks_with_cuts": sum(r["cuts"] for r in mine),
                                      "tasks": len(mine),
                                      "planning_ms_p50": statistics.median(r["planning_ms"] for r in mine)}
+    if args.peer:  # per family, the better of TorchRec's planners by family mean: every sharder paired with it
+        summary["peer"] = {f: min(PEER, key=lambda p: summary["sharders"][p]["per_family"][f]["mean"])
+                           for f in summary["families"]}
+        for name in names:
+            mine = [r for r in rows if r["sharder"] == name]
+            peer_cost = {(r["family"], r["task"]): r["cost_ms"] for r in rows
+                         if r["sharder"] == summary["peer"][r["family"]]}
+            per = {}
+            for f in summary["families"]:
+                ratios = np.array([r["cost_ms"] / peer_cost[(f, r["task"])] for r in mine if r["family"] == f])
+                f_low, f_high = bootstrap_ci(ratios, seed=0)
+                per[f] = {"mean": float(ratios.mean()), "ci_low": f_low, "ci_high": f_high}
+            summary["sharders"][name]["vs_torchrec_peer"] = per
+            kept = [r.get("kept") for r in mine if r.get("kept")]
+            if kept:
+                summary["sharders"][name]["kept"] = {k: kept.count(k) for k in sorted(set(kept))}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     # every task's cost per sharder, so that passes over other tasks of a family can be pooled later
@@ -172,6 +212,7 @@ def main() -> None:
              + (f", {args.passes} passes (medians)" if args.passes > 1 else "") + ". Command:\n",
              f"    python -m benchmarks.cut_designs --split {args.split} --families {args.families} --first {args.first} "
              f"--tasks {args.tasks} " + "".join(f"--variant '{v}' " for v in args.variant)
+             + ("--peer " if args.peer else "")
              + f"--rounds {args.rounds} " + (f"--passes {args.passes} " if args.passes > 1 else "")
              + f"--out {args.out}\n",
              "| sharder | mean cost / torchrec_full [95% CI] | " + " | ".join(summary["families"])
@@ -187,6 +228,17 @@ def main() -> None:
         cells = [summary["sharders"][name]["per_family"][f] for name in summary["sharders"]]
         lines.append(f"| {f} | " + " | ".join(f"{c['mean']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
                                              for c in cells) + " |")
+    if args.peer:
+        lines += ["", "Against the TorchRec peer (per family the better of " + ", ".join(PEER) + " by family mean: "
+                  + ", ".join(f"{f} {p}" for f, p in summary["peer"].items()) + "), 95% intervals over tasks; "
+                  "`X or TorchRec's` keeps X's plan or TorchRec's, whichever X's cost network rates cheapest:", "",
+                  "| sharder | " + " | ".join(summary["families"]) + " | plans kept |",
+                  "|---|" + "---:|" * len(summary["families"]) + "---|"]
+        for name, s in summary["sharders"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{s['vs_torchrec_peer'][f]['mean']:.3f} [{s['vs_torchrec_peer'][f]['ci_low']:.2f}, "
+                f"{s['vs_torchrec_peer'][f]['ci_high']:.2f}]" for f in summary["families"])
+                + f" | {', '.join(f'{k} {n}' for k, n in s.get('kept', {}).items())} |")
     if args.passes > 1:  # the same plans measured again: how far a family's mean moves between passes
         lines += ["", "Each pass on its own (the same plans, measured again after every other task's):", "",
                   "| sharder | family | " + " | ".join(f"pass {p + 1}" for p in range(args.passes)) + " |",
