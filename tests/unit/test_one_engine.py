@@ -40,6 +40,17 @@ EXCEPTIONS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
                                         "the first cut of every table (the same rule, in one pass over the devices)"),
     ("sharders.pieces", "fits_row_wise"): (frozenset({"avoided", "capacity"}),
                                            "may a table be cut row-wise: block i must fit device i"),
+    ("sharders.pieces", "host_cuts"): (frozenset({"avoided", "capacity"}),
+                                       "may a table be cut row-wise over one host: block i must fit the host's "
+                                       "device i (fits_row_wise's rule, per host)"),
+    ("sharders.torchrec_model", "_target_start"): (frozenset({"capacities"}),
+                                                   "which cuts a start may use: no piece beyond the largest device "
+                                                   "(`_place` places)"),
+    ("sharders.torchrec_model", "TorchRecModelSharder.bound_ms"): (frozenset({"capacities"}),
+                                                                   "a floor under any plan's rating, placing nothing"),
+    ("sharders.torchrec_model", "TorchRecModelSharder._priced_replicas"): (
+        frozenset({"avoided", "capacities"}),
+        "which tables are copied to every device, before any placement (data_parallel_tables' rule, priced)"),
     ("sharders.pieces", "_with_pieces"): (frozenset({"capacities"}),
                                           "refuses a task whose tables need more bytes than all devices hold (no cut "
                                           "helps)"),
