@@ -312,9 +312,6 @@ class TorchRecModelSharder:
         """No plan of the layouts this search tries (`_cuts_of`, data-parallel copies) is rated below this by
         TorchRec's model (ms): `rating_bound` over each table's cuts whose every piece fits the largest device, and
         its copies where one fits every device. Memory beyond that is left out."""
-        from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
-        from dreamshard.sharders.replicas import replica_shards
-
         options = _cuts_of(task, self.config)
         prices = piece_prices(task, options, self._batch(task), {}, self._topo(task))
         capacity = max(task.capacities())
@@ -324,22 +321,28 @@ class TorchRecModelSharder:
         if "data" in task.sharding and task.num_devices > 1:
             copies = {t.name for t in task.tables if task.allows(t.name, "data") and not t.sequence
                       and task.shard_bytes(t, replica=True) <= min(task.capacities())}
-        if copies:
-            slices = {t.name: replica_shards(t, task.num_devices) if t.name in copies else
-                      _slices(t, Cut(), task.num_devices) for t in task.tables}
-            with quiet_torchrec():
-                for o in shard_estimates(task, slices, self._batch(task), None, self._topo(task)):
-                    if o.name in copies:
-                        layouts[o.name].append([float(s.perf.total) for s in o.shards])
+        for name, copy_prices in self._copy_prices(task, copies).items():
+            layouts[name].append(copy_prices)
         return rating_bound(task.num_devices, list(layouts.values()))
+
+    def _copy_prices(self, task: Task, names: set[str]) -> dict[str, list[float]]:
+        """Table name -> TorchRec's estimate of each of its data-parallel copies (ms, one per rank), for `names`, in
+        one TorchRec call."""
+        from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
+        from dreamshard.sharders.replicas import replica_shards
+
+        if not names:
+            return {}
+        slices = {t.name: replica_shards(t, task.num_devices) if t.name in names else _slices(t, Cut(), task.num_devices)
+                  for t in task.tables}
+        with quiet_torchrec():
+            estimated = shard_estimates(task, slices, self._batch(task), None, self._topo(task))
+        return {o.name: [float(s.perf.total) for s in o.shards] for o in estimated if o.name in names}
 
     def _priced_replicas(self, task: Task, memo: PriceMemo) -> list[Table]:
         """The tables TorchRec's model rates cheaper data-parallel (summed over the ranks) than at the cheapest of
         their cuts, cheapest copies first while they fit in half the smallest device (data_parallel_tables' room),
-        beside those that must be; [] where the task allows no data-parallel table."""
-        from dreamshard.interop.torchrec import quiet_torchrec, shard_estimates
-        from dreamshard.sharders.replicas import replica_shards
-
+        beside those that must be (`must_replicate`), which alone are returned where the task allows no other."""
         forced = must_replicate(task)
         if "data" not in task.sharding or task.num_devices < 2 or not task.memory.batch_size:
             return forced
@@ -350,14 +353,9 @@ class TorchRecModelSharder:
             return forced
         options = _cuts_of(task, self.config)
         prices = piece_prices(task, options, self._batch(task), memo, self._topo(task))
-        names = {t.name for t in candidates}
-        slices = {t.name: replica_shards(t, task.num_devices) if t.name in names else _slices(t, Cut(), task.num_devices)
-                  for t in task.tables}
-        with quiet_torchrec():
-            estimated = shard_estimates(task, slices, self._batch(task), None, self._topo(task))
-        copies = {o.name: sum(float(s.perf.total) for s in o.shards) for o in estimated if o.name in names}
+        copies = self._copy_prices(task, {t.name for t in candidates})
         cheaper = sorted((task.shard_bytes(t, replica=True), t.name, t) for t in candidates
-                         if copies[t.name] < min(sum(prices[(t.name, c)]) for c in options[t.name]))
+                         if sum(copies[t.name]) < min(sum(prices[(t.name, c)]) for c in options[t.name]))
         chosen, used = list(forced), sum(task.shard_bytes(t, replica=True) for t in forced)
         for need, _, t in cheaper:
             if used + need > min(task.capacities()) // 2:
