@@ -93,7 +93,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--sharding", default=",".join(SHARDING_KINDS), type=sharding_kinds,
                    help="the ways tables may be cut, comma-separated: table (whole tables, always), column "
                         "(column slices), row (TorchRec's row-wise blocks), data (small tables data-parallel, "
-                        "a copy on every device, by the traffic at --batch-size); default: table,column,row")
+                        "a copy on every device, by the traffic at --batch-size), host (row-wise blocks over one "
+                        "host's devices, TorchRec's table_row_wise: devices files naming hosts; torchrec_model "
+                        "plans them); default: table,column,row")
     p.add_argument("--uvm-caching", action="store_true",
                    help="when the tables need more than the devices hold, keep the largest in host memory with a "
                         "cache in device memory (TorchRec's fused_uvm_caching), its size from the access-count bins")

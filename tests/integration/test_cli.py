@@ -282,3 +282,28 @@ def test_a_table_larger_than_a_device_is_planned_in_pieces_and_shown_by_kind(tmp
         with pytest.raises(SystemExit):
             main(plan_args(path, out, "size_greedy", 4, 0.06, "--sharding", bad))
         assert "--sharding" in capsys.readouterr().err
+
+
+def test_plan_on_two_hosts_cuts_row_wise_over_one_host_and_exports_table_row_wise(tmp_path, capsys):
+    pytest.importorskip("torchrec", reason="torchrec is not installed (see docs/torchrec.md)")
+    import torch
+
+    rows = [(1000, 64, 20), (1000, 128, 80), (200_000, 128, 5), (1000, 128, 1), (200_000, 128, 1),
+            (4_000_000, 128, 20), (4_000_000, 64, 1), (200_000, 64, 1), (1000, 64, 80), (4_000_000, 64, 80),
+            (4_000_000, 64, 5), (200_000, 128, 5)]
+    tables = tmp_path / "tables.csv"
+    tables.write_text("name,rows,dim,pooling_factor\n" + "".join(f"t{i},{r},{d},{p}\n" for i, (r, d, p) in
+                                                                enumerate(rows)))
+    devices = tmp_path / "devices.csv"
+    devices.write_text("memory_gb,kind,speed,host\n" + "".join(f"4,h100,1.0,node-{i // 4}\n" for i in range(8)))
+    common = ["plan", "--tables", str(tables), "--devices-file", str(devices), "--algo", "torchrec_model",
+              "--sharding", "table,column,row,host"]
+    assert main([*common, "-o", str(tmp_path / "plan.json")]) == 0
+    assert main([*common, "--format", "torchrec", "-o", str(tmp_path / "plan.pt")]) == 0
+    capsys.readouterr()
+    shardings = next(iter(torch.load(tmp_path / "plan.pt", weights_only=False).plan.values()))
+    host_wise = {n: ps.ranks for n, ps in shardings.items() if ps.sharding_type == "table_row_wise"}
+    assert host_wise and all(ranks in ([0, 1, 2, 3], [4, 5, 6, 7]) for ranks in host_wise.values()), host_wise
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    for name, ranks in host_wise.items():  # the plan file holds the same blocks
+        assert sorted(s["device"] for s in plan["shards"] if s["table"] == name) == ranks
