@@ -397,6 +397,11 @@ class DreamShardPlanner(ShardingPlanner):
     def _one_host(self) -> bool:
         return self.topology.local_world_size >= self.topology.world_size
 
+    @property
+    def _row_types(self) -> tuple[str, ...]:
+        """TorchRec's sharding types of our "row" kind: table_row_wise is row-wise on one host, "host" across hosts."""
+        return ("row_wise", "table_row_wise") if self._one_host else ("row_wise",)
+
     def _kinds_allowed(self, found, sharders) -> tuple[str, ...]:
         """`sharding` narrowed to what the sharder of every planned module offers: the bag collections' (`_offered`)
         and the EmbeddingCollections'; "data" (data-parallel bag tables) only when every bag collection's sharder
@@ -404,12 +409,11 @@ class DreamShardPlanner(ShardingPlanner):
         whether it may be whole. A restricted sharder is honoured."""
         offered = self._offered(found, sharders)
         kinds = self.sharding
-        rows = ("row_wise", "table_row_wise") if self._one_host else ("row_wise",)
         if self._one_host:  # table_row_wise is the row-wise layout there ("row")
             kinds = tuple(k for k in kinds if k != "host")
         if offered is not None:
             kinds = tuple(k for k in kinds if k in ("table", "data") or (k == "column" and "column_wise" in offered)
-                          or (k == "row" and set(rows) & set(offered))
+                          or (k == "row" and set(self._row_types) & set(offered))
                           or (k == "host" and "table_row_wise" in offered))
         device = self.topology.compute_device
         if not all("data_parallel" in s.sharding_types(device) and "dense" in s.compute_kernels("data_parallel", device)
@@ -454,8 +458,7 @@ class DreamShardPlanner(ShardingPlanner):
                 "table_row_wise, data_parallel)", PlannerErrorType.STRICT_CONSTRAINTS)
         whole_types = WHOLE_TYPES + (ONE_RANK_TYPES if self.topology.world_size == 1 else ())
         whole_as = next((t for t in whole_types if t in types), None)
-        rows = ("row_wise", "table_row_wise") if self._one_host else ("row_wise",)  # across hosts: "host" blocks
-        row_as = next((t for t in rows if t in types), None)
+        row_as = next((t for t in self._row_types if t in types), None)
         return TableTypes(ours, whole_as, row_as)
 
     def _kernels_allowed(self, found, sharders) -> tuple[str, ...]:

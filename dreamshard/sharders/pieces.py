@@ -8,7 +8,7 @@ the plan maps pieces back to slices and row ranges of the user's tables. The rul
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -81,8 +81,12 @@ def fits_row_wise(table: Table, task: Task) -> bool:
         return False  # TorchRec's row-wise blocks go to every device
     if table.rows < 2:
         return False  # one block, the whole table: nothing cut (and its buffers would be counted as a block's)
-    return all(task.shard_bytes(table, end - start) <= task.capacity(i)
-               for i, (start, end) in enumerate(row_blocks(table.rows, task.num_devices)))
+    return _blocks_fit(task, table, enumerate(row_blocks(table.rows, task.num_devices)))
+
+
+def _blocks_fit(task: Task, table: Table, blocks: Iterable[tuple[int, tuple[int, int]]]) -> bool:
+    """Does each row block (device, (start, end)) of `table` fit its device?"""
+    return all(task.shard_bytes(table, end - start) <= task.capacity(d) for d, (start, end) in blocks)
 
 
 def host_cuts(table: Table, task: Task) -> list[Cut]:
@@ -92,10 +96,12 @@ def host_cuts(table: Table, task: Task) -> list[Cut]:
     if per_host is None or not task.allows(table.name, "host") or table.rows < 2:
         return []
     banned = set(task.avoided().get(table.name, ()))
-    hosts = range(task.num_devices // per_host)
-    return [Cut(row_wise=True, host=h, per_host=per_host) for h in hosts
-            if all(d not in banned and task.shard_bytes(table, end - start) <= task.capacity(d)
-                   for d, (start, end) in host_blocks(table.rows, per_host, h))]
+    out = []
+    for h in range(task.num_devices // per_host):
+        blocks = host_blocks(table.rows, per_host, h)
+        if not any(d in banned for d, _ in blocks) and _blocks_fit(task, table, blocks):
+            out.append(Cut(row_wise=True, host=h, per_host=per_host))
+    return out
 
 
 def _capacity(task: Task, table: str) -> int:

@@ -28,10 +28,11 @@ def spares_traffic(task: Task, table: Table) -> bool:
     return table.rows * task.memory.bytes_per_weight(table.precision) <= table.features * global_batch * OUTPUT_BYTES
 
 
-def data_parallel_tables(task: Task) -> list[Table]:
-    """The tables the rule of the module docstring makes data-parallel, smallest first, as many as fit every
-    device with half its capacity left for the others; none without "data" in the task's sharding, with one
-    device, or with no batch size in the memory model (no traffic to compare)."""
+def data_parallel_tables(task: Task, rule: Callable[[Task, Table], bool] | None = None) -> list[Table]:
+    """The tables the rule of the module docstring (or `rule`: which tables copies serve better) makes
+    data-parallel, smallest first, as many as fit every device with half its capacity left for the others, beside
+    those that must be; none without "data" in the task's sharding, with one device, or with no batch size in the
+    memory model (no traffic to compare)."""
     if "data" not in task.sharding or task.num_devices < 2:
         return []
     forced = must_replicate(task)
@@ -40,7 +41,7 @@ def data_parallel_tables(task: Task) -> list[Table]:
     fixed = task.never_cut() | set(task.avoided()) | {t.name for t in forced}
     candidates = sorted((task.shard_bytes(t, replica=True), t.name, t) for t in task.tables
                         if t.name not in fixed and task.allows(t.name, "data") and not t.sequence
-                        and spares_traffic(task, t))
+                        and (rule or spares_traffic)(task, t))
     room = min(task.capacities()) // 2
     chosen, used = list(forced), sum(task.shard_bytes(t, replica=True) for t in forced)
     for need, _, t in candidates:

@@ -190,6 +190,13 @@ def rating_bound(num_devices: int, layouts: list[list[list[float]]]) -> float:
     return max(totals / num_devices, largest)
 
 
+def _placeable(task: Task, options: dict[str, list[Cut]], layouts: dict[tuple[str, Cut], _Layout]
+               ) -> dict[str, list[Cut]]:
+    """Each table's cuts whose every piece fits the largest device: the only ones a placement may use."""
+    capacity = max(task.capacities())
+    return {n: [c for c in cuts if max(layouts[(n, c)][0]) <= capacity] for n, cuts in options.items()}
+
+
 def _target_start(task: Task, rules: Rules, options: dict[str, list[Cut]],
                   prices: dict[tuple[str, Cut], list[float]], layouts: dict[tuple[str, Cut], _Layout]
                   ) -> dict[str, Cut] | None:
@@ -197,8 +204,7 @@ def _target_start(task: Task, rules: Rules, options: dict[str, list[Cut]],
     piece costs at most T, placed as every move is (`_place`), for T from `rating_bound` up in steps; the cuts of
     the best placed. Where every start above cuts tables one way, this one weighs each table's total against
     its largest piece."""
-    capacity = max(task.capacities())
-    usable = {n: [c for c in cuts if max(layouts[(n, c)][0]) <= capacity] for n, cuts in options.items()}
+    usable = _placeable(task, options, layouts)
     if any(not cuts for cuts in usable.values()):
         return None
     bound = rating_bound(task.num_devices, [[prices[(n, c)] for c in cuts] for n, cuts in usable.items()])
@@ -314,9 +320,9 @@ class TorchRecModelSharder:
         its copies where one fits every device. Memory beyond that is left out."""
         options = _cuts_of(task, self.config)
         prices = piece_prices(task, options, self._batch(task), {}, self._topo(task))
-        capacity = max(task.capacities())
-        layouts = {t.name: [prices[(t.name, c)] for c in options[t.name]
-                            if max(_layout(task, t, c)[0]) <= capacity] for t in task.tables}
+        usable = _placeable(task, options, {(t.name, c): _layout(task, t, c) for t in task.tables
+                                            for c in options[t.name]})
+        layouts = {name: [prices[(name, c)] for c in cuts] for name, cuts in usable.items()}
         copies: set[str] = set()
         if "data" in task.sharding and task.num_devices > 1:
             copies = {t.name for t in task.tables if task.allows(t.name, "data") and not t.sequence
@@ -340,29 +346,19 @@ class TorchRecModelSharder:
         return {o.name: [float(s.perf.total) for s in o.shards] for o in estimated if o.name in names}
 
     def _priced_replicas(self, task: Task, memo: PriceMemo) -> list[Table]:
-        """The tables TorchRec's model rates cheaper data-parallel (summed over the ranks) than at the cheapest of
-        their cuts, cheapest copies first while they fit in half the smallest device (data_parallel_tables' room),
-        beside those that must be (`must_replicate`), which alone are returned where the task allows no other."""
-        forced = must_replicate(task)
-        if "data" not in task.sharding or task.num_devices < 2 or not task.memory.batch_size:
-            return forced
-        fixed = task.never_cut() | set(task.avoided()) | {t.name for t in forced}
-        candidates = [t for t in task.tables if t.name not in fixed and task.allows(t.name, "data")
-                      and not t.sequence and t.cache_load_factor is None]
-        if not candidates:
-            return forced
+        """`data_parallel_tables` with TorchRec's model as the rule: the tables it rates cheaper data-parallel (summed
+        over the ranks) than at the cheapest of their cuts (UVM-cached tables never)."""
+        if "data" not in task.sharding or task.num_devices < 2:
+            return must_replicate(task)
         options = _cuts_of(task, self.config)
         prices = piece_prices(task, options, self._batch(task), memo, self._topo(task))
-        copies = self._copy_prices(task, {t.name for t in candidates})
-        cheaper = sorted((task.shard_bytes(t, replica=True), t.name, t) for t in candidates
-                         if sum(copies[t.name]) < min(sum(prices[(t.name, c)]) for c in options[t.name]))
-        chosen, used = list(forced), sum(task.shard_bytes(t, replica=True) for t in forced)
-        for need, _, t in cheaper:
-            if used + need > min(task.capacities()) // 2:
-                break
-            chosen.append(t)
-            used += need
-        return chosen
+        copies = self._copy_prices(task, {t.name for t in task.tables if task.allows(t.name, "data")
+                                          and not t.sequence and t.cache_load_factor is None})
+
+        def cheaper(_: Task, t: Table) -> bool:
+            return t.name in copies and sum(copies[t.name]) < min(sum(prices[(t.name, c)]) for c in options[t.name])
+
+        return data_parallel_tables(task, cheaper)
 
     def rating_ms(self, task: Task, plan: Plan) -> float:
         """`plan` as TorchRec's perf model rates it on this sharder's cluster (ms; a model's estimate)."""

@@ -38,19 +38,18 @@ EXCEPTIONS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
                                        "the first cut: the largest device a table may use, which its pieces must fit"),
     ("sharders.pieces", "first_cuts"): (frozenset({"capacities", "pinned_device", "avoided"}),
                                         "the first cut of every table (the same rule, in one pass over the devices)"),
-    ("sharders.pieces", "fits_row_wise"): (frozenset({"avoided", "capacity"}),
-                                           "may a table be cut row-wise: block i must fit device i"),
-    ("sharders.pieces", "host_cuts"): (frozenset({"avoided", "capacity"}),
-                                       "may a table be cut row-wise over one host: block i must fit the host's "
-                                       "device i (fits_row_wise's rule, per host)"),
-    ("sharders.torchrec_model", "_target_start"): (frozenset({"capacities"}),
-                                                   "which cuts a start may use: no piece beyond the largest device "
-                                                   "(`_place` places)"),
+    ("sharders.pieces", "fits_row_wise"): (frozenset({"avoided"}),
+                                           "may a table be cut row-wise: it avoids no device (each holds a block)"),
+    ("sharders.pieces", "host_cuts"): (frozenset({"avoided"}),
+                                       "may a table be cut row-wise over one host: no block on a device it avoids "
+                                       "(fits_row_wise's rule, per host)"),
+    ("sharders.pieces", "_blocks_fit"): (frozenset({"capacity"}),
+                                         "does each row block fit its device (fits_row_wise, host_cuts)"),
+    ("sharders.torchrec_model", "_placeable"): (frozenset({"capacities"}),
+                                                "which cuts a start or the floor may use: no piece beyond the largest "
+                                                "device (`_place` places)"),
     ("sharders.torchrec_model", "TorchRecModelSharder.bound_ms"): (frozenset({"capacities"}),
                                                                    "a floor under any plan's rating, placing nothing"),
-    ("sharders.torchrec_model", "TorchRecModelSharder._priced_replicas"): (
-        frozenset({"avoided", "capacities"}),
-        "which tables are copied to every device, before any placement (data_parallel_tables' rule, priced)"),
     ("sharders.pieces", "_with_pieces"): (frozenset({"capacities"}),
                                           "refuses a task whose tables need more bytes than all devices hold (no cut "
                                           "helps)"),
