@@ -24,7 +24,14 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from dreamshard.project.backend import backend_of
-from dreamshard.project.collection import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
+from dreamshard.project.collection import (
+    COMM_MODEL_VERSION,
+    CostJournal,
+    PlanToMeasure,
+    measure_chunk,
+    pending_chunks,
+    plans_to_measure,
+)
 from dreamshard.project.data import RecordedLookups
 from dreamshard.project.domain import DreamShardError, read_tasks, write_parquet
 from dreamshard.project.hardware import CostBackend
@@ -72,6 +79,7 @@ def prepare(params: dict[str, Any]) -> CollectJob:
     extra = {"batch_size": int(section(params, "backend.batch_size")), "seed": cfg["seed"]}
     # plans measured with other backend settings must not be reused
     fingerprint = json.dumps({"backend": section(params, "backend"), "versions": backend.versions(),
+                              "comm_model": COMM_MODEL_VERSION,
                               "device": backend.device_name(), "rounds": cfg["rounds"]}, sort_keys=True)
     perturb = float(section(params, "collect.perturb_fraction"))
     items = plans_to_measure(tasks, cfg["num_plans"], perturb, cfg["seed"], fingerprint,

@@ -47,7 +47,7 @@ def run(params: dict[str, Any]) -> None:
     backend = backend_of(params)
     measured = Path(section(params, "paths.single_devices")) / "devices.parquet"
     data = cost_data_from_device_rows(pd.read_parquet(measured), pool, tasks[0], str(measured))
-    cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), augment.dims, augment)
+    cases = comm_dataset(backend, sorted({t.num_devices for t in tasks} | {1}), pool, augment.dims, augment)
     n_hold = max(1, int(round(holdout * data.num_plans)))
     order = np.random.default_rng(augment.seed).permutation(data.num_plans)
     steps, lr, batch, comm_batch = int(fit["steps"]), float(fit["lr"]), int(fit["batch"]), int(fit["comm_batch"])

@@ -110,9 +110,9 @@ class AnalyticBackend:
         bwd_us = c.launch_us + c.bwd_factor * work_us + update_us
         return ComputeCost(fwd_us / 1000, bwd_us / 1000)
 
-    def communication_cost(self, fwd_ms, dim_sums):
-        """The all-to-all model (dreamshard.hardware.comm): not measured by this backend."""
-        return communication_ms(fwd_ms, dim_sums, self.batch_size, self.topology)
+    def communication_cost(self, fwd_ms, traffic):
+        """The communication model (dreamshard.hardware.comm): not measured by this backend."""
+        return communication_ms(fwd_ms, traffic, self.batch_size, self.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """Each device's compute is the reference device's (compute_cost) / its speed; hosts as the task names them."""

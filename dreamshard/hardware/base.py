@@ -100,8 +100,9 @@ class CostBackend(Protocol):
         (device speeds, the all-to-all). Lets a caller measure a device shard set once for several plans."""
 
     def communication_cost(self, fwd_ms: Sequence[float] | np.ndarray,
-                           dim_sums: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(fwd_comm_ms, bwd_comm_ms) per device, given each device's forward compute and dim sum."""
+                           traffic: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(fwd_comm_ms, bwd_comm_ms) per device, given each device's forward compute and traffic [D, 2]
+        (hardware.comm.plan_traffic: output elements, input bytes per sample)."""
 
 
 def turns(count: int, rounds: int) -> list[tuple[int, int]]:

@@ -1,9 +1,11 @@
 """All-to-all communication model for model-parallel embeddings.
 
-Every backend adds it to its compute: the forward all-to-all of pooled outputs (row shards send partial
-sums), the wait for the slowest device's forward, and the backward exchange, over intra- and inter-host
-links; sequence tables send a row per id, data-parallel replicas send no outputs, and their dense gradients are
-all-reduced in the backward.
+Every backend adds it to its compute: the input dist (each shard's ids and lengths, sent to its device before
+the lookups: a column slice gets all of its table's, a row block the ids in its rows), the forward all-to-all of
+pooled outputs (row shards send partial sums), the wait for the slowest device's forward, and the backward
+exchange of the outputs' gradients, over intra- and inter-host links; sequence tables send a row per id,
+data-parallel replicas send no ids nor outputs, and their dense gradients are all-reduced in the backward.
+A device's traffic: [output elements, input bytes] per sample (`shard_traffic`, `plan_traffic`).
 The model and what it leaves out: docs/cost-backends.md.
 """
 from __future__ import annotations
@@ -17,6 +19,9 @@ from dreamshard.hardware.topology import Topology
 from dreamshard.plan import Plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
+
+# what a journal keys rows priced by this model with, so that a changed model measures them again (2: the input dist)
+MODEL_VERSION = 2
 
 
 def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
@@ -38,15 +43,28 @@ def seconds_per_byte(topology: Topology, n: int, hosts: Sequence[int] | None = N
     return spb
 
 
-def transfer_ms(dim_sums: Sequence[float], batch_size: int, topology: Topology,
+def transfer_ms(dim_sums: Sequence[float] | np.ndarray, batch_size: int, topology: Topology,
                 hosts: Sequence[int] | None = None) -> np.ndarray:
-    """Forward all-to-all transfer time of each device, ms (the backward one is the same): the sums over the links
-    of `seconds_per_byte`, taken host by host (linear in devices, where the [n, n] links took 100000^2 x 8 bytes
-    for 100000 devices)."""
-    n = len(dim_sums)
+    """Forward all-to-all of pooled outputs, each device's transfer time, ms (the backward one is the same)."""
+    return exchange_ms(np.asarray(dim_sums, dtype=np.float64) * topology.output_bytes, batch_size, topology, hosts)
+
+
+def input_dist_ms(id_bytes: Sequence[float] | np.ndarray, batch_size: int, topology: Topology,
+                  hosts: Sequence[int] | None = None) -> np.ndarray:
+    """The input dist, each device's transfer time, ms: device d receives from every other device the ids and
+    lengths of that device's B/n samples for d's shards (`id_bytes` per sample): the output exchange reversed."""
+    return exchange_ms(id_bytes, batch_size, topology, hosts)
+
+
+def exchange_ms(bytes_per_sample: Sequence[float] | np.ndarray, batch_size: int, topology: Topology,
+                hosts: Sequence[int] | None = None) -> np.ndarray:
+    """An all-to-all in which device d and each other device e exchange B/n x bytes_per_sample[d] bytes: each
+    device's time, ms: latency + the larger of its send and receive time over the links of `seconds_per_byte`, the
+    sums taken host by host (linear in devices, where the [n, n] links took 100000^2 x 8 bytes for 100000)."""
+    n = len(bytes_per_sample)
     if n == 1:
         return np.zeros(1)
-    block = batch_size / n * np.asarray(dim_sums, dtype=np.float64) * topology.output_bytes  # bytes d -> e
+    block = batch_size / n * np.asarray(bytes_per_sample, dtype=np.float64)  # bytes d -> e
     _, host, per_host = np.unique(host_of(topology, n, hosts), return_inverse=True, return_counts=True)
     intra, inter = 1.0 / (topology.intra_host_gbps * 1e9), 1.0 / (topology.inter_host_gbps * 1e9)
     peers = per_host[host] - 1  # the other devices of d's host
@@ -64,16 +82,27 @@ def forward_wait_ms(fwd_compute_ms: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def communication_ms(
-    fwd_compute_ms: Sequence[float], dim_sums: Sequence[float], batch_size: int, topology: Topology,
-    hosts: Sequence[int] | None = None,
+    fwd_compute_ms: Sequence[float], traffic: np.ndarray | Sequence[Sequence[float]], batch_size: int,
+    topology: Topology, hosts: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(fwd_comm_ms, bwd_comm_ms) per device, including the forward wait for the slowest device."""
+    """(fwd_comm_ms, bwd_comm_ms) per device given its traffic [D, 2] (`plan_traffic`): the forward is the input
+    dist, the wait for the slowest device and the output transfer; the backward, the outputs' gradients back."""
     fwd = np.asarray(fwd_compute_ms, dtype=np.float64)
-    transfer = transfer_ms(dim_sums, batch_size, topology, hosts)
+    traffic = as_traffic(traffic, len(fwd))
     if len(fwd) == 1:
         return np.zeros(1), np.zeros(1)
+    transfer = transfer_ms(traffic[:, 0], batch_size, topology, hosts)
     # send and receive swap roles in the backward pass; max(send, recv) is symmetric in them
-    return forward_wait_ms(fwd) + transfer, transfer
+    return input_dist_ms(traffic[:, 1], batch_size, topology, hosts) + forward_wait_ms(fwd) + transfer, transfer
+
+
+def as_traffic(traffic: np.ndarray | Sequence[Sequence[float]], n: int) -> np.ndarray:
+    """`traffic` as a [n, 2] float array; a clear error for any other shape (a list of dim sums, say)."""
+    out = np.asarray(traffic, dtype=np.float64)
+    if out.shape != (n, 2):
+        raise ValueError(f"traffic: expected [{n}, 2] (output elements, input bytes per sample of each device), "
+                         f"got shape {out.shape}")
+    return out
 
 
 def allreduce_ms(nbytes: float, n: int, topology: Topology, hosts: Sequence[int] | None = None) -> float:
@@ -94,22 +123,9 @@ def replica_gradient_bytes(task: Task, plan: Plan) -> int:
     return sum(task.memory.weight_bytes(tables[n].rows, tables[n].dim, tables[n].precision) for n in sorted(names))
 
 
-def output_widths(plan: Plan, task: Task | None = None) -> list[float]:
-    """Per device, the output elements per sample its shards send through the all-to-all: a pooled shard's width,
-    a sequence table's (an EmbeddingCollection's: a row per id) width x its ids per sample (its pooling factor, a
-    row block's share of them), nothing for a data-parallel replica. Without `task`, every shard counts as pooled."""
-    tables = {t.name: t for t in task.tables} if task is not None else {}
-    out = [0.0] * plan.num_devices
-    for s in plan.shards:
-        t = tables.get(s.table)
-        out[s.device] += (0.0 if s.replica else float(s.width)) if t is None else \
-            output_width(t, s.width, s.num_rows(t.rows), s.replica)
-    return out
-
-
 def output_width(table: Table, width: int, rows: int | None = None, replica: bool = False) -> float:
     """The output elements per sample a shard of `width` columns (and `rows` of the rows; all by default) of
-    `table` sends through the all-to-all (output_widths): what the backends and the cost network both count."""
+    `table` sends through the all-to-all (`shard_traffic`'s first part)."""
     if replica:
         return 0.0
     if table.sequence:
@@ -117,16 +133,42 @@ def output_width(table: Table, width: int, rows: int | None = None, replica: boo
     return float(width)
 
 
+def input_bytes(table: Table, rows: int | None = None, replica: bool = False,
+                topology: Topology | None = None) -> float:
+    """The bytes per sample of a shard's input dist (`rows` of the table's rows; all by default): the ids its rows
+    get (the table's pooling x rows / table rows, as Table.piece counts a block's lookups) and one length per
+    feature; every column slice gets them all; none for a data-parallel replica (its ids stay local)."""
+    if replica:
+        return 0.0
+    topo = topology or Topology()
+    share = 1.0 if rows is None else rows / table.rows
+    return table.pooling_factor * share * topo.index_bytes + table.features * topo.length_bytes
+
+
+def shard_traffic(table: Table, width: int, rows: int | None = None, replica: bool = False,
+                  topology: Topology | None = None) -> tuple[float, float]:
+    """(output elements, input bytes) per sample of a shard: what the backends and the cost models both count."""
+    return output_width(table, width, rows, replica), input_bytes(table, rows, replica, topology)
+
+
+def plan_traffic(plan: Plan, task: Task, topology: Topology | None = None) -> np.ndarray:
+    """[D, 2] each device's traffic per sample: the sums of its shards' `shard_traffic`."""
+    tables = {t.name: t for t in task.tables}
+    out = np.zeros((plan.num_devices, 2))
+    for s in plan.shards:
+        t = tables[s.table]
+        out[s.device] += shard_traffic(t, s.width, s.num_rows(t.rows), s.replica, topology)
+    return out
+
+
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
-                       topology: Topology, comm: str = "model", hosts: Sequence[int] | None = None,
-                       task: Task | None = None) -> PlanCost:
-    """Add the modelled all-to-all to per-device compute costs (`hosts`: Task.host_ids), and the all-reduce of
-    data-parallel replicas' gradients (`task` needed when the plan has replicas)."""
-    dim_sums = output_widths(plan, task)
-    fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], dim_sums, batch_size, topology, hosts)
+                       topology: Topology, task: Task, comm: str = "model",
+                       hosts: Sequence[int] | None = None) -> PlanCost:
+    """Add the modelled input dist and all-to-all to per-device compute costs (`hosts`: Task.host_ids), and the
+    all-reduce of data-parallel replicas' gradients."""
+    traffic = plan_traffic(plan, task, topology)
+    fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], traffic, batch_size, topology, hosts)
     if any(s.replica for s in plan.shards):
-        if task is None:
-            raise ValueError("assemble_plan_cost: the plan has data-parallel replicas; pass its task")
         bwd_comm = bwd_comm + allreduce_ms(replica_gradient_bytes(task, plan), plan.num_devices, topology, hosts)
     devices = tuple(DeviceCost(c.fwd_ms, c.bwd_ms, float(f), float(b)) for c, f, b in zip(compute, fwd_comm, bwd_comm))
     return PlanCost(devices, backend.name, backend.device_name(), backend.measured, comm)

@@ -196,9 +196,9 @@ class FbgemmBackend:
             return ComputeCost(0.0, 0.0)
         return self.compute_samples(task, shards).median()
 
-    def communication_cost(self, fwd_ms, dim_sums):
-        """The all-to-all model (dreamshard.hardware.comm): not measured by this backend."""
-        return communication_ms(fwd_ms, dim_sums, self.batch_size, self.topology)
+    def communication_cost(self, fwd_ms, traffic):
+        """The communication model (dreamshard.hardware.comm): not measured by this backend."""
+        return communication_ms(fwd_ms, traffic, self.batch_size, self.topology)
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         self._check_devices(task, plan)

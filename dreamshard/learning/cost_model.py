@@ -19,7 +19,7 @@ from torch import nn
 
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
-from dreamshard.hardware.comm import Topology, output_width, output_widths, seconds_per_byte
+from dreamshard.hardware.comm import Topology, plan_traffic, seconds_per_byte, shard_traffic
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
 from dreamshard.plan import Plan
@@ -140,37 +140,43 @@ class CostNet(nn.Module):
 
     def transfer_ms(self, dims: torch.Tensor, cluster: DeviceLinks) -> torch.Tensor:
         """[..., D] dim sums -> [..., D] forward all-to-all transfer ms (hardware/comm.py transfer_ms)."""
-        n = dims.shape[-1]
+        return self.exchange_ms(dims * self.config.topology.output_bytes, cluster)
+
+    def exchange_ms(self, bytes_per_sample: torch.Tensor, cluster: DeviceLinks) -> torch.Tensor:
+        """[..., D] bytes per sample -> [..., D] all-to-all ms (hardware/comm.py exchange_ms; input_dist_ms)."""
+        n = bytes_per_sample.shape[-1]
         if n == 1:
-            return torch.zeros_like(dims)
-        block = self.config.batch_size / n * dims * self.config.topology.output_bytes  # bytes d -> e
+            return torch.zeros_like(bytes_per_sample)
+        block = self.config.batch_size / n * bytes_per_sample  # bytes d -> e
         send = block * cluster.seconds_per_byte.sum(dim=1)
         recv = block @ cluster.seconds_per_byte  # [d] = sum_e block_e spb[e, d]
         return (self.config.topology.latency_us * 1e-6 + torch.maximum(send, recv)) * 1e3
 
-    def device_costs(self, device_sum: torch.Tensor, dims: torch.Tensor | None = None,
+    def device_costs(self, device_sum: torch.Tensor, traffic: torch.Tensor | None = None,
                      cluster: DeviceLinks | None = None) -> torch.Tensor:
         """[..., D, embed] -> [..., D, 3] predicted (fwd, bwd, comm) ms of each device of a plan: compute at the
         devices' speeds (`cluster`; None: all at the reference speed), communication by `config.comm` (the
-        "model" needs the devices' dim sums `dims` [..., D] and `cluster`)."""
+        "model" needs the devices' traffic [..., D, 2] (hardware.comm.plan_traffic) and `cluster`)."""
         costs = self.head_costs(device_sum)
         compute = costs[..., :2] if cluster is None else costs[..., :2] / cluster.speed[:, None]
         if self.config.comm == "head":
             return torch.cat([compute, costs[..., 2:]], dim=-1)
-        if dims is None or cluster is None:
-            raise ValueError("a cost network with comm='model' needs the devices' dim sums and their cluster")
+        if traffic is None or cluster is None:
+            raise ValueError("a cost network with comm='model' needs the devices' traffic and their cluster")
         fwd = compute[..., 0]
         if fwd.shape[-1] == 1:
             return torch.cat([compute, torch.zeros_like(costs[..., 2:])], dim=-1)
-        # the forward exchange waits for the slowest forward; backward exchange the same bytes (comm.py)
-        comm = fwd.max(dim=-1, keepdim=True).values - fwd + 2 * self.transfer_ms(dims.to(fwd.dtype), cluster)
+        traffic = traffic.to(fwd.dtype)
+        # the input dist, the wait for the slowest forward, the outputs out and their gradients back (comm.py)
+        comm = self.exchange_ms(traffic[..., 1], cluster) + fwd.max(dim=-1, keepdim=True).values - fwd + \
+            2 * self.transfer_ms(traffic[..., 0], cluster)
         return torch.cat([compute, comm[..., None]], dim=-1)
 
-    def plan_cost(self, device_sums: torch.Tensor, dims: torch.Tensor | None = None,
+    def plan_cost(self, device_sums: torch.Tensor, traffic: torch.Tensor | None = None,
                   cluster: DeviceLinks | None = None) -> torch.Tensor:
-        """[..., D, embed] -> [...] predicted plan cost ms, by `plan_estimate` (dims, cluster: device_costs')."""
+        """[..., D, embed] -> [...] predicted plan cost ms, by `plan_estimate` (traffic, cluster: device_costs')."""
         if self.plan_estimate == "device_max":
-            return self.device_costs(device_sums, dims, cluster).sum(dim=-1).max(dim=-1).values
+            return self.device_costs(device_sums, traffic, cluster).sum(dim=-1).max(dim=-1).values
         return self.plan_from_max(device_sums.max(dim=-2).values)
 
     def plan_from_max(self, max_embedding: torch.Tensor) -> torch.Tensor:
@@ -189,14 +195,14 @@ def plan_piece_features(task: Task, plan: Plan) -> tuple[list[np.ndarray], list[
     return raw, owner
 
 
-def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, list[float]]:
-    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and the output width its
-    all-to-all sends (hardware.comm.output_widths, as the backends count it)."""
+def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, np.ndarray]:
+    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and its traffic [D, 2]
+    (hardware.comm.plan_traffic, as the backends count it)."""
     raw, owner = plan_piece_features(task, plan)
     with torch.no_grad():
         enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
         sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
-    return sums, output_widths(plan, task)
+    return sums, plan_traffic(plan, task, net.config.topology)
 
 
 @dataclass
@@ -212,13 +218,14 @@ class NetworkEstimate:
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         n = plan.num_devices
-        sums, dims = plan_device_sums(self.net, self.scaler, task, plan)
+        sums, traffic = plan_device_sums(self.net, self.scaler, task, plan)
         cluster = DeviceLinks.of(self.net.config, task.speeds(), task.host_ids())
         with torch.no_grad():
-            costs = self.net.device_costs(sums, torch.tensor(dims, dtype=torch.float32), cluster).double().numpy()
-        if self.net.config.comm == "model" and n > 1:  # the transfer the comm term holds twice (device_costs)
+            costs = self.net.device_costs(sums, torch.tensor(traffic, dtype=torch.float32), cluster).double().numpy()
+        if self.net.config.comm == "model" and n > 1:  # the backward: the output transfer (device_costs)
             with torch.no_grad():
-                transfer = self.net.transfer_ms(torch.tensor(dims, dtype=torch.float32), cluster).double().numpy()
+                transfer = self.net.transfer_ms(torch.tensor(traffic[:, 0], dtype=torch.float32),
+                                                cluster).double().numpy()
             comm = [(c - t, t) for c, t in zip(costs[:, 2], transfer)]
         else:
             comm = [(c, 0.0) for c in costs[:, 2]]
@@ -239,7 +246,7 @@ class CostData:
     device_plan: np.ndarray  # [K] index of the device row's plan
     device_ms: np.ndarray  # [K, 3] fwd, bwd, comm
     plan_cost_ms: np.ndarray  # [P]
-    shard_out: np.ndarray  # [M] what each shard sends through the all-to-all (hardware.comm.output_width)
+    shard_out: np.ndarray  # [M, 2] each shard's traffic per sample (hardware.comm.shard_traffic)
 
     @property
     def num_plans(self) -> int:
@@ -248,7 +255,7 @@ class CostData:
     @classmethod
     def empty(cls) -> CostData:
         return cls(np.zeros((0, NUM_FEATURES)), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                   np.zeros((0, 3)), np.zeros(0), np.zeros(0))
+                   np.zeros((0, 3)), np.zeros(0), np.zeros((0, 2)))
 
     def subset(self, which: Sequence[int] | np.ndarray) -> CostData:
         plans = np.asarray(which, dtype=np.int64)
@@ -286,12 +293,12 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
     dev_plan: list[int] = []
     dev_ms: list[tuple[float, float, float]] = []
     plan_cost_ms: list[float] = []
-    outs: list[float] = []
+    outs: list[tuple[float, float]] = []
     for p, (task, plan, cost) in enumerate(task_plans):
         features, owner = plan_piece_features(task, plan)
         raw += features
         tables = {t.name: t for t in task.tables}
-        outs += [output_width(tables[s.table], s.width, s.num_rows(tables[s.table].rows), s.replica)
+        outs += [shard_traffic(tables[s.table], s.width, s.num_rows(tables[s.table].rows), s.replica)
                  for d in range(plan.num_devices) for s in plan.device_shards(d)]  # plan_piece_features' order
         shard_dev += [len(dev_plan) + d for d in owner]  # the plan's device rows follow those already there
         for dc in cost.devices:
@@ -300,7 +307,7 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
         plan_cost_ms.append(cost.cost_ms)
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3), np.asarray(plan_cost_ms),
-                    np.asarray(outs, dtype=np.float64))
+                    np.asarray(outs, dtype=np.float64).reshape(-1, 2))
 
 
 def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
@@ -316,13 +323,13 @@ def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
         tables, memory = by_task[row.task_id]
         for name, start, end, r0, r1 in zip(row.tables, row.col_starts, row.col_ends, row.row_starts, row.row_ends):
             raw.append(piece_features(tables[name], int(r0), int(r1), int(end - start), memory))
-            outs.append(output_width(tables[name], int(end - start), int(r1 - r0)))
+            outs.append(shard_traffic(tables[name], int(end - start), int(r1 - r0)))
             shard_dev.append(k)
         dev_plan.append(plan_index[row.plan_id])
         dev_ms.append((row.fwd_ms, row.bwd_ms, row.fwd_comm_ms + row.bwd_comm_ms))
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3),
-                    plans["cost_ms"].to_numpy(dtype=np.float64), np.asarray(outs, dtype=np.float64))
+                    plans["cost_ms"].to_numpy(dtype=np.float64), np.asarray(outs, dtype=np.float64).reshape(-1, 2))
 
 
 # ---------------------------------------------------------------- training
@@ -351,7 +358,7 @@ def device_predictions(net: CostNet, scaler: FeatureScaler, data: CostData) -> n
         if net.config.comm == "head":
             return net.head_costs(dev).numpy().astype(np.float64)
         out = np.zeros((len(data.device_plan), 3))
-        dims = np.zeros(len(data.device_plan))
+        dims = np.zeros((len(data.device_plan), 2))
         np.add.at(dims, data.shard_device, data.shard_out)
         for p in range(data.num_plans):
             rows = np.flatnonzero(data.device_plan == p)

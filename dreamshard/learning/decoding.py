@@ -58,8 +58,8 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class StepScorer:
     """The logits of one task's placement steps. `weights` [T, k]: what `place_tables` sums per device for
-    each table (the cost heads' first-layer input, the policy head's device-sum input, the table's width);
-    `logits(t, load)` scores every device for table t from those sums."""
+    each table (the cost heads' first-layer input, the policy head's device-sum input, the table's traffic in
+    the last 2 columns); `logits(t, load)` scores every device for table t from those sums."""
 
     weights: np.ndarray
     head_bias: np.ndarray  # [3, H] cost heads' first-layer biases
@@ -69,6 +69,7 @@ class StepScorer:
     speed: np.ndarray  # [D]
     comm_model: bool  # False: the comm head's estimate
     block_per_dim: float  # bytes a device sends each other device per column of its dim sum
+    block_per_byte: float  # bytes of its input dist per byte of its traffic's input bytes: batch / D
     spb: np.ndarray  # [D, D] seconds per byte of each link
     latency_s: float
     proj: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # policy cost_proj (3 -> H -> E)
@@ -89,7 +90,7 @@ class StepScorer:
         (w1, b1), out = _two_layers(policy.head, "policy head")
         e = penc.shape[1]
         w_sum, w_cost, w_table = w1[:e], w1[e:2 * e], w1[2 * e:]
-        weights = np.concatenate([enc @ first, penc @ w_sum, ctx.widths.double().numpy()[:, None]], axis=1)
+        weights = np.concatenate([enc @ first, penc @ w_sum, ctx.widths.double().numpy()], axis=1)
         n = ctx.task.num_devices
         return cls(
             weights=weights,
@@ -100,6 +101,7 @@ class StepScorer:
             speed=ctx.cluster.speed.double().numpy(),
             comm_model=cfg.comm == "model",
             block_per_dim=cfg.batch_size / n * cfg.topology.output_bytes,
+            block_per_byte=cfg.batch_size / n,
             spb=ctx.cluster.seconds_per_byte.double().numpy(),
             latency_s=cfg.topology.latency_us * 1e-6,
             proj=_two_layers(policy.cost_proj, "policy cost projection"),
@@ -122,11 +124,15 @@ class StepScorer:
         if shape[-1] == 1:
             costs[..., 2] = 0.0
             return costs
-        block = self.block_per_dim * load[..., -1]
-        transfer = (self.latency_s + np.maximum(block * self.spb.sum(axis=1), block @ self.spb)) * 1e3
+        transfer, input_dist = self._exchange(self.block_per_dim * load[..., -2]), \
+            self._exchange(self.block_per_byte * load[..., -1])
         fwd = costs[..., 0]
-        costs[..., 2] = fwd.max(axis=-1, keepdims=True) - fwd + 2 * transfer
+        costs[..., 2] = input_dist + fwd.max(axis=-1, keepdims=True) - fwd + 2 * transfer
         return costs
+
+    def _exchange(self, block: np.ndarray) -> np.ndarray:
+        """[..., D] bytes each device exchanges with each other one -> [..., D] ms (comm.exchange_ms)."""
+        return (self.latency_s + np.maximum(block * self.spb.sum(axis=1), block @ self.spb)) * 1e3
 
     def logits(self, t: int, load: np.ndarray) -> np.ndarray:
         """[D] the policy's logit of each device for table t, the devices' loads summed from `weights`."""

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import CostBackend, measure_rounds
-from dreamshard.hardware.comm import output_width
+from dreamshard.hardware.comm import shard_traffic
 from dreamshard.io import write_parquet
 from dreamshard.learning.cost_model import CostData
 from dreamshard.learning.features import NUM_FEATURES, shard_features
@@ -99,11 +99,12 @@ def cost_data_of(samples: Sequence[DeviceSample], fwd_bwd_ms: Sequence[tuple[flo
     for k, s in enumerate(samples):
         for t in s.tables:
             raw.append(shard_features(t, t.dim, template.memory))
-            outs.append(output_width(t, t.dim))
+            outs.append(shard_traffic(t, t.dim))
             shard_dev.append(k)
     dev = np.asarray([(f, b, 0.0) for f, b in fwd_bwd_ms], dtype=np.float64).reshape(-1, 3)
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
-                    np.arange(len(dev), dtype=np.int64), dev, dev[:, :2].sum(axis=1), np.asarray(outs, np.float64))
+                    np.arange(len(dev), dtype=np.int64), dev, dev[:, :2].sum(axis=1),
+                    np.asarray(outs, np.float64).reshape(-1, 2))
 
 
 def cost_data_from_device_rows(rows: pd.DataFrame, pool: Sequence[Table], template: Task, origin: str) -> CostData:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dreamshard.hardware.comm import output_width
+from dreamshard.hardware.comm import shard_traffic
 from dreamshard.learning.cost_model import CostNet, DeviceLinks
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.policy import PolicyNet
@@ -41,7 +41,7 @@ class TaskContext:
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
     allowed: torch.Tensor  # [T, D] bool: the devices each table may take (placement.Rules: pins, avoid lists)
-    widths: torch.Tensor  # [T] what a table sends through its device's all-to-all per sample (comm.output_width)
+    widths: torch.Tensor  # [T, 2] a table's traffic per sample: output elements, input bytes (comm.shard_traffic)
     cluster: DeviceLinks  # the devices' speeds and links, for the cost network's estimates
 
     @classmethod
@@ -52,7 +52,8 @@ class TaskContext:
             single = cost_net.head_costs(enc)[:, :2].sum(dim=-1).numpy()
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
         sizes, capacity, allowed = rules_tensors(Rules.of_task(task))
-        widths = torch.tensor([output_width(t, t.dim) for t in task.tables])
+        widths = torch.tensor([shard_traffic(t, t.dim, topology=cost_net.config.topology) for t in task.tables],
+                              dtype=torch.float32).reshape(-1, 2)
         return cls(task, x, enc, order, sizes, capacity, allowed, widths,
                    DeviceLinks.of(cost_net.config, task.speeds(), task.host_ids()))
 
@@ -109,7 +110,7 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
     dev_cost = torch.zeros(batch, n_dev, embed)
     dev_policy = torch.zeros(batch, n_dev, policy_enc.shape[-1])
     used = torch.zeros(batch, n_dev, dtype=torch.float64)
-    dims = torch.zeros(batch, n_dev)
+    dims = torch.zeros(batch, n_dev, 2)  # each device's traffic
     dead = torch.zeros(batch, dtype=torch.bool)
     assignment = torch.full((batch, len(ctx.order)), -1, dtype=torch.long)
     log_prob = torch.zeros(batch)
@@ -127,7 +128,7 @@ def rollout(policy: PolicyNet, cost_net: CostNet, ctx: TaskContext, batch: int,
         dev_cost = dev_cost + onehot[..., None] * ctx.cost_enc[t]
         dev_policy = dev_policy + onehot[..., None] * policy_enc[t]
         used = used + onehot * ctx.sizes[t]
-        dims = dims + onehot * ctx.widths[t]
+        dims = dims + onehot[..., None] * ctx.widths[t]
         assignment[:, t] = action
     with torch.no_grad():
         predicted = cost_net.plan_cost(dev_cost, dims, ctx.cluster)

@@ -33,7 +33,9 @@ from dreamshard.plan import Plan
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
-COMM_INPUTS = 4  # per device: log1p dim sum, log1p others' dim sum, log device count, straggler offset
+# per device: log1p dim sum, log1p others' dim sum, log device count, straggler offset; then with input_dist
+# log1p input bytes, log1p others' input bytes
+COMM_INPUTS = 4
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class CommNetConfig:
 
     hidden: tuple[int, ...] = (128, 64, 32, 16)
     scale_ms: float = 1.0  # outputs are softplus x scale_ms: the median positive communication cost
+    input_dist: bool = False  # inputs include the devices' input bytes (checkpoints before the input dist: False)
 
     def build(self, generator: torch.Generator) -> CommNet:
         return CommNet(self, generator)
@@ -52,19 +55,22 @@ class CommNet(nn.Module):
         super().__init__()
         self.config = config
         self.scale_ms = config.scale_ms
-        self.net = mlp(COMM_INPUTS, *config.hidden, 2, generator=generator)
+        self.net = mlp(COMM_INPUTS + 2 * config.input_dist, *config.hidden, 2, generator=generator)
 
-    @staticmethod
-    def inputs(dim_sums: np.ndarray, offsets_ms: np.ndarray) -> torch.Tensor:
-        """[..., D] dim sums and straggler offsets -> [..., D, 4] per-device inputs."""
-        dim_sums = np.asarray(dim_sums, dtype=np.float64)
+    def inputs(self, traffic: np.ndarray, offsets_ms: np.ndarray) -> torch.Tensor:
+        """[..., D, 2] traffic (hardware.comm.plan_traffic) and [..., D] straggler offsets -> [..., D, k]
+        per-device inputs."""
+        traffic = np.asarray(traffic, dtype=np.float64)
+        dim_sums, ids = traffic[..., 0], traffic[..., 1]
         others = dim_sums.sum(axis=-1, keepdims=True) - dim_sums
         n = np.broadcast_to(np.float64(dim_sums.shape[-1]), dim_sums.shape)
-        x = np.stack([np.log1p(dim_sums), np.log1p(others), np.log(n), np.asarray(offsets_ms)], axis=-1)
-        return torch.from_numpy(x).float()
+        x = [np.log1p(dim_sums), np.log1p(others), np.log(n), np.asarray(offsets_ms)]
+        if self.config.input_dist:
+            x += [np.log1p(ids), np.log1p(ids.sum(axis=-1, keepdims=True) - ids)]
+        return torch.from_numpy(np.stack(x, axis=-1)).float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., 4] -> [..., 2] (fwd_comm_ms, bwd_comm_ms)."""
+        """[..., k] -> [..., 2] (fwd_comm_ms, bwd_comm_ms)."""
         return nn.functional.softplus(self.net(x)) * self.scale_ms
 
 
@@ -85,14 +91,14 @@ class NeuroShardModel:
 
     def plan_cost(self, task: Task, plan: Plan) -> PlanCost:
         """The models' estimate of a plan (a CostEstimator, never a measurement): each device's predicted fwd and bwd
-        at its speed, and its all-to-all from the communication model, given the devices' dim sums and how long
+        at its speed, and its communication from the communication model, given the devices' traffic and how long
         each waits for the slowest forward."""
-        sums, dims = plan_device_sums(self.compute, self.scaler, task, plan)
+        sums, traffic = plan_device_sums(self.compute, self.scaler, task, plan)
         speed = np.asarray(task.speeds(), dtype=np.float64)
         with torch.no_grad():
             compute = self.compute.device_costs(sums).double().numpy()[:, :2] / speed[:, None]
             fwd = compute[:, 0]
-            comm = self.comm(CommNet.inputs(np.asarray(dims, dtype=np.float64), fwd.max() - fwd)).double().numpy()
+            comm = self.comm(self.comm.inputs(traffic, fwd.max() - fwd)).double().numpy()
         devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm))
         return PlanCost(devices, "neuroshard", "model", False, "model")
 
@@ -120,29 +126,35 @@ def compute_dataset(backend: CostBackend, tables: Sequence[Table],
     return cost_data_of(samples, [(r["fwd_ms"], r["bwd_ms"]) for r in rows], task_template)
 
 
-def comm_dataset(backend: CostBackend, device_counts: Sequence[int], dims: Sequence[int],
+def comm_dataset(backend: CostBackend, device_counts: Sequence[int], pool: Sequence[Table], dims: Sequence[int],
                  cfg: AugmentConfig) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(dim sums [D], offsets [D], targets [D, 2]) cases over the given device counts."""
+    """(traffic [D, 2], offsets [D], targets [D, 2]) cases over the given device counts: tables of `pool` at
+    dims of `dims`, each on a random device (hardware.comm.shard_traffic)."""
+    from dreamshard.hardware.comm import shard_traffic
+
     rng = np.random.default_rng(cfg.seed + 1)
     cases = []
     for _ in range(cfg.comm_samples):
         n = int(rng.choice(device_counts))
-        tables = int(rng.integers(n, 60 * n))
-        dim_sums = np.bincount(rng.integers(0, n, tables), weights=rng.choice(dims, tables), minlength=n)
+        count = int(rng.integers(n, 60 * n))
+        dim = rng.choice(dims, count)
+        each = np.array([shard_traffic(pool[int(i)], int(d)) for i, d in zip(rng.integers(0, len(pool), count), dim)])
+        traffic = np.zeros((n, 2))
+        np.add.at(traffic, rng.integers(0, n, count), each)
         fwd = rng.uniform(0, cfg.comm_max_offset_ms, n)  # forward compute of each device
         offsets = fwd.max() - fwd  # how long each device waits for the slowest
-        fwd_comm, bwd_comm = backend.communication_cost(fwd, dim_sums.astype(int))
-        cases.append((dim_sums, offsets, np.stack([fwd_comm, bwd_comm], axis=-1)))
+        fwd_comm, bwd_comm = backend.communication_cost(fwd, traffic)
+        cases.append((traffic, offsets, np.stack([fwd_comm, bwd_comm], axis=-1)))
     return cases
 
 
 def fit_comm_net(cases, steps: int, lr: float, batch: int, seed: int) -> tuple[CommNet, list[float]]:
     """A new CommNet (weights drawn from a generator seeded with `seed`) fitted to the cases."""
-    x = torch.cat([CommNet.inputs(d, o) for d, o, _ in cases])
     y = torch.from_numpy(np.concatenate([t for _, _, t in cases])).float()
     positive = y[y > 0]
-    config = CommNetConfig(scale_ms=float(positive.median()) if len(positive) else 1.0)
+    config = CommNetConfig(scale_ms=float(positive.median()) if len(positive) else 1.0, input_dist=True)
     net = config.build(torch.Generator().manual_seed(seed))
+    x = torch.cat([net.inputs(d, o) for d, o, _ in cases])
 
     def batch_loss(idx: np.ndarray) -> torch.Tensor:
         i = torch.from_numpy(idx)
@@ -155,7 +167,7 @@ def comm_mape(net: CommNet, cases) -> float:
     errors = []
     with torch.no_grad():
         for d, o, t in cases:
-            pred = net(CommNet.inputs(d, o)).numpy()
+            pred = net(net.inputs(d, o)).numpy()
             keep = t > 0
             errors.extend((np.abs(pred[keep] - t[keep]) / t[keep]).tolist())
     return float(np.mean(errors)) if errors else float("nan")

@@ -4,5 +4,6 @@ the stage that measures depends on this, not on the rest of the evaluation (proj
 from __future__ import annotations
 
 from dreamshard.evaluation.collect import CostJournal, PlanToMeasure, measure_chunk, pending_chunks, plans_to_measure
+from dreamshard.hardware.comm import MODEL_VERSION as COMM_MODEL_VERSION
 
-__all__ = ["CostJournal", "PlanToMeasure", "measure_chunk", "pending_chunks", "plans_to_measure"]
+__all__ = ["COMM_MODEL_VERSION", "CostJournal", "PlanToMeasure", "measure_chunk", "pending_chunks", "plans_to_measure"]

@@ -34,6 +34,7 @@ from dreamshard.evaluation.summary import (
     with_table_groups,
 )
 from dreamshard.hardware.base import CostBackend
+from dreamshard.hardware.comm import MODEL_VERSION as COMM_MODEL_VERSION
 from dreamshard.hardware.topology import Topology
 from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
@@ -159,6 +160,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
     evaluate["fallback"] = cfg.get("fallback")
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
+        "comm_model": COMM_MODEL_VERSION,
         "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),
         "cut_search": section(params, "cut_search"),

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from dreamshard.data.bins import BinEstimator
+from dreamshard.hardware.comm import shard_traffic
 from dreamshard.learning.features import shard_features
-from dreamshard.learning.neuroshard import CommNet, NeuroShardModel
+from dreamshard.learning.neuroshard import NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
 from dreamshard.plan import Plan, Shard
 from dreamshard.sharders.fallback import AnalyticSharder, Decision
@@ -128,12 +129,17 @@ class _Evaluator:
         fwd, total = self.compute_ms(device_sums)
         return fwd / self.speed, total / self.speed
 
-    def score(self, device_sums: np.ndarray, dim_sums: np.ndarray) -> np.ndarray:
-        """[..., D, E], [..., D] -> [...] predicted plan cost: max over devices of compute + comm."""
+    def traffic(self, blocks: ShardSet) -> np.ndarray:
+        """[k, 2] each block's traffic per sample (hardware.comm.shard_traffic)."""
+        return np.array([shard_traffic(self.task.tables[b.table], b.width, b.rows) for b in blocks],
+                        dtype=np.float64).reshape(-1, 2)
+
+    def score(self, device_sums: np.ndarray, traffic: np.ndarray) -> np.ndarray:
+        """[..., D, E], [..., D, 2] -> [...] predicted plan cost: max over devices of compute + comm."""
         fwd, compute = self.device_compute_ms(device_sums)
         offsets = fwd.max(axis=-1, keepdims=True) - fwd
         with torch.no_grad():
-            comm = self.model.comm(CommNet.inputs(dim_sums, offsets)).numpy().sum(axis=-1)
+            comm = self.model.comm(self.model.comm.inputs(traffic, offsets)).numpy().sum(axis=-1)
         return (compute + comm).max(axis=-1)
 
 
@@ -143,6 +149,7 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
     n = ev.task.num_devices
     enc = ev.encode(blocks)
     widths = np.array([b.width for b in blocks], dtype=np.float64)
+    traffic = ev.traffic(blocks)
     sizes = ev.sizes(blocks)
     _, single = ev.compute_ms(enc)
     rules = ev.rules.of_pieces([b.table for b in blocks], sizes)  # each block under its table's constraints
@@ -153,6 +160,7 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
     k = len(scales)
     dev = np.zeros((k, n, enc.shape[1]))
     dims = np.zeros((k, n))
+    loads = np.zeros((k, n, 2))  # each device's traffic
     rooms = Rooms(rules, k)  # each scale's bytes per device and its groups' devices
     alive = np.ones(k, dtype=bool)
     assign = np.full((k, len(blocks)), -1)
@@ -166,11 +174,12 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
         rows = np.arange(k)
         dev[rows, choice] += enc[i]
         dims[rows, choice] += widths[i]
+        loads[rows, choice] += traffic[i]
         rooms.place(i, choice)
         assign[:, i] = choice
     if not alive.any():
         return None
-    scores = np.where(alive, ev.score(dev, dims), np.inf)
+    scores = np.where(alive, ev.score(dev, loads), np.inf)
     best = int(scores.argmin())
     return float(scores[best]), assign[best].tolist()
 
@@ -190,11 +199,11 @@ def backtracking_plan(ev: _Evaluator, shards: ShardSet) -> tuple[float, list[int
 
     assignment = place_tables(shard_task, order, rank, weights=enc)
     dev = np.zeros((ev.task.num_devices, enc.shape[1]))
-    dims = np.zeros(ev.task.num_devices)
-    for b, d, e in zip(shards, assignment, enc):
+    loads = np.zeros((ev.task.num_devices, 2))
+    for d, e, tr in zip(assignment, enc, ev.traffic(shards)):
         dev[d] += e
-        dims[d] += b.width
-    return float(ev.score(dev, dims)), assignment
+        loads[d] += tr
+    return float(ev.score(dev, loads)), assignment
 
 
 def can_halve_columns(ev: _Evaluator, b: Block) -> bool:

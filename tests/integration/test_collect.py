@@ -70,8 +70,8 @@ class FailingBackend:
         self.calls += 1
         return self.inner.compute_cost(task, shards)
 
-    def communication_cost(self, fwd_ms, dim_sums):
-        return self.inner.communication_cost(fwd_ms, dim_sums)
+    def communication_cost(self, fwd_ms, traffic):
+        return self.inner.communication_cost(fwd_ms, traffic)
 
     def plan_cost_from(self, task, plan, compute):
         return self.inner.plan_cost_from(task, plan, compute)

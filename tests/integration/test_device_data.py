@@ -139,7 +139,7 @@ def test_model_communication_is_the_all_to_all_of_the_predicted_forwards():
     config = CostNetConfig.with_topology(topology, 1024, comm="model", scale_ms=3.0)
     net = config.build(torch.Generator().manual_seed(0))
     sums = torch.rand(2, 3, config.embed, generator=torch.Generator().manual_seed(1))  # 2 plans of 3 devices
-    dims = torch.tensor([[64.0, 8.0, 200.0], [0.0, 32.0, 32.0]])
+    dims = torch.tensor([[[64.0, 90.0], [8.0, 12.0], [200.0, 400.0]], [[0.0, 0.0], [32.0, 30.0], [32.0, 50.0]]])
     cluster = DeviceLinks.of(config, [1.0, 2.0, 1.0])
     with torch.no_grad():
         got = net.device_costs(sums, dims, cluster).double().numpy()
@@ -147,11 +147,11 @@ def test_model_communication_is_the_all_to_all_of_the_predicted_forwards():
         plan = net.plan_cost(sums, dims, cluster).double().numpy()
     for p in range(2):
         fwd = heads[p, :, 0] / [1.0, 2.0, 1.0]
-        f_comm, b_comm = communication_ms(fwd, dims[p].int().tolist(), 1024, topology)
+        f_comm, b_comm = communication_ms(fwd, dims[p].double().numpy(), 1024, topology)
         np.testing.assert_allclose(got[p, :, 0], fwd, rtol=1e-5)
         np.testing.assert_allclose(got[p, :, 2], f_comm + b_comm, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(plan[p], (got[p].sum(axis=1)).max(), rtol=1e-6)
-    with pytest.raises(ValueError, match="dim sums"):
+    with pytest.raises(ValueError, match="traffic"):
         net.device_costs(sums)
     one = net.device_costs(sums[:, :1], dims[:, :1], DeviceLinks.of(config, [1.0]))
     assert (one[..., 2] == 0).all()  # a single device exchanges nothing
@@ -214,12 +214,12 @@ def test_samples_are_measured_in_rounds_and_keep_their_medians_and_every_round(d
         assert once["fwd_ms_rounds"] == [once["fwd_ms"]]
 
 
-def test_the_network_feeds_its_all_to_all_the_widths_the_backends_do(analytic):
-    """A sequence table sends a row per id and a replica sends nothing: the cost network's all-to-all (its plan
-    estimates, its training data, the MDP's widths) counts what hardware.comm.output_widths counts."""
+def test_the_network_feeds_its_communication_the_traffic_the_backends_do(analytic):
+    """A sequence table sends a row per id and a replica sends nothing: the cost network's communication (its
+    plan estimates, its training data, the MDP's widths) counts what hardware.comm.plan_traffic counts."""
     from dataclasses import replace
 
-    from dreamshard.hardware.comm import output_widths
+    from dreamshard.hardware.comm import plan_traffic
     from dreamshard.learning.cost_model import plan_device_sums
     from dreamshard.learning.features import FeatureScaler, table_features
     from dreamshard.learning.mdp import TaskContext
@@ -231,12 +231,19 @@ def test_the_network_feeds_its_all_to_all_the_widths_the_backends_do(analytic):
     task = replace(Task.uniform("x", tables, 2, 1.0), sharding=("table", "row", "data"))
     plan = Plan(2, (Shard("t0", 0, 0, 8, replica=True), Shard("t0", 1, 0, 8, replica=True),
                     Shard("t1", 0, 0, 16, 0, 500), Shard("t1", 1, 0, 16, 500, 2000), Shard("t2", 1, 0, 24)))
-    widths = output_widths(plan, task)
+    traffic = plan_traffic(plan, task)
+    widths = traffic[:, 0].tolist()
     assert widths == [16 * 6.0 * 500 / 2000, 16 * 6.0 * 1500 / 2000 + 24]  # not the raw 8 + 16 and 8 + 16 + 24
+    # the ids: t1's by its rows' share, t2's all, t0's none (a replica); 8 B each and a 4 B length per shard
+    assert traffic[:, 1].tolist() == pytest.approx([6.0 * 500 / 2000 * 8 + 4, 6.0 * 1500 / 2000 * 8 + 4 + 7.0 * 8 + 4])
     scaler = FeatureScaler.fit(table_features(tables, task.memory))
     net = CostNetConfig.with_topology(Topology(), 512, comm="model").build(torch.Generator().manual_seed(0))
-    assert plan_device_sums(net, scaler, task, plan)[1] == pytest.approx(widths)
+    np.testing.assert_allclose(plan_device_sums(net, scaler, task, plan)[1], traffic)
     data = cost_data_from_plans([(task, plan, analytic.plan_cost(task, plan))])
-    assert np.bincount(data.shard_device, weights=data.shard_out).tolist() == pytest.approx(widths)
+    summed = np.zeros((2, 2))
+    np.add.at(summed, data.shard_device, data.shard_out)
+    np.testing.assert_allclose(summed, traffic)
     ctx = TaskContext.build(task, net, scaler)
-    assert ctx.widths.tolist() == pytest.approx([8.0, 16 * 6.0, 24.0])  # whole tables, a sequence table's rows
+    # whole tables, a sequence table's rows
+    assert ctx.widths[:, 0].tolist() == pytest.approx([8.0, 16 * 6.0, 24.0])
+    assert ctx.widths[:, 1].tolist() == pytest.approx([5.0 * 8 + 4, 6.0 * 8 + 4, 7.0 * 8 + 4])

@@ -246,8 +246,9 @@ def test_plan_cost_applies_the_comm_model(backend):
     assert cost.device_name.startswith("cpu") and "1 thread" in cost.device_name
     for d in cost.devices:
         assert positive_finite(d.fwd_ms) and positive_finite(d.bwd_ms)
-    dim_sums = [16 + 32, 8 + 4]
-    fwd_comm, bwd_comm = communication_ms([d.fwd_ms for d in cost.devices], dim_sums, FAST.batch_size, FAST.topology)
+    traffic = [[16 + 32, sum(t.pooling_factor * 8 + 4 for t in task.tables[0::2])],
+               [8 + 4, sum(t.pooling_factor * 8 + 4 for t in task.tables[1::2])]]  # dims; ids, a length each
+    fwd_comm, bwd_comm = communication_ms([d.fwd_ms for d in cost.devices], traffic, FAST.batch_size, FAST.topology)
     assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx(list(fwd_comm))
     assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx(list(bwd_comm))
     assert all(d.bwd_comm_ms > 0 for d in cost.devices)

@@ -124,7 +124,10 @@ def test_analytic_plan_cost_is_compute_plus_modelled_comm(big_task):
     plan = Plan.from_assignment(big_task, [0, 1, 1, 0])
     cost = b.plan_cost(big_task, plan)
     compute = [b.compute_cost(big_task, plan.device_shards(d)) for d in range(2)]
-    fwd_comm, bwd_comm = b.communication_cost([c.fwd_ms for c in compute], [64 + 64, 128 + 32])
+    # dims 64 + 64 and 128 + 32; the ids (8 B each) and a length (4 B) per sample of each table
+    ids = [sum(t.pooling_factor * 8 + 4 for t in big_task.tables if t.name in {s.table for s in plan.device_shards(d)})
+           for d in range(2)]
+    fwd_comm, bwd_comm = b.communication_cost([c.fwd_ms for c in compute], [[64 + 64, ids[0]], [128 + 32, ids[1]]])
     for d in range(2):
         assert cost.devices[d].fwd_ms == compute[d].fwd_ms and cost.devices[d].bwd_ms == compute[d].bwd_ms
         assert cost.devices[d].fwd_comm_ms == pytest.approx(fwd_comm[d])

@@ -29,6 +29,7 @@ from dreamshard.evaluation.bounds import (
     work_terms,
 )
 from dreamshard.hardware.analytic import AnalyticBackend
+from dreamshard.hardware.comm import plan_traffic
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
 from dreamshard.tables import NUM_BINS, Table
@@ -96,10 +97,11 @@ def exhaustive_with_splits(b: AnalyticBackend, task: Task, columns: bool) -> tup
                 c = b.compute_cost(task, list(shards))
                 compute[shards] = (c.fwd_ms, c.total_ms)
         fwd = np.array([compute[s][0] for s in per_device])
-        fwd_comm, bwd_comm = b.communication_cost(fwd, np.array([sum(x.width for x in s) for s in per_device]))
+        plan = Plan(n, tuple(s for option in combo for s in option))
+        fwd_comm, bwd_comm = b.communication_cost(fwd, plan_traffic(plan, task, b.topology))
         cost = float((np.array([compute[s][1] for s in per_device]) + fwd_comm + bwd_comm).max())
         if cost < best:
-            best, best_plan = cost, Plan(n, tuple(s for option in combo for s in option))
+            best, best_plan = cost, plan
         if all(len(option) == 1 and option[0].width == t.dim for option, t in zip(combo, task.tables)):
             whole = min(whole, cost)
     assert best_plan is not None

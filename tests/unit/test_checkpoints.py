@@ -121,8 +121,10 @@ def test_the_cost_network_keeps_one_topology_and_reads_checkpoints_that_kept_its
     assert stored["topology"] == dataclasses.asdict(links)  # the topology's own fields, nested: one definition
     assert load_cost_net(tmp_path / "cost.pt")[0].config.topology == links
     # as checkpoints stored it before: the topology's fields beside the others
+    from dreamshard.learning.cost_model import LEGACY_TOPOLOGY_FIELDS
+
     state["networks"]["cost_net"]["config"] = {**{k: v for k, v in stored.items() if k != "topology"},
-                                               **dataclasses.asdict(links)}
+                                               **{k: getattr(links, k) for k in LEGACY_TOPOLOGY_FIELDS}}
     torch.save(state, tmp_path / "old.pt")
     old, _ = load_cost_net(tmp_path / "old.pt")
     assert old.config == net.config and same_weights(old, net)

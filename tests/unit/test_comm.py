@@ -40,15 +40,16 @@ def test_transfer_four_devices_on_two_hosts():
     np.testing.assert_allclose(transfer, expected, rtol=1e-12)
 
     fwd = [1.0, 2.5, 0.5, 2.0]  # device 1 is the slowest: the others wait for it
-    fwd_comm, bwd_comm = communication_ms(fwd, [16, 32, 48, 64], 800, topo)
-    np.testing.assert_allclose(fwd_comm, np.array([1.5, 0.0, 2.0, 0.5]) + expected, rtol=1e-12)
+    fwd_comm, bwd_comm = communication_ms(fwd, [[16, 0], [32, 0], [48, 0], [64, 0]], 800, topo)
+    # no ids to send: the input dist is its latency alone (5 us)
+    np.testing.assert_allclose(fwd_comm, np.array([1.5, 0.0, 2.0, 0.5]) + 0.005 + expected, rtol=1e-12)
     np.testing.assert_allclose(bwd_comm, expected, rtol=1e-12)
 
 
 def test_one_device_has_no_communication():
     topo = Topology()
     np.testing.assert_array_equal(transfer_ms([128], 4096, topo), [0.0])
-    fwd_comm, bwd_comm = communication_ms([3.0], [128], 4096, topo)
+    fwd_comm, bwd_comm = communication_ms([3.0], [[128, 40]], 4096, topo)
     np.testing.assert_array_equal(fwd_comm, [0.0])
     np.testing.assert_array_equal(bwd_comm, [0.0])
 
@@ -77,16 +78,19 @@ def test_assemble_plan_cost_adds_the_all_to_all():
     plan = Plan(2, (Shard("a", 0, 0, 16), Shard("b", 0, 0, 16), Shard("b", 1, 16, 32), Shard("c", 1, 0, 8)))
     validate_plan(task, plan)
     compute = [ComputeCost(2.0, 3.0), ComputeCost(1.0, 1.5)]
-    cost = assemble_plan_cost(backend(), plan, compute, 1000, topo)
+    cost = assemble_plan_cost(backend(), plan, compute, 1000, topo, task)
     # blocks 500 x 32 x 4 = 64,000 B and 500 x 24 x 4 = 48,000 B; each device: 10 us + 0.64 us
     transfer = 0.01064
+    # the input dist: each shard's ids (1 per sample, 8 B) and length (4 B), b's twice (once per slice): 24 B per
+    # sample on each device, blocks of 500 x 24 = 12,000 B: 10 us + 0.12 us
+    input_dist = 0.01012
     assert cost.devices[0].fwd_ms == 2.0 and cost.devices[0].bwd_ms == 3.0
     assert cost.devices[1].fwd_ms == 1.0 and cost.devices[1].bwd_ms == 1.5
-    assert cost.devices[0].fwd_comm_ms == pytest.approx(transfer, rel=1e-12)
-    assert cost.devices[1].fwd_comm_ms == pytest.approx(1.0 + transfer, rel=1e-12)  # waits 1 ms for device 0
+    assert cost.devices[0].fwd_comm_ms == pytest.approx(input_dist + transfer, rel=1e-12)
+    assert cost.devices[1].fwd_comm_ms == pytest.approx(input_dist + 1.0 + transfer, rel=1e-12)  # waits 1 ms
     assert cost.devices[0].bwd_comm_ms == pytest.approx(transfer, rel=1e-12)
     assert cost.devices[1].bwd_comm_ms == pytest.approx(transfer, rel=1e-12)
-    assert cost.cost_ms == pytest.approx(5.0 + 2 * transfer, rel=1e-12)
+    assert cost.cost_ms == pytest.approx(5.0 + input_dist + 2 * transfer, rel=1e-12)
     assert (cost.backend, cost.measured, cost.comm) == ("analytic", False, "model")
     assert cost.device_name == backend().device_name()
 
@@ -111,7 +115,11 @@ def test_row_shards_move_their_partial_sums_hand_computed():
     by_hand = [(10e-6 + max(send[0], send[1]) / 100e9) * 1e3] * 2  # each receives the other's send
     assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx(by_hand)
     fwd = [d.fwd_ms for d in cost.devices]
-    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([max(fwd) - f + t for f, t in zip(fwd, by_hand)])
+    # the input dist: t's ids bucketised by rows (3 per sample x 0.4 and x 0.6), u's, 8 B each, a 4 B length per
+    # shard: 13.6 and 30.4 B per sample; each device receives or sends the larger block, 500 x 30.4 B
+    input_dist = (10e-6 + 500 * 30.4 / 100e9) * 1e3
+    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([input_dist + max(fwd) - f + t
+                                                                   for f, t in zip(fwd, by_hand)])
 
 
 def test_the_cost_networks_all_to_all_is_the_models_formula():
@@ -139,19 +147,66 @@ def test_sequence_tables_send_a_row_per_id_and_pooled_ones_a_row_per_sample():
     (a row block its share of them), where a pooled table sends width; the analytic model's output work alike."""
     from dataclasses import replace
 
-    from dreamshard.hardware.comm import output_widths
+    from dreamshard.hardware.comm import plan_traffic
 
     pooled = Table("p", 1000, 16, 8.0)
     seq = replace(Table("s", 1000, 16, 8.0), sequence=True)
     task = Task.uniform("t", [pooled, seq], 2, 1.0)
     plan = Plan(2, (Shard("p", 0, 0, 16), Shard("s", 1, 0, 16)))
-    assert output_widths(plan, task) == [16.0, 16.0 * 8]
-    assert output_widths(plan) == [16.0, 16.0]  # without the task, as pooled
+    assert plan_traffic(plan, task)[:, 0].tolist() == [16.0, 16.0 * 8]
     rows = Plan(2, (Shard("p", 0, 0, 16), Shard("s", 0, 0, 16, 0, 250), Shard("s", 1, 0, 16, 250, 1000)))
-    assert output_widths(rows, task) == [16.0 + 16 * 8 * 0.25, 16 * 8 * 0.75]
+    assert plan_traffic(rows, task)[:, 0].tolist() == [16.0 + 16 * 8 * 0.25, 16 * 8 * 0.75]
     cost = backend(batch_size=1024).plan_cost(task, plan)
     pooled_twin = backend(batch_size=1024).plan_cost(replace(task, tables=(pooled, replace(seq, sequence=False))), plan)
     # device 1 sends 8x the output: its transfer is longer; its compute writes 8x the output rows
     assert cost.devices[1].bwd_comm_ms > pooled_twin.devices[1].bwd_comm_ms
     assert cost.devices[1].fwd_ms > pooled_twin.devices[1].fwd_ms
     assert cost.devices[0].fwd_ms == pooled_twin.devices[0].fwd_ms
+
+
+def test_input_dist_counts_ids_and_lengths_as_torchrec_sends_them():
+    """Column slices get all their table's ids, row blocks the ids of their rows, replicas none; the ids travel the
+    output exchange's way reversed, so a device's input dist is exchange_ms of its input bytes."""
+    from dreamshard.hardware.comm import exchange_ms, input_bytes, input_dist_ms, plan_traffic, shard_traffic
+
+    topo = Topology(devices_per_host=4, intra_host_gbps=100.0, inter_host_gbps=10.0, latency_us=10.0)
+    t = Table("t", 1000, 32, 20.0, features=2)
+    assert input_bytes(t, topology=topo) == 20 * 8 + 2 * 4
+    assert input_bytes(t, 250, topology=topo) == 5 * 8 + 2 * 4  # a quarter of the rows: a quarter of the ids
+    assert input_bytes(t, replica=True) == 0.0
+    assert shard_traffic(t, 16, topology=topo) == (16.0, 168.0)  # a slice: half the columns, every id
+    task = Task.uniform("ids", [t, Table("u", 100, 8, 1.0)], 4, 1.0)
+    columns = Plan(4, (Shard("t", 0, 0, 16), Shard("t", 1, 16, 32), Shard("u", 2, 0, 8)))
+    validate_plan(task, columns)
+    np.testing.assert_allclose(plan_traffic(columns, task, topo), [[16, 168], [16, 168], [8, 12], [0, 0]])
+    ids = plan_traffic(columns, task, topo)[:, 1]
+    np.testing.assert_allclose(input_dist_ms(ids, 800, topo, [0, 0, 1, 1]), exchange_ms(ids, 800, topo, [0, 0, 1, 1]))
+    # device 0 receives its 200 x 168 B from device 1 (same host) and from devices 2 and 3 (the other host); it
+    # sends device 1 its 200 x 168 B and device 2 its 200 x 12 B
+    recv0 = 33_600 / 100e9 + 2 * 33_600 / 10e9
+    send0 = 33_600 / 100e9 + (2_400 + 0) / 10e9
+    assert input_dist_ms(ids, 800, topo, [0, 0, 1, 1])[0] == pytest.approx((10e-6 + max(recv0, send0)) * 1e3)
+    # more column slices, more input bytes: each slice gets the table's ids again
+    assert plan_traffic(columns, task, topo)[:, 1].sum() > input_bytes(t, topology=topo) + input_bytes(task.tables[1],
+                                                                                                    topology=topo)
+
+
+def test_the_cost_networks_communication_is_the_models():
+    """CostNet.device_costs' comm term is comm.communication_ms' forward plus backward (input dist, wait,
+    outputs and their gradients), given the same traffic, on one host and on two."""
+    import torch
+
+    from dreamshard.learning.cost_model import CostNet, CostNetConfig, DeviceLinks
+
+    topo = Topology(devices_per_host=2, intra_host_gbps=150.0, inter_host_gbps=12.5, latency_us=10.0)
+    config = CostNetConfig(comm="model", batch_size=2048, topology=topo)
+    net = CostNet(config, torch.Generator().manual_seed(0))
+    rng = np.random.default_rng(1)
+    sums = torch.from_numpy(rng.normal(size=(4, config.embed))).float()
+    traffic = np.stack([rng.integers(4, 512, 4), rng.uniform(10, 2000, 4)], axis=-1)
+    for hosts in (None, [0, 1, 0, 1]):
+        cluster = DeviceLinks.of(config, [1.0] * 4, hosts)
+        with torch.no_grad():
+            costs = net.device_costs(sums, torch.from_numpy(traffic).float(), cluster).double().numpy()
+        fwd_comm, bwd_comm = communication_ms(costs[:, 0], traffic, 2048, topo, hosts)
+        np.testing.assert_allclose(costs[:, 2], fwd_comm + bwd_comm, rtol=1e-4)

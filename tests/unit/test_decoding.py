@@ -85,8 +85,8 @@ def torch_ranking(cost_net, policy, ctx, penc, t, state):
     embed = ctx.cost_enc.shape[-1]
     load = torch.from_numpy(state.load).float()
     with torch.no_grad():
-        costs = cost_net.device_costs(load[:, :embed], load[:, -1], ctx.cluster)
-        return rank_devices(policy.logits(load[:, embed:-1], costs, penc[t]).double().numpy())
+        costs = cost_net.device_costs(load[:, :embed], load[:, -2:], ctx.cluster)  # its traffic: 2 columns
+        return rank_devices(policy.logits(load[:, embed:-2], costs, penc[t]).double().numpy())
 
 
 def test_the_sharder_plans_with_the_numpy_step_as_with_the_networks():
@@ -97,7 +97,7 @@ def test_the_sharder_plans_with_the_numpy_step_as_with_the_networks():
         ctx = TaskContext.build(task, cost_net, scaler)
         with torch.no_grad():
             penc = policy.encode(ctx.x)
-        weights = torch.cat([ctx.cost_enc, penc, ctx.widths[:, None]], dim=1).double().numpy()
+        weights = torch.cat([ctx.cost_enc, penc, ctx.widths], dim=1).double().numpy()
         rank = partial(torch_ranking, cost_net, policy, ctx, penc)
         reference = Plan.from_assignment(task, place_tables(task, ctx.order, rank, weights))
         assert make_sharder("dreamshard", model=model).shard(task) == reference, task.name

@@ -23,6 +23,7 @@ from dreamshard.errors import DataFormatError, InfeasibleTaskError
 from dreamshard.evaluation.collect import CostJournal, collect, plans_to_measure
 from dreamshard.evaluation.evaluate import canonical_assignments, exhaustive_optimum
 from dreamshard.hardware.analytic import AnalyticBackend
+from dreamshard.hardware.comm import shard_traffic
 from dreamshard.learning.cost_model import (
     CostData,
     CostNetConfig,
@@ -69,6 +70,7 @@ from dreamshard.sharders.search import (
     NeuroShardSharder,
     SearchConfig,
     _Evaluator,
+    as_blocks,
     greedy_grid,
 )
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table, access_count_bins
@@ -574,11 +576,11 @@ def neuro(world, backend, scaler) -> NeuroShardModel:
     assert len(data.device_plan) == 60 and data.plan_cost_ms == pytest.approx(data.device_ms[:, :2].sum(axis=1))
     compute, losses = fit_compute_net(data, scaler, steps=300, lr=5e-3, batch=32, seed=0)
     assert np.mean(losses[-20:]) < 0.3 * np.mean(losses[:20])
-    cases = comm_dataset(backend, [1, 2, 3, 4], cfg.dims, cfg)
+    cases = comm_dataset(backend, [1, 2, 3, 4], pool, cfg.dims, cfg)
     assert len(cases) == 300
-    for dims, offsets, target in cases[:20]:
+    for traffic, offsets, target in cases[:20]:
         fwd = offsets.max() - offsets  # any forward times with these offsets give the same comm
-        np.testing.assert_allclose(target, np.stack(backend.communication_cost(fwd, dims.astype(int)), axis=-1),
+        np.testing.assert_allclose(target, np.stack(backend.communication_cost(fwd, traffic), axis=-1),
                                    rtol=1e-9, atol=1e-12)
     comm, _ = fit_comm_net(cases[60:], steps=300, lr=5e-3, batch=64, seed=0)
     held = comm_mape(comm, cases[:60])
@@ -605,11 +607,11 @@ def _score(ev: _Evaluator, task: Task, plan: Plan) -> float:
     shards = tuple((index[s.table], s.col_start, s.col_end) for s in plan.shards)
     enc = ev.encode(shards)
     dev = np.zeros((task.num_devices, enc.shape[1]))
-    dims = np.zeros(task.num_devices)
-    for s, e in zip(plan.shards, enc):
+    traffic = np.zeros((task.num_devices, 2))
+    for s, e, tr in zip(plan.shards, enc, ev.traffic(as_blocks(task, shards))):
         dev[s.device] += e
-        dims[s.device] += s.col_end - s.col_start
-    return float(ev.score(dev, dims))
+        traffic[s.device] += tr
+    return float(ev.score(dev, traffic))
 
 
 def test_neuroshard_plans_are_valid_and_no_worse_than_its_greedy_start(world, neuro):
@@ -1059,11 +1061,11 @@ def test_every_cost_estimator_rates_a_plan_as_its_own_search_does(world, model, 
         ev = _Evaluator(neuro, task)
         enc = ev.encode([(i, 0, t.dim) for i, t in enumerate(task.tables)])
         sums = np.zeros((task.num_devices, enc.shape[-1]))
-        dims = np.zeros(task.num_devices)
+        traffic = np.zeros((task.num_devices, 2))
         for i, t in enumerate(task.tables):
             sums[where[i][0]] += enc[i]
-            dims[where[i][0]] += t.dim
-        assert neuro.plan_cost(task, plan).cost_ms == pytest.approx(float(ev.score(sums, dims)), rel=1e-4)
+            traffic[where[i][0]] += shard_traffic(t, t.dim)
+        assert neuro.plan_cost(task, plan).cost_ms == pytest.approx(float(ev.score(sums, traffic)), rel=1e-4)
         costs = [e.plan_cost(task, plan) for e in estimators]
         assert [c.measured for c in costs] == [False, False, backend.measured]
         assert all(len(c.devices) == task.num_devices and c.cost_ms > 0 for c in costs)

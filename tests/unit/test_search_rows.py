@@ -77,7 +77,7 @@ def neuro(backend) -> NeuroShardModel:
     cfg = AugmentConfig(compute_samples=150, max_tables=8, memory_cap_gb=1.0, comm_samples=400, seed=0)
     data = compute_dataset(backend, train, cfg, Task.uniform("template", train[:2], 1, 1.0))
     compute, _ = fit_compute_net(data, scaler, steps=600, lr=5e-3, batch=32, seed=0)
-    comm, _ = fit_comm_net(comm_dataset(backend, [1, 2, 3, 4], cfg.dims, cfg), steps=400, lr=5e-3, batch=64, seed=0)
+    comm, _ = fit_comm_net(comm_dataset(backend, [1, 2, 3, 4], train, cfg.dims, cfg), steps=400, lr=5e-3, batch=64, seed=0)
     return NeuroShardModel(compute, comm, scaler, {"backend": backend.name})
 
 
@@ -143,11 +143,11 @@ def predicted_ms(model: NeuroShardModel, task: Task, plan: Plan) -> float:
     blocks = as_blocks(task, [(index[s.table], *s.rows(task.tables[index[s.table]].rows), s.col_start, s.col_end)
                               for s in plan.shards])
     enc = ev.encode(blocks)
-    device_sums, dims = np.zeros((task.num_devices, enc.shape[1])), np.zeros(task.num_devices)
-    for s, e in zip(plan.shards, enc):
+    device_sums, traffic = np.zeros((task.num_devices, enc.shape[1])), np.zeros((task.num_devices, 2))
+    for s, e, tr in zip(plan.shards, enc, ev.traffic(blocks)):
         device_sums[s.device] += e
-        dims[s.device] += s.width
-    return float(ev.score(device_sums, dims))
+        traffic[s.device] += tr
+    return float(ev.score(device_sums, traffic))
 
 
 def test_row_moves_never_leave_the_predicted_cost_above_the_column_search(neuro, test_tasks):
