@@ -130,3 +130,32 @@ def model_error(results: pd.DataFrame, tasks: Sequence[Task], estimates: Mapping
                                           "tau": float(np.mean(taus)) if taus else None,
                                           "plans": int(len(g)), "tasks_ranked": len(taus)}
     return summary
+
+
+def input_dist_repriced(rows: Any, tasks: dict[str, Task], params: dict[str, Any], priced_by: int) -> Any:
+    """`rows` (the evaluate stage's results) with costs under the communication model without the input dist
+    (`cost_ms_without`) and with it (`cost_ms_with`), from each row's measured compute and modelled communication;
+    `priced_by`: the comm model version that priced the rows (hardware.comm.MODEL_VERSION: 1 without, 2 with).
+    Nothing is measured: compute stays as measured, the input dist is the model's (comm.input_dist_ms)."""
+    import numpy as np
+
+    from dreamshard.hardware.comm import input_dist_ms, plan_traffic
+    from dreamshard.hardware.topology import Topology
+    from dreamshard.project.params import ParamsError, build, section
+
+    if priced_by not in (1, 2):
+        raise ParamsError(f"priced_by: expected 1 (no input dist) or 2 (the input dist), got {priced_by!r}")
+    topology = build(Topology, section(params, "backend.topology"), "backend.topology")
+    batch = int(section(params, "backend.batch_size"))
+    without, with_ = [], []
+    for row in rows.itertuples(index=False):
+        task = tasks[row.task]
+        plan = plan_of_row(row, task)
+        delta = input_dist_ms(plan_traffic(plan, task, topology)[:, 1], batch, topology, task.host_ids())
+        compute = np.asarray(row.fwd_ms) + np.asarray(row.bwd_ms) + np.asarray(row.bwd_comm_ms)
+        comm = np.asarray(row.fwd_comm_ms) - (delta if priced_by == 2 else 0.0)
+        if not np.isclose((compute + comm + (delta if priced_by == 2 else 0.0)).max(), row.cost_ms, rtol=1e-9):
+            raise ValueError(f"results row {row.task} {row.algorithm}: its devices do not sum to its cost_ms")
+        without.append(float((compute + comm).max()))
+        with_.append(float((compute + comm + delta).max()))
+    return rows.assign(cost_ms_without=without, cost_ms_with=with_)

@@ -210,3 +210,35 @@ def test_the_cost_networks_communication_is_the_models():
             costs = net.device_costs(sums, torch.from_numpy(traffic).float(), cluster).double().numpy()
         fwd_comm, bwd_comm = communication_ms(costs[:, 0], traffic, 2048, topo, hosts)
         np.testing.assert_allclose(costs[:, 2], fwd_comm + bwd_comm, rtol=1e-4)
+
+
+def test_repricing_evaluated_rows_without_the_input_dist_gives_back_the_old_model():
+    """tools.comm_reprice's function: a row priced with the input dist, repriced without it, costs what the model
+    without it gives (compute plus wait and transfers), and with it its own cost; a row whose devices do not sum to
+    its cost is refused."""
+    import json
+
+    import pandas as pd
+
+    from dreamshard.hardware.comm import input_dist_ms, plan_traffic
+    from dreamshard.project.model_error import input_dist_repriced
+
+    topo = Topology(devices_per_host=2, intra_host_gbps=100.0, inter_host_gbps=10.0, latency_us=10.0)
+    task = Task.uniform("test/r/0000", [Table("a", 1000, 16, 30.0), Table("b", 500, 32, 2.0),
+                                        Table("c", 800, 8, 9.0)], 4, 1.0)
+    plan = Plan(4, (Shard("a", 0, 0, 8), Shard("a", 3, 8, 16), Shard("b", 1, 0, 32), Shard("c", 2, 0, 8)))
+    cost = backend(batch_size=2048, topology=topo).plan_cost(task, plan)
+    row = {"task": task.name, "algorithm": "x", "cost_ms": cost.cost_ms, "shards": json.dumps(plan.to_dict()["shards"]),
+           **{k: [getattr(d, k) for d in cost.devices] for k in ("fwd_ms", "bwd_ms", "fwd_comm_ms", "bwd_comm_ms")}}
+    params = {"backend": {"topology": {"devices_per_host": 2, "intra_host_gbps": 100.0, "inter_host_gbps": 10.0,
+                                       "latency_us": 10.0}, "batch_size": 2048}}
+    out = input_dist_repriced(pd.DataFrame([row]), {task.name: task}, params, priced_by=2).iloc[0]
+    delta = input_dist_ms(plan_traffic(plan, task, topo)[:, 1], 2048, topo, task.host_ids())
+    expected = max(d.total_ms - x for d, x in zip(cost.devices, delta))
+    assert out.cost_ms_with == pytest.approx(cost.cost_ms, rel=1e-12)
+    assert out.cost_ms_without == pytest.approx(expected, rel=1e-12) and out.cost_ms_without < out.cost_ms_with
+    # the same row read as priced without it: with it, the input dist added once more
+    again = input_dist_repriced(pd.DataFrame([row]), {task.name: task}, params, priced_by=1).iloc[0]
+    assert again.cost_ms_without == pytest.approx(cost.cost_ms) and again.cost_ms_with > cost.cost_ms
+    with pytest.raises(ValueError, match="do not sum"):
+        input_dist_repriced(pd.DataFrame([{**row, "cost_ms": 2 * cost.cost_ms}]), {task.name: task}, params, 2)

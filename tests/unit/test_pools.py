@@ -26,6 +26,7 @@ EVALUATION = {
     "tools/paper_cpu.py": "the evaluate stage for the paper profile, journal by journal",
     "tools/journal_summary.py": "summarises an evaluate journal's test rows as the stage does",
     "tools/model_error.py": "rates the evaluate stage's measured test plans by each cost model",
+    "tools/comm_reprice.py": "reprices the evaluate stage's measured test plans under two comm models",
 }
 READERS = {"evaluated_tasks"}  # functions that return test tasks
 SETUP = "evaluation_setup"  # returns test tasks unless called with test=False
