@@ -4,7 +4,8 @@ Every backend adds it to its compute: the input dist (each shard's ids and lengt
 the lookups: a column slice gets all of its table's, a row block the ids in its rows), the forward all-to-all of
 pooled outputs (row shards send partial sums), the wait for the slowest device's forward, and the backward
 exchange of the outputs' gradients, over intra- and inter-host links; sequence tables send a row per id,
-data-parallel replicas send no ids nor outputs, and their dense gradients are all-reduced in the backward.
+data-parallel replicas send no ids nor outputs, and their dense gradients are all-reduced in the backward;
+tables in TorchRec's table_row_wise layout reduce-scatter within their host, then exchange across hosts.
 A device's traffic: [output elements, input bytes] per sample (`shard_traffic`, `plan_traffic`).
 The model and what it leaves out: docs/cost-backends.md.
 """
@@ -16,12 +17,13 @@ import numpy as np
 
 from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
 from dreamshard.hardware.topology import Topology
-from dreamshard.plan import Plan
+from dreamshard.plan import Plan, host_of_blocks
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
-# what a journal keys rows priced by this model with, so that a changed model measures them again (2: the input dist)
-MODEL_VERSION = 2
+# what a journal keys rows priced by this model with, so that a changed model measures them again (2: the input dist;
+# 3: table_row_wise's two-level exchange)
+MODEL_VERSION = 3
 
 
 def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
@@ -152,13 +154,59 @@ def shard_traffic(table: Table, width: int, rows: int | None = None, replica: bo
 
 
 def plan_traffic(plan: Plan, task: Task, topology: Topology | None = None) -> np.ndarray:
-    """[D, 2] each device's traffic per sample: the sums of its shards' `shard_traffic`."""
+    """[D, 2] each device's traffic per sample: the sums of its shards' `shard_traffic`; the outputs of tables in
+    TorchRec's table_row_wise layout travel by `host_exchange_ms` instead (their ids as any row block's)."""
     tables = {t.name: t for t in task.tables}
+    two_level = host_layouts(plan, task)
     out = np.zeros((plan.num_devices, 2))
     for s in plan.shards:
         t = tables[s.table]
-        out[s.device] += shard_traffic(t, s.width, s.num_rows(t.rows), s.replica, topology)
+        traffic = shard_traffic(t, s.width, s.num_rows(t.rows), s.replica, topology)
+        out[s.device] += (0.0, traffic[1]) if s.table in two_level else traffic
     return out
+
+
+def host_layouts(plan: Plan, task: Task) -> dict[str, int]:
+    """The tables `plan` lays out as TorchRec's table_row_wise (plan.host_of_blocks), each with its host."""
+    if task.per_host() is None:
+        return {}
+    placed: dict[str, list] = {}
+    for s in plan.shards:
+        placed.setdefault(s.table, []).append(s)
+    found = {}
+    for t in task.tables:
+        host = host_of_blocks(task, t, placed.get(t.name, []))
+        if host is not None:
+            found[t.name] = host
+    return found
+
+
+def host_exchange_ms(plan: Plan, task: Task, batch_size: int, topology: Topology) -> np.ndarray:
+    """[D] ms each device spends on the outputs of table_row_wise tables (`host_layouts`), one way (the backward's
+    gradients take as long): TorchRec reduce-scatters a table's partial sums among its host's L devices (each
+    sends and receives (L-1)/L of its B x width outputs over the intra-host link), then each of them sends the
+    sums for the B/N samples of its local rank on each other host to that host's device of the same local rank
+    (over the inter-host link): an all-to-all with 1/L of a flat row-wise exchange's inter-host bytes. One latency
+    per collective; 0 where the plan has no such table."""
+    n = plan.num_devices
+    layouts = host_layouts(plan, task)
+    if not layouts:
+        return np.zeros(n)
+    per_host = task.per_host()
+    assert per_host is not None  # host_layouts found tables
+    hosts = n // per_host
+    tables = {t.name: t for t in task.tables}
+    intra, send, recv = np.zeros(n), np.zeros(n), np.zeros(n)
+    for name, h in layouts.items():
+        out = batch_size * output_width(tables[name], tables[name].dim) * topology.output_bytes  # B x width bytes
+        own = np.arange(h * per_host, (h + 1) * per_host)
+        intra[own] += out * (per_host - 1) / per_host
+        send[own] += (hosts - 1) * out / n
+        others = np.setdiff1d(np.arange(n), own)
+        recv[others] += out / n
+    reduce_scatter = topology.latency_us * 1e-6 + intra / (topology.intra_host_gbps * 1e9)
+    exchange = topology.latency_us * 1e-6 + np.maximum(send, recv) / (topology.inter_host_gbps * 1e9)
+    return (reduce_scatter + exchange) * 1e3
 
 
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
@@ -168,6 +216,8 @@ def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batc
     all-reduce of data-parallel replicas' gradients."""
     traffic = plan_traffic(plan, task, topology)
     fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], traffic, batch_size, topology, hosts)
+    two_level = host_exchange_ms(plan, task, batch_size, topology)
+    fwd_comm, bwd_comm = fwd_comm + two_level, bwd_comm + two_level
     if any(s.replica for s in plan.shards):
         bwd_comm = bwd_comm + allreduce_ms(replica_gradient_bytes(task, plan), plan.num_devices, topology, hosts)
     devices = tuple(DeviceCost(c.fwd_ms, c.bwd_ms, float(f), float(b)) for c, f, b in zip(compute, fwd_comm, bwd_comm))

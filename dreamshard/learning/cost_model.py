@@ -19,7 +19,7 @@ from torch import nn
 
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
-from dreamshard.hardware.comm import Topology, plan_traffic, seconds_per_byte, shard_traffic
+from dreamshard.hardware.comm import Topology, host_exchange_ms, plan_traffic, seconds_per_byte, shard_traffic
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
 from dreamshard.plan import Plan
@@ -229,6 +229,9 @@ class NetworkEstimate:
             comm = [(c - t, t) for c, t in zip(costs[:, 2], transfer)]
         else:
             comm = [(c, 0.0) for c in costs[:, 2]]
+        if self.net.config.comm == "model":  # table_row_wise tables' outputs, both ways (comm.host_exchange_ms)
+            two_level = host_exchange_ms(plan, task, self.net.config.batch_size, self.net.config.topology)
+            comm = [(c + t, b + t) for (c, b), t in zip(comm, two_level)]
         devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb))
                         for (f, b, _), (cf, cb) in zip(costs, comm))
         return PlanCost(devices, self.name, "model", False, self.net.config.comm)

@@ -242,3 +242,41 @@ def test_repricing_evaluated_rows_without_the_input_dist_gives_back_the_old_mode
     assert again.cost_ms_without == pytest.approx(cost.cost_ms) and again.cost_ms_with > cost.cost_ms
     with pytest.raises(ValueError, match="do not sum"):
         input_dist_repriced(pd.DataFrame([{**row, "cost_ms": 2 * cost.cost_ms}]), {task.name: task}, params, 2)
+
+
+def test_table_row_wise_reduces_within_its_host_then_crosses_hosts_once_per_local_rank():
+    """Table t in TorchRec's table_row_wise layout on host 0 of 2 hosts x 2 devices: a reduce-scatter of its partial
+    sums on host 0, then host 0's devices send the B/N-sample sums to host 1's device of the same local rank. By
+    hand, and with 1/L of the inter-host bytes of the same blocks exchanged flat (its rows over all 4 devices)."""
+    from dataclasses import replace
+
+    from dreamshard.hardware.comm import host_exchange_ms, host_layouts, plan_traffic
+    from dreamshard.plan import host_blocks
+
+    topo = Topology(devices_per_host=2, intra_host_gbps=100.0, inter_host_gbps=10.0, latency_us=10.0)
+    base = Task.uniform("twrw", [Table("t", 1000, 16, 4.0), Table("u", 100, 8, 1.0)], 4, 1.0)
+    task = replace(base, devices=tuple(replace(d, host=f"h{i // 2}") for i, d in enumerate(base.devices)),
+                   sharding=("table", "host"))
+    blocks = [Shard("t", d, 0, 16, r0, r1) for d, (r0, r1) in host_blocks(1000, 2, 0)]
+    plan = Plan(4, (*blocks, Shard("u", 3, 0, 8)))
+    validate_plan(task, plan)
+    assert host_layouts(plan, task) == {"t": 0}
+    assert plan_traffic(plan, task, topo)[:, 0].tolist() == [0.0, 0.0, 0.0, 8.0]  # t's outputs go two-level
+    b = 400
+    out = b * 16 * 4  # B x width bytes of t's partial sums on each of its devices
+    intra = out * 1 / 2  # (L - 1) / L of them, over the intra-host link
+    inter_send, inter_recv = (2 - 1) * out / 4, out / 4  # host 0's devices send; host 1's receive B/N x width
+    lat = 10e-6
+    expected = [(2 * lat + intra / 100e9 + inter_send / 10e9) * 1e3] * 2 + [(2 * lat + inter_recv / 10e9) * 1e3] * 2
+    np.testing.assert_allclose(host_exchange_ms(plan, task, b, topo), expected, rtol=1e-12)
+    cost = backend(batch_size=b, topology=topo).plan_cost(task, plan)
+    fwd_comm, bwd_comm = communication_ms([d.fwd_ms for d in cost.devices], plan_traffic(plan, task, topo), b, topo,
+                                          task.host_ids())
+    np.testing.assert_allclose([d.bwd_comm_ms for d in cost.devices], bwd_comm + expected, rtol=1e-12)
+    np.testing.assert_allclose([d.fwd_comm_ms for d in cost.devices], fwd_comm + expected, rtol=1e-12)
+    # the same blocks exchanged flat (a row-wise table over one host's devices, where hosts are not named): every
+    # block sends B/N x width to each of the other host's devices: L times the inter-host bytes
+    flat = transfer_ms([16, 16, 0, 0], b, topo)
+    assert flat[0] - lat * 1e3 > (16 * b / 4 * 4 * 2) / 10e9 * 1e3 * 0.999  # two inter-host peers per block
+    assert host_exchange_ms(Plan(4, (*blocks, Shard("u", 3, 0, 8))), replace(task, devices=base.devices), b,
+                            topo).tolist() == [0.0] * 4  # devices naming no hosts: no table_row_wise layout
