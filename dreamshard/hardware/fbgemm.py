@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # LookupSource is a Protocol; only needed for annotations
 
 DEVICES = ("cpu", "cuda")
 WEIGHT_MEMORY = ("reused", "fresh", "zeroed")  # FbgemmConfig.weight_memory
+LOOKUP_GROUPS = ("device", "kind")  # FbgemmConfig.lookup_groups
 # our optimizer name -> FBGEMM EmbOptimType member name
 OPTIMIZERS = {
     "exact_sgd": "EXACT_SGD",
@@ -64,6 +65,9 @@ class FbgemmConfig:
     # CPU: where an operator's weights live. reused: one buffer kept across builds (its pages touched once);
     # fresh: a new unwritten buffer each build; zeroed: FBGEMM's own, every byte zeroed (benchmarks.weight_init)
     weight_memory: str = "reused"
+    # a device's pooled shards: "device", one TBE for all of them (what the pipeline's models learned); "kind", one
+    # per TorchRec sharding kind (whole tables, column slices, row blocks), as TorchRec's lookup groups run them
+    lookup_groups: str = "device"
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("warmup", 0), ("iterations", 1), ("threads", 1)):
@@ -74,6 +78,8 @@ class FbgemmConfig:
             raise ValueError(f"huge_pages: expected true or false, got {self.huge_pages!r}")
         if self.weight_memory not in WEIGHT_MEMORY:
             raise ValueError(f"weight_memory: expected one of {', '.join(WEIGHT_MEMORY)}, got {self.weight_memory!r}")
+        if self.lookup_groups not in LOOKUP_GROUPS:
+            raise ValueError(f"lookup_groups: expected one of {', '.join(LOOKUP_GROUPS)}, got {self.lookup_groups!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
         for name in ("memory_budget_gb", "learning_rate"):
@@ -100,20 +106,23 @@ class Samples:
                        tuple(a + b for a, b in zip(self.bwd_ms, other.bwd_ms, strict=True)))
 
 
-def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
-    """The TBE operators TorchRec runs a device's shards in: one for its pooled tables (an EmbeddingBagCollection's)
-    and, for `sequence` tables (an EmbeddingCollection's, no pooling: a row per id), one per width, as an
-    operator without pooling outputs rows of one width; its data-parallel replicas in one dense operator of their
-    own (TorchRec's dense kernel), at the device's share of the batch."""
+def operator_groups(task: Task, shards: Sequence[Shard], by_kind: bool = False) -> list[list[Shard]]:
+    """The TBE operators a device's shards run in: one for its pooled tables (an EmbeddingBagCollection's; with
+    `by_kind`, one per TorchRec sharding kind, `sharding_kind`, as TorchRec's lookup groups split them) and, for
+    `sequence` tables (an EmbeddingCollection's, no pooling: a row per id), one per width, as an operator without
+    pooling outputs rows of one width; its data-parallel replicas in one dense operator of their own (TorchRec's
+    dense kernel), at the device's share of the batch."""
     sequence = {t.name for t in task.tables if t.sequence}
     replicas = [s for s in shards if s.replica]
     shards = [s for s in shards if not s.replica]
     pooled = [s for s in shards if s.table not in sequence]
-    widths = sorted({s.width for s in shards if s.table in sequence})
-    groups = ([pooled] if pooled else []) + [[s for s in shards if s.table in sequence and s.width == w]
-                                             for w in widths]
-    # UVM-cached shards in an operator of their own per load factor (one cache per FBGEMM operator)
     tables = {t.name: t for t in task.tables}
+    kind = {s: sharding_kind(s, tables.get(s.table)) if by_kind else "" for s in pooled}
+    pooled_groups = [[s for s in pooled if kind[s] == k] for k in sorted(set(kind.values()))]
+    widths = sorted({s.width for s in shards if s.table in sequence})
+    groups = [g for g in pooled_groups if g] + [[s for s in shards if s.table in sequence and s.width == w]
+                                                for w in widths]
+    # UVM-cached shards in an operator of their own per load factor (one cache per FBGEMM operator)
 
     def cache_of(s: Shard) -> float:  # a shard of an unknown table is refused later, by _shard_specs
         factor = s.load_factor(tables[s.table]) if s.table in tables else s.cache
@@ -121,6 +130,16 @@ def operator_groups(task: Task, shards: Sequence[Shard]) -> list[list[Shard]]:
 
     split = [[s for s in g if cache_of(s) == f] for g in groups for f in sorted({cache_of(s) for s in g})]
     return split + ([replicas] if replicas else [])
+
+
+def sharding_kind(shard: Shard, table: Table | None) -> str:
+    """TorchRec's sharding kind of a model-parallel shard, by its shape: "row" (some of its table's rows),
+    "column" (all rows, some columns), "table" (the whole table; also where the table is unknown)."""
+    if table is None:
+        return "table"
+    if shard.num_rows(table.rows) < table.rows:
+        return "row"
+    return "column" if shard.width < table.dim else "table"
 
 
 def cpu_model_name() -> str:
@@ -237,7 +256,7 @@ class FbgemmBackend:
                 f"{HUGE_PAGES_ENV}={os.environ.get(HUGE_PAGES_ENV)!r}; torch reads it once, at its first allocation, "
                 f"so start the process with {HUGE_PAGES_ENV}={'1' if self.config.huge_pages else '0'} (python -m "
                 "pipeline sets it from params backend.fbgemm.huge_pages) or change huge_pages")
-        groups = operator_groups(task, shards)
+        groups = operator_groups(task, shards, by_kind=self.config.lookup_groups == "kind")
         if len(groups) > 1:  # pooled and sequence tables, or sequences of several widths: timed one after another
             self._check_budget(task, shards, self._shard_specs(task, shards))
             samples = [self.compute_samples(task, group) for group in groups]

@@ -513,3 +513,37 @@ def test_sequence_tables_are_measured_without_pooling_one_operator_per_width(bac
     assert len(samples.fwd_ms) == FAST.iterations and all(positive_finite(x) for x in samples.fwd_ms + samples.bwd_ms)
     cost = backend.compute_cost(task, shards)
     assert cost.total_ms > backend.compute_cost(task, groups[0]).total_ms
+
+
+def test_torchrecs_lookup_groups_one_operator_per_sharding_kind(backend, monkeypatch):
+    """lookup_groups "kind": a device's whole tables, column slices and row blocks run in one operator per kind, as
+    TorchRec's lookup groups run them (each kind its own TBE), their timings summed; "device" (the default, what the
+    pipeline's models learned) fuses them all."""
+    from dataclasses import replace
+
+    from dreamshard.hardware.fbgemm import FbgemmBackend, operator_groups, sharding_kind
+
+    tables = tiny_tables()  # a 16, b 8, c 32, d 4 wide
+    task = Task.uniform("kinds", tables, 1, 1.0)
+    by_name = {t.name: t for t in tables}
+    shards = [Shard("a", 0, 0, 16), Shard("b", 0, 0, 8, 0, by_name["b"].rows // 2), Shard("c", 0, 0, 16),
+              Shard("d", 0, 0, 4)]
+    assert [sharding_kind(s, by_name[s.table]) for s in shards] == ["table", "row", "column", "table"]
+    assert [[s.table for s in g] for g in operator_groups(task, shards)] == [["a", "b", "c", "d"]]
+    assert [[s.table for s in g] for g in operator_groups(task, shards, by_kind=True)] == [["c"], ["b"], ["a", "d"]]
+    kinds = FbgemmBackend(backend.lookups, replace(backend.config, lookup_groups="kind"))
+    built = []
+    original = FbgemmBackend.build_operator
+
+    def counting(self, task, shards, reuse_memory=False):
+        built.append(sorted(s.table for s in shards))
+        return original(self, task, shards, reuse_memory)
+
+    monkeypatch.setattr(FbgemmBackend, "build_operator", counting)
+    assert kinds.compute_cost(task, shards).fwd_ms > 0
+    assert sorted(built) == [["a", "d"], ["b"], ["c"]]  # three operators, each timed
+    built.clear()
+    backend.compute_cost(task, shards)
+    assert built == [["a", "b", "c", "d"]]
+    with pytest.raises(ValueError, match="lookup_groups"):
+        replace(backend.config, lookup_groups="table")
