@@ -3,9 +3,9 @@
     python -m benchmarks.lookup_groups [--families dlrm-20-4,...] [--tasks 4] [--rounds 3]
                                        [--out results/lookup-groups]
 
-The pipeline's backend fuses every pooled shard of a device into one TBE operator (`lookup_groups: device`, what
-its models learned from). TorchRec runs one lookup group per sharding kind: a device holding whole tables, column
-slices and row blocks runs three operators (`lookup_groups: kind`). On the first --tasks validation tasks of each
+TorchRec runs one lookup group per sharding kind: a device holding whole tables, column slices and row blocks runs
+three TBE operators (`backend.fbgemm.lookup_groups: kind`, the pipeline's since 2026-11-28); before, the backend
+fused every pooled shard of a device into one (`device`). On the first --tasks validation tasks of each
 family, `dreamshard_cut`, `size_lookup_greedy` and TorchRec's planners (as evaluate builds them, told the cluster)
 plan each task; every plan is measured both ways, round by round, the two groupings alternating which goes first
 (medians over --rounds). Reported per family: `dreamshard_cut` / the TorchRec peer (the better of `torchrec` and

@@ -65,9 +65,9 @@ class FbgemmConfig:
     # CPU: where an operator's weights live. reused: one buffer kept across builds (its pages touched once);
     # fresh: a new unwritten buffer each build; zeroed: FBGEMM's own, every byte zeroed (benchmarks.weight_init)
     weight_memory: str = "reused"
-    # a device's pooled shards: "device", one TBE for all of them (what the pipeline's models learned); "kind", one
-    # per TorchRec sharding kind (whole tables, column slices, row blocks), as TorchRec's lookup groups run them
-    lookup_groups: str = "device"
+    # a device's pooled shards: "kind", one TBE per TorchRec sharding kind (whole tables, column slices, row blocks),
+    # as TorchRec's lookup groups run them; "device", one TBE for all of them (results/lookup-groups)
+    lookup_groups: str = "kind"
 
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("warmup", 0), ("iterations", 1), ("threads", 1)):

@@ -516,9 +516,9 @@ def test_sequence_tables_are_measured_without_pooling_one_operator_per_width(bac
 
 
 def test_torchrecs_lookup_groups_one_operator_per_sharding_kind(backend, monkeypatch):
-    """lookup_groups "kind": a device's whole tables, column slices and row blocks run in one operator per kind, as
-    TorchRec's lookup groups run them (each kind its own TBE), their timings summed; "device" (the default, what the
-    pipeline's models learned) fuses them all."""
+    """lookup_groups "kind" (the default): a device's whole tables, column slices and row blocks run in one operator
+    per kind, as TorchRec's lookup groups run them (each kind its own TBE), their timings summed; "device" fuses them
+    all into one."""
     from dataclasses import replace
 
     from dreamshard.hardware.fbgemm import FbgemmBackend, operator_groups, sharding_kind
@@ -532,6 +532,7 @@ def test_torchrecs_lookup_groups_one_operator_per_sharding_kind(backend, monkeyp
     assert [[s.table for s in g] for g in operator_groups(task, shards)] == [["a", "b", "c", "d"]]
     assert [[s.table for s in g] for g in operator_groups(task, shards, by_kind=True)] == [["c"], ["b"], ["a", "d"]]
     kinds = FbgemmBackend(backend.lookups, replace(backend.config, lookup_groups="kind"))
+    fused = FbgemmBackend(backend.lookups, replace(backend.config, lookup_groups="device"))
     built = []
     original = FbgemmBackend.build_operator
 
@@ -543,7 +544,7 @@ def test_torchrecs_lookup_groups_one_operator_per_sharding_kind(backend, monkeyp
     assert kinds.compute_cost(task, shards).fwd_ms > 0
     assert sorted(built) == [["a", "d"], ["b"], ["c"]]  # three operators, each timed
     built.clear()
-    backend.compute_cost(task, shards)
+    fused.compute_cost(task, shards)
     assert built == [["a", "b", "c", "d"]]
     with pytest.raises(ValueError, match="lookup_groups"):
         replace(backend.config, lookup_groups="table")
