@@ -15,6 +15,11 @@ import sys
 from pathlib import Path
 
 
+def _interval(compared: dict | None) -> dict | None:
+    """A family_summary comparison's mean paired ratio and its 95% interval (what the README quotes)."""
+    return None if compared is None else {k: round(float(compared[k]), 4) for k in ("mean_ratio", "ci_low", "ci_high")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.comm_reprice", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
@@ -44,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         for family, algos in summary.items():
             entry = out["families"].setdefault(family, {})
             entry[label] = {"torchrec_peer": algos.get("torchrec_peer"),
-                            **{k: {r: algos[k].get(r) for r in ("vs_torchrec_peer", "vs_best_heuristic")}
+                            **{k: {r: _interval(algos[k].get(r)) for r in ("vs_torchrec_peer", "vs_best_heuristic")}
                                for k in keys if k in algos}}
     share = (priced["cost_ms_with"] - priced["cost_ms_without"]) / priced["cost_ms_with"]
     for (family, algo), value in share.groupby([priced["family"], priced["algorithm"]]).mean().items():
-        out["families"][family].setdefault("input_dist_share_of_cost", {})[algo] = float(value)
+        out["families"][family].setdefault("input_dist_share_of_cost", {})[algo] = round(float(value), 6)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_text(json.dumps(out, indent=2) + "\n", args.out)
     f = lambda r: f"{r['mean_ratio']:.3f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"  # noqa: E731
