@@ -141,7 +141,8 @@ def comm_dataset(backend: CostBackend, device_counts: Sequence[int], pool: Seque
         n = int(rng.choice(device_counts))
         count = int(rng.integers(n, 60 * n))
         dim = rng.choice(dims, count)
-        each = np.array([shard_traffic(pool[int(i)], int(d)) for i, d in zip(rng.integers(0, len(pool), count), dim)])
+        each = np.array([shard_traffic(pool[int(i)], int(d), topology=backend.topology)
+                         for i, d in zip(rng.integers(0, len(pool), count), dim)])
         traffic = np.zeros((n, 2))
         np.add.at(traffic, rng.integers(0, n, count), each)
         fwd = rng.uniform(0, cfg.comm_max_offset_ms, n)  # forward compute of each device

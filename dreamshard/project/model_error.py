@@ -152,9 +152,10 @@ def input_dist_repriced(rows: Any, tasks: dict[str, Task], params: dict[str, Any
         task = tasks[row.task]
         plan = plan_of_row(row, task)
         delta = input_dist_ms(plan_traffic(plan, task, topology)[:, 1], batch, topology, task.host_ids())
+        priced = delta if priced_by == 2 else np.zeros_like(delta)  # the input dist the row's cost holds
         compute = np.asarray(row.fwd_ms) + np.asarray(row.bwd_ms) + np.asarray(row.bwd_comm_ms)
-        comm = np.asarray(row.fwd_comm_ms) - (delta if priced_by == 2 else 0.0)
-        if not np.isclose((compute + comm + (delta if priced_by == 2 else 0.0)).max(), row.cost_ms, rtol=1e-9):
+        comm = np.asarray(row.fwd_comm_ms) - priced
+        if not np.isclose((compute + comm + priced).max(), row.cost_ms, rtol=1e-9):
             raise ValueError(f"results row {row.task} {row.algorithm}: its devices do not sum to its cost_ms")
         without.append(float((compute + comm).max()))
         with_.append(float((compute + comm + delta).max()))

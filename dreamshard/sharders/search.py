@@ -131,7 +131,8 @@ class _Evaluator:
 
     def traffic(self, blocks: ShardSet) -> np.ndarray:
         """[k, 2] each block's traffic per sample (hardware.comm.shard_traffic)."""
-        return np.array([shard_traffic(self.task.tables[b.table], b.width, b.rows) for b in blocks],
+        topology = self.model.compute.config.topology  # as plan_device_sums counts it (NeuroShardModel.plan_cost)
+        return np.array([shard_traffic(self.task.tables[b.table], b.width, b.rows, topology=topology) for b in blocks],
                         dtype=np.float64).reshape(-1, 2)
 
     def score(self, device_sums: np.ndarray, traffic: np.ndarray) -> np.ndarray:
