@@ -53,6 +53,20 @@ def host_of_blocks(task: Task, table: Table, placed: Sequence[Shard]) -> int | N
 ShardKey = tuple[str, int, int, int, int, int, bool, float]  # Shard.key()
 
 
+# TorchRec's lookup groups: on a device, one operator per sharding kind (data: the replicas' dense kernel)
+LOOKUP_KINDS = ("table", "column", "row", "data")
+
+
+def lookup_kind(num_rows: int, width: int, table_rows: int, table_dim: int, replica: bool = False) -> str:
+    """The LOOKUP_KINDS group that runs `num_rows` x `width` of a `table_rows` x `table_dim` table: data (a
+    replica), row (some of its rows, whatever its columns), column (all rows, some columns), table (all of it)."""
+    if replica:
+        return "data"
+    if num_rows < table_rows:
+        return "row"
+    return "column" if width < table_dim else "table"
+
+
 @dataclass(frozen=True)
 class Shard:
     """Columns [col_start, col_end) of rows [row_start, row_end) of `table` live on `device`;

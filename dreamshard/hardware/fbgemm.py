@@ -25,7 +25,7 @@ from dreamshard.hardware.allocator import HUGE_PAGES_ENV, huge_pages_enabled
 from dreamshard.hardware.base import ComputeCost, PlanCost
 from dreamshard.hardware.comm import Topology, assemble_plan_cost, communication_ms
 from dreamshard.memory import DEFAULT_BATCH_SIZE, GB
-from dreamshard.plan import Plan, Shard, check_shard_block
+from dreamshard.plan import Plan, Shard, check_shard_block, lookup_kind
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -137,9 +137,7 @@ def sharding_kind(shard: Shard, table: Table | None) -> str:
     "column" (all rows, some columns), "table" (the whole table; also where the table is unknown)."""
     if table is None:
         return "table"
-    if shard.num_rows(table.rows) < table.rows:
-        return "row"
-    return "column" if shard.width < table.dim else "table"
+    return lookup_kind(shard.num_rows(table.rows), shard.width, table.rows, table.dim)
 
 
 def cpu_model_name() -> str:

@@ -22,7 +22,7 @@ from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.hardware.comm import Topology, host_exchange_ms, plan_traffic, seconds_per_byte, shard_traffic
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
-from dreamshard.plan import Plan
+from dreamshard.plan import LOOKUP_KINDS, Plan, lookup_kind
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -30,6 +30,7 @@ TARGET_EPS_MS = 0.01
 DEVICE_TARGETS = ("fwd_ms", "bwd_ms", "comm_ms")
 PLAN_ESTIMATES = ("device_max", "head")
 COMM_SOURCES = ("head", "model")
+LOOKUP_GROUPS = ("device", "kind")
 
 
 def linear(fan_in: int, fan_out: int, generator: torch.Generator) -> nn.Linear:
@@ -72,6 +73,10 @@ class CostNetConfig:
     # stored config's dict of its fields is read back as one)
     batch_size: int = DEFAULT_BATCH_SIZE
     topology: Topology = Topology()
+    # a device's compute: "device", the heads on the sum of all its pieces (one fused operator); "kind", the heads
+    # on each TorchRec lookup group's sum (plan.LOOKUP_KINDS), summed over the groups it holds, as the backends
+    # measure by kind (FbgemmConfig.lookup_groups)
+    lookup_groups: str = "device"
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, dict):  # as a checkpoint stores it
@@ -82,8 +87,15 @@ class CostNetConfig:
             raise ValueError(f"plan_estimate: expected one of {PLAN_ESTIMATES}, got {self.plan_estimate!r}")
         if self.comm not in COMM_SOURCES:
             raise ValueError(f"comm: expected one of {COMM_SOURCES}, got {self.comm!r}")
+        if self.lookup_groups not in LOOKUP_GROUPS:
+            raise ValueError(f"lookup_groups: expected one of {LOOKUP_GROUPS}, got {self.lookup_groups!r}")
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {self.batch_size!r}")
+
+    @property
+    def group_count(self) -> int:
+        """Lookup groups a device's sum keeps apart: one per kind, or the one fused operator."""
+        return len(LOOKUP_KINDS) if self.lookup_groups == "kind" else 1
 
     @classmethod
     def with_topology(cls, topology: Topology, batch_size: int, **fields) -> CostNetConfig:
@@ -93,7 +105,10 @@ class CostNetConfig:
     @staticmethod
     def stored_fields(stored: dict) -> dict:
         """A stored config's fields as this class takes them: checkpoints before the topology was one field kept
-        its fields flat (LEGACY_TOPOLOGY_FIELDS)."""
+        its fields flat (LEGACY_TOPOLOGY_FIELDS); those before lookup groups summed a device's pieces as one
+        ("device")."""
+        if "lookup_groups" not in stored:
+            stored = {**stored, "lookup_groups": "device"}
         flat = {k: stored[k] for k in LEGACY_TOPOLOGY_FIELDS if k in stored}
         if not flat or "topology" in stored:
             return stored
@@ -129,13 +144,44 @@ class CostNet(nn.Module):
                                            for _ in DEVICE_TARGETS])
         self.plan_head = mlp(config.embed, config.head_hidden, 1, generator=generator)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., 21] scaled features -> [..., embed]: sum these over a device's shards."""
-        return torch.relu(self.encoder(x))
+    @property
+    def width(self) -> int:
+        """Columns of a piece's encoding (`encode`): embed, or (embed + a count) per lookup group."""
+        embed = self.config.embed
+        return embed if self.config.lookup_groups == "device" else self.config.group_count * (embed + 1)
+
+    def encode(self, x: torch.Tensor, kinds: torch.Tensor | np.ndarray | None = None) -> torch.Tensor:
+        """[..., 21] scaled features -> [..., width]: sum these over a device's shards. With lookup groups by
+        kind, a piece's embedding and a count of 1 sit in the block of its kind (`kinds` [...], indices into
+        plan.LOOKUP_KINDS; None: whole tables), so that a device's sum holds each group's sum and size."""
+        enc = torch.relu(self.encoder(x))
+        if self.config.lookup_groups == "device":
+            return enc
+        k = torch.zeros(enc.shape[:-1], dtype=torch.long) if kinds is None else torch.as_tensor(kinds).long()
+        block = torch.cat([enc, torch.ones(*enc.shape[:-1], 1)], dim=-1)
+        onehot = nn.functional.one_hot(k, self.config.group_count).to(enc.dtype)
+        return (onehot[..., None] * block[..., None, :]).flatten(-2)
+
+    def _groups(self, device_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., width] -> each lookup group's summed embedding [..., G, embed] and piece count [..., G]."""
+        blocks = device_sum.unflatten(-1, (self.config.group_count, self.config.embed + 1))
+        return blocks[..., :-1], blocks[..., -1]
+
+    def totals(self, device_sum: torch.Tensor) -> torch.Tensor:
+        """[..., width] -> [..., embed] the embedding sum over every group: the plan head's input."""
+        return device_sum if self.config.lookup_groups == "device" else self._groups(device_sum)[0].sum(dim=-2)
 
     def head_costs(self, device_sum: torch.Tensor) -> torch.Tensor:
-        """[..., embed] -> [..., 3] the heads' (fwd, bwd, comm) ms of a reference device: what the fit trains."""
-        raw = torch.cat([h(device_sum) for h in self.device_heads], dim=-1)
+        """[..., width] -> [..., 3] the heads' (fwd, bwd, comm) ms of a reference device: what the fit trains. By
+        kind: the sum over the device's non-empty groups of the heads on each."""
+        if self.config.lookup_groups == "device":
+            return self._heads(device_sum)
+        sums, counts = self._groups(device_sum)
+        costs = self._heads(sums)
+        return torch.where(counts[..., None] > 0.5, costs, torch.zeros_like(costs)).sum(dim=-2)
+
+    def _heads(self, embedding: torch.Tensor) -> torch.Tensor:
+        raw = torch.cat([h(embedding) for h in self.device_heads], dim=-1)
         return nn.functional.softplus(raw) * self.scale_ms
 
     def transfer_ms(self, dims: torch.Tensor, cluster: DeviceLinks) -> torch.Tensor:
@@ -154,7 +200,7 @@ class CostNet(nn.Module):
 
     def device_costs(self, device_sum: torch.Tensor, traffic: torch.Tensor | None = None,
                      cluster: DeviceLinks | None = None) -> torch.Tensor:
-        """[..., D, embed] -> [..., D, 3] predicted (fwd, bwd, comm) ms of each device of a plan: compute at the
+        """[..., D, width] -> [..., D, 3] predicted (fwd, bwd, comm) ms of each device of a plan: compute at the
         devices' speeds (`cluster`; None: all at the reference speed), communication by `config.comm` (the
         "model" needs the devices' traffic [..., D, 2] (hardware.comm.plan_traffic) and `cluster`)."""
         costs = self.head_costs(device_sum)
@@ -174,33 +220,42 @@ class CostNet(nn.Module):
 
     def plan_cost(self, device_sums: torch.Tensor, traffic: torch.Tensor | None = None,
                   cluster: DeviceLinks | None = None) -> torch.Tensor:
-        """[..., D, embed] -> [...] predicted plan cost ms, by `plan_estimate` (traffic, cluster: device_costs')."""
+        """[..., D, width] -> [...] predicted plan cost ms, by `plan_estimate` (traffic, cluster: device_costs')."""
         if self.plan_estimate == "device_max":
             return self.device_costs(device_sums, traffic, cluster).sum(dim=-1).max(dim=-1).values
-        return self.plan_from_max(device_sums.max(dim=-2).values)
+        return self.plan_from_max(self.totals(device_sums).max(dim=-2).values)
 
     def plan_from_max(self, max_embedding: torch.Tensor) -> torch.Tensor:
         return nn.functional.softplus(self.plan_head(max_embedding).squeeze(-1)) * self.scale_ms
 
 
-def plan_piece_features(task: Task, plan: Plan) -> tuple[list[np.ndarray], list[int]]:
-    """The raw features of every piece `plan` places, device by device, and each piece's device."""
+def plan_piece_features(task: Task, plan: Plan) -> tuple[list[np.ndarray], list[int], list[int]]:
+    """The raw features of every piece `plan` places, device by device, each piece's device and its lookup group
+    (an index into plan.LOOKUP_KINDS)."""
     tables = {t.name: t for t in task.tables}
-    raw, owner = [], []
+    raw, owner, kinds = [], [], []
     for d in range(plan.num_devices):
         for s in plan.device_shards(d):
-            r0, r1 = s.rows(tables[s.table].rows)
-            raw.append(piece_features(tables[s.table], r0, r1, s.width, task.memory))
+            table = tables[s.table]
+            r0, r1 = s.rows(table.rows)
+            raw.append(piece_features(table, r0, r1, s.width, task.memory))
             owner.append(d)
-    return raw, owner
+            kinds.append(kind_index(r1 - r0, s.width, table, s.replica))
+    return raw, owner, kinds
+
+
+def kind_index(num_rows: int, width: int, table: Table, replica: bool = False) -> int:
+    """The plan.LOOKUP_KINDS index of `num_rows` x `width` of `table`."""
+    return LOOKUP_KINDS.index(lookup_kind(num_rows, width, table.rows, table.dim, replica))
 
 
 def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, np.ndarray]:
-    """Each device's summed encoding of the pieces `plan` puts on it ([D, embed]), and its traffic [D, 2]
+    """Each device's summed encoding of the pieces `plan` puts on it ([D, width]), and its traffic [D, 2]
     (hardware.comm.plan_traffic, as the backends count it)."""
-    raw, owner = plan_piece_features(task, plan)
+    raw, owner, kinds = plan_piece_features(task, plan)
     with torch.no_grad():
-        enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))))
+        enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))),
+                         np.asarray(kinds, dtype=np.int64))
         sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
     return sums, plan_traffic(plan, task, net.config.topology)
 
@@ -250,6 +305,7 @@ class CostData:
     device_ms: np.ndarray  # [K, 3] fwd, bwd, comm
     plan_cost_ms: np.ndarray  # [P]
     shard_out: np.ndarray  # [M, 2] each shard's traffic per sample (hardware.comm.shard_traffic)
+    shard_kind: np.ndarray  # [M] each shard's lookup group, an index into plan.LOOKUP_KINDS
 
     @property
     def num_plans(self) -> int:
@@ -258,7 +314,7 @@ class CostData:
     @classmethod
     def empty(cls) -> CostData:
         return cls(np.zeros((0, NUM_FEATURES)), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                   np.zeros((0, 3)), np.zeros(0), np.zeros((0, 2)))
+                   np.zeros((0, 3)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
 
     def subset(self, which: Sequence[int] | np.ndarray) -> CostData:
         plans = np.asarray(which, dtype=np.int64)
@@ -271,7 +327,7 @@ class CostData:
         shards = np.flatnonzero(dev_map[self.shard_device] >= 0)
         return CostData(self.shard_raw[shards], dev_map[self.shard_device[shards]],
                         plan_map[self.device_plan[devices]], self.device_ms[devices], self.plan_cost_ms[plans],
-                        self.shard_out[shards])
+                        self.shard_out[shards], self.shard_kind[shards])
 
     def concat(self, other: CostData) -> CostData:
         return CostData(
@@ -281,6 +337,7 @@ class CostData:
             np.concatenate([self.device_ms, other.device_ms]),
             np.concatenate([self.plan_cost_ms, other.plan_cost_ms]),
             np.concatenate([self.shard_out, other.shard_out]),
+            np.concatenate([self.shard_kind, other.shard_kind]),
         )
 
 
@@ -297,9 +354,11 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
     dev_ms: list[tuple[float, float, float]] = []
     plan_cost_ms: list[float] = []
     outs: list[tuple[float, float]] = []
+    kinds: list[int] = []
     for p, (task, plan, cost) in enumerate(task_plans):
-        features, owner = plan_piece_features(task, plan)
+        features, owner, piece_kinds = plan_piece_features(task, plan)
         raw += features
+        kinds += piece_kinds
         tables = {t.name: t for t in task.tables}
         outs += [shard_traffic(tables[s.table], s.width, s.num_rows(tables[s.table].rows), s.replica)
                  for d in range(plan.num_devices) for s in plan.device_shards(d)]  # plan_piece_features' order
@@ -310,7 +369,7 @@ def cost_data_from_plans(task_plans: Sequence[tuple[Task, Plan, PlanCost]]) -> C
         plan_cost_ms.append(cost.cost_ms)
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3), np.asarray(plan_cost_ms),
-                    np.asarray(outs, dtype=np.float64).reshape(-1, 2))
+                    np.asarray(outs, dtype=np.float64).reshape(-1, 2), np.asarray(kinds, np.int64))
 
 
 def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
@@ -321,26 +380,28 @@ def cost_data_from_rows(plans, devices, tasks: Sequence[Task]) -> CostData:
                               "of the collect stage; collect again")
     plan_index = {pid: i for i, pid in enumerate(plans["plan_id"])}
     by_task = {t.name: ({tb.name: tb for tb in t.tables}, t.memory) for t in tasks}
-    raw, shard_dev, dev_plan, dev_ms, outs = [], [], [], [], []
+    raw, shard_dev, dev_plan, dev_ms, outs, kinds = [], [], [], [], [], []
     for k, row in enumerate(devices.itertuples(index=False)):
         tables, memory = by_task[row.task_id]
         for name, start, end, r0, r1 in zip(row.tables, row.col_starts, row.col_ends, row.row_starts, row.row_ends):
             raw.append(piece_features(tables[name], int(r0), int(r1), int(end - start), memory))
             outs.append(shard_traffic(tables[name], int(end - start), int(r1 - r0)))
+            kinds.append(kind_index(int(r1 - r0), int(end - start), tables[name]))
             shard_dev.append(k)
         dev_plan.append(plan_index[row.plan_id])
         dev_ms.append((row.fwd_ms, row.bwd_ms, row.fwd_comm_ms + row.bwd_comm_ms))
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.asarray(dev_plan, np.int64), np.asarray(dev_ms).reshape(-1, 3),
-                    plans["cost_ms"].to_numpy(dtype=np.float64), np.asarray(outs, dtype=np.float64).reshape(-1, 2))
+                    plans["cost_ms"].to_numpy(dtype=np.float64), np.asarray(outs, dtype=np.float64).reshape(-1, 2),
+                    np.asarray(kinds, np.int64))
 
 
 # ---------------------------------------------------------------- training
 
 
 def _device_sums(net: CostNet, scaler: FeatureScaler, data: CostData) -> torch.Tensor:
-    """[K, embed] the summed encodings of each device row's shards."""
-    enc = net.encode(torch.from_numpy(scaler.transform(data.shard_raw)))
+    """[K, width] the summed encodings of each device row's shards."""
+    enc = net.encode(torch.from_numpy(scaler.transform(data.shard_raw)), data.shard_kind)
     return torch.zeros(len(data.device_plan), enc.shape[-1]).index_add(0, torch.from_numpy(data.shard_device), enc)
 
 
@@ -348,8 +409,9 @@ def predict(net: CostNet, scaler: FeatureScaler, data: CostData) -> tuple[torch.
     """The heads' (device [K, 3], plan [P]) costs, ms: what the fit compares with the measurements."""
     dev = _device_sums(net, scaler, data)
     device_y = net.head_costs(dev)
-    index = torch.from_numpy(data.device_plan)[:, None].expand(-1, dev.shape[-1])
-    plan_emb = torch.full((data.num_plans, dev.shape[-1]), -torch.inf).scatter_reduce(0, index, dev, "amax")
+    total = net.totals(dev)
+    index = torch.from_numpy(data.device_plan)[:, None].expand(-1, total.shape[-1])
+    plan_emb = torch.full((data.num_plans, total.shape[-1]), -torch.inf).scatter_reduce(0, index, total, "amax")
     return device_y, net.plan_from_max(plan_emb)
 
 

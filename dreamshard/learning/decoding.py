@@ -58,8 +58,9 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class StepScorer:
     """The logits of one task's placement steps. `weights` [T, k]: what `place_tables` sums per device for
-    each table (the cost heads' first-layer input, the policy head's device-sum input, the table's traffic in
-    the last 2 columns); `logits(t, load)` scores every device for table t from those sums."""
+    each table (the cost heads' first-layer input per lookup group, with lookup groups by kind each group's piece
+    count, the policy head's device-sum input, the table's traffic in the last 2 columns); `logits(t, load)`
+    scores every device for table t from those sums."""
 
     weights: np.ndarray
     head_bias: np.ndarray  # [3, H] cost heads' first-layer biases
@@ -76,8 +77,14 @@ class StepScorer:
     table_part: np.ndarray  # [T, Hp] the policy head's first layer on the table's encoding, plus its bias
     cost_part: np.ndarray  # [E, Hp] the policy head's first layer on the projected costs
     out: tuple[np.ndarray, np.ndarray]  # the policy head's output layer
-    cost_width: int  # columns of `weights` that feed the cost heads
-    policy_width: int  # then columns for the policy head's device sum
+    cost_width: int  # columns of `weights` that feed the cost heads: `group_count` blocks of 3 x H
+    policy_width: int  # columns for the policy head's device sum, from column policy_start
+    group_count: int = 1  # lookup groups (CostNetConfig.group_count); by kind (masked) a group's heads count where it has pieces
+    masked: bool = False  # by kind: the `group_count` columns after the cost heads' count each group's pieces
+
+    @property
+    def policy_start(self) -> int:
+        return self.cost_width + (self.group_count if self.masked else 0)
 
     @classmethod
     def build(cls, cost_net: CostNet, policy: PolicyNet, ctx: TaskContext) -> StepScorer:
@@ -90,7 +97,13 @@ class StepScorer:
         (w1, b1), out = _two_layers(policy.head, "policy head")
         e = penc.shape[1]
         w_sum, w_cost, w_table = w1[:e], w1[e:2 * e], w1[2 * e:]
-        weights = np.concatenate([enc @ first, penc @ w_sum, ctx.widths.double().numpy()], axis=1)
+        count, masked = cfg.group_count, cfg.lookup_groups != "device"
+        if masked:  # each group's block [embed, count] (CostNet.encode): its heads' input, then the counts
+            blocks = enc.reshape(len(enc), count, -1)
+            cost_in = [(blocks[:, :, :-1] @ first).reshape(len(enc), -1), blocks[:, :, -1]]
+        else:
+            cost_in = [enc @ first]
+        weights = np.concatenate([*cost_in, penc @ w_sum, ctx.widths.double().numpy()], axis=1)
         n = ctx.task.num_devices
         return cls(
             weights=weights,
@@ -108,16 +121,22 @@ class StepScorer:
             table_part=penc @ w_table + b1,
             cost_part=w_cost,
             out=out,
-            cost_width=first.shape[1],
+            cost_width=count * first.shape[1],
             policy_width=w_sum.shape[1],
+            group_count=count,
+            masked=masked,
         )
 
     def device_costs(self, load: np.ndarray) -> np.ndarray:
         """[..., D, k] summed weights -> [..., D, 3] (fwd, bwd, comm) ms, as `CostNet.device_costs` with the task's
         cluster; leading dimensions rate several loads at once."""
         shape = load.shape[:-1]
-        hidden = np.maximum(load[..., :self.cost_width].reshape(*shape, 3, -1) + self.head_bias, 0.0)
-        costs = _softplus((hidden * self.head_out).sum(axis=-1) + self.head_out_bias) * self.scale_ms
+        hidden = np.maximum(load[..., :self.cost_width].reshape(*shape, self.group_count, 3, -1) + self.head_bias, 0.0)
+        per_group = _softplus((hidden * self.head_out).sum(axis=-1) + self.head_out_bias) * self.scale_ms
+        if self.masked:  # only the groups the device holds run (CostNet.head_costs)
+            counts = load[..., self.cost_width:self.cost_width + self.group_count]
+            per_group = np.where(counts[..., None] > 0.5, per_group, 0.0)
+        costs = per_group.sum(axis=-2)
         costs[..., :2] /= self.speed[:, None]
         if not self.comm_model:
             return costs
@@ -139,7 +158,7 @@ class StepScorer:
         (p1, q1), (p2, q2) = self.proj
         costs = self.device_costs(load)
         projected = np.maximum(np.maximum(costs @ p1 + q1, 0.0) @ p2 + q2, 0.0)
-        device_sum = load[:, self.cost_width:self.cost_width + self.policy_width]
+        device_sum = load[:, self.policy_start:self.policy_start + self.policy_width]
         hidden = np.maximum(device_sum + projected @ self.cost_part + self.table_part[t], 0.0)
         w, b = self.out
         return (hidden @ w)[:, 0] + b[0]

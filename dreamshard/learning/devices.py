@@ -104,7 +104,7 @@ def cost_data_of(samples: Sequence[DeviceSample], fwd_bwd_ms: Sequence[tuple[flo
     dev = np.asarray([(f, b, 0.0) for f, b in fwd_bwd_ms], dtype=np.float64).reshape(-1, 3)
     return CostData(np.asarray(raw).reshape(-1, NUM_FEATURES), np.asarray(shard_dev, np.int64),
                     np.arange(len(dev), dtype=np.int64), dev, dev[:, :2].sum(axis=1),
-                    np.asarray(outs, np.float64).reshape(-1, 2))
+                    np.asarray(outs, np.float64).reshape(-1, 2), np.zeros(len(raw), np.int64))  # whole tables
 
 
 def cost_data_from_device_rows(rows: pd.DataFrame, pool: Sequence[Table], template: Task, origin: str) -> CostData:

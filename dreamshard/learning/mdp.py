@@ -9,6 +9,7 @@ the worst cost of its batch.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ class TaskContext:
 
     task: Task
     x: torch.Tensor  # [T, 21] scaled features
-    cost_enc: torch.Tensor  # [T, E] cost-network encodings
+    cost_enc: torch.Tensor  # [T, W] cost-network encodings (CostNet.encode)
     order: list[int]  # placement order: predicted single-table cost, descending
     sizes: torch.Tensor  # [T] bytes
     capacity: torch.Tensor  # [D] bytes
@@ -45,10 +46,13 @@ class TaskContext:
     cluster: DeviceLinks  # the devices' speeds and links, for the cost network's estimates
 
     @classmethod
-    def build(cls, task: Task, cost_net: CostNet, scaler: FeatureScaler) -> TaskContext:
+    def build(cls, task: Task, cost_net: CostNet, scaler: FeatureScaler,
+              kinds: Sequence[int] | None = None) -> TaskContext:
+        """`kinds`: each of the task's tables' lookup group (plan.LOOKUP_KINDS index) where they are pieces of
+        tables cut (sharders/cuts.py); None: whole tables."""
         x = torch.from_numpy(scaler.transform(table_features(task.tables, task.memory)))
         with torch.no_grad():
-            enc = cost_net.encode(x)
+            enc = cost_net.encode(x, None if kinds is None else np.asarray(kinds, dtype=np.int64))
             single = cost_net.head_costs(enc)[:, :2].sum(dim=-1).numpy()
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
         sizes, capacity, allowed = rules_tensors(Rules.of_task(task))

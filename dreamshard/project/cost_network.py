@@ -29,7 +29,9 @@ def fit_network(params: dict[str, Any], scaler: FeatureScaler, data: CostData, s
         config = CostNetConfig.with_topology(topology, int(section(params, "backend.batch_size")),
                                              scale_ms=median_device_ms(data),
                                              plan_estimate=section(params, "train_cost.plan_estimate"),
-                                             comm=section(params, "train_cost.comm"), **(widths or {}))
+                                             comm=section(params, "train_cost.comm"),
+                                             lookup_groups=section(params, "train_cost.lookup_groups"),
+                                             **(widths or {}))
     except (TypeError, ValueError) as exc:
         raise ParamsError(f"params.yaml: train_cost: {exc}") from None
     net = config.build(torch.Generator().manual_seed(seed))

@@ -132,3 +132,17 @@ def test_the_cost_network_keeps_one_topology_and_reads_checkpoints_that_kept_its
     torch.save(state, tmp_path / "bad.pt")
     with pytest.raises(DataFormatError, match="cannot rebuild it from its CostNetConfig"):
         load_cost_net(tmp_path / "bad.pt")
+
+
+def test_a_cost_network_by_lookup_group_round_trips_and_older_checkpoints_read_as_one_fused_sum(tmp_path):
+    net = CostNetConfig(lookup_groups="kind").build(torch.Generator().manual_seed(0))
+    save_cost_net(net, scaler(), tmp_path / "kind.pt")
+    again, _ = load_cost_net(tmp_path / "kind.pt")
+    assert again.config.lookup_groups == "kind" and same_weights(again, net)
+    state = torch.load(tmp_path / "kind.pt", weights_only=True)
+    # written before lookup groups: no such field, and a device's pieces summed as one operator
+    del state["networks"]["cost_net"]["config"]["lookup_groups"]
+    torch.save(state, tmp_path / "old.pt")
+    assert load_cost_net(tmp_path / "old.pt")[0].config.lookup_groups == "device"
+    with pytest.raises(ValueError, match="lookup_groups: expected one of"):
+        CostNetConfig(lookup_groups="kinds")

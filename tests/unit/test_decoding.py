@@ -43,19 +43,22 @@ def tasks() -> list[Task]:
     ]
 
 
-def networks(comm: str, seed: int):
+def networks(comm: str, seed: int, lookup_groups: str = "device"):
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks()]))
-    cfg = CostNetConfig.with_topology(Topology(8, 150.0, 12.5, 10.0, 4), 512, comm=comm, scale_ms=0.3)
+    cfg = CostNetConfig.with_topology(Topology(8, 150.0, 12.5, 10.0, 4), 512, comm=comm, scale_ms=0.3,
+                                      lookup_groups=lookup_groups)
     return cfg.build(torch.Generator().manual_seed(seed)), PolicyNetConfig().build(
         torch.Generator().manual_seed(seed + 1)), scaler
 
 
-@pytest.mark.parametrize("comm", ["model", "head"])
-def test_the_numpy_step_gives_the_networks_costs_and_logits(comm):
-    cost_net, policy, scaler = networks(comm, 3)
+@pytest.mark.parametrize("comm,groups", [("model", "device"), ("head", "device"), ("model", "kind")])
+def test_the_numpy_step_gives_the_networks_costs_and_logits(comm, groups):
+    """By kind, the pieces are of random lookup groups: a device's cost sums its groups' heads in both."""
+    cost_net, policy, scaler = networks(comm, 3, groups)
     rng = np.random.default_rng(1)
     for task in tasks():
-        ctx = TaskContext.build(task, cost_net, scaler)
+        kinds = rng.integers(4, size=len(task.tables)) if groups == "kind" else None
+        ctx = TaskContext.build(task, cost_net, scaler, kinds)
         scorer = StepScorer.build(cost_net, policy, ctx)
         with torch.no_grad():
             penc = policy.encode(ctx.x)

@@ -27,12 +27,15 @@ from dreamshard.hardware.comm import shard_traffic
 from dreamshard.learning.cost_model import (
     CostData,
     CostNetConfig,
+    NetworkEstimate,
     cost_data_from_plans,
     cost_data_from_rows,
     evaluate_cost_net,
     fit_cost_net,
     kendall_tau,
     median_device_ms,
+    piece_features,
+    plan_device_sums,
     plan_predictions,
     predict,
 )
@@ -216,7 +219,8 @@ def test_cost_data_subset_and_concat_are_consistent(world, backend):
     assert both.num_plans == 10 and len(both.device_plan) == len(a.device_plan) + len(b.device_plan)
 
     def same(x: CostData, y: CostData):
-        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms", "shard_out"):
+        for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms", "shard_out",
+                      "shard_kind"):
             np.testing.assert_array_equal(getattr(x, field), getattr(y, field), err_msg=field)
 
     same(both.subset(range(6)), a)
@@ -236,7 +240,7 @@ def test_cost_data_subset_and_concat_are_consistent(world, backend):
 
 
 def test_cost_data_from_collected_rows_equals_cost_data_from_plans(world, backend, tmp_path):
-    items = plans_to_measure(world["train"], 8, 0.5, 4, "fp")
+    items = plans_to_measure(world["train"], 8, 0.5, 4, "fp", cut_fraction=0.5, row_fraction=0.5)
     journal = CostJournal(tmp_path / "journal")
     collect(backend, items, journal, 3, {"batch_size": BATCH, "seed": 4})
     ids = list(dict.fromkeys(it.plan_id for it in items))
@@ -244,14 +248,46 @@ def test_cost_data_from_collected_rows_equals_cost_data_from_plans(world, backen
     rows = cost_data_from_rows(journal.read("plans", ids), journal.read("devices", ids), world["train"])
     direct = cost_data_from_plans([(by_id[i].task, by_id[i].plan, backend.plan_cost(by_id[i].task, by_id[i].plan))
                                    for i in ids])
-    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms", "shard_out"):
+    for field in ("shard_raw", "shard_device", "device_plan", "device_ms", "plan_cost_ms", "shard_out", "shard_kind"):
         np.testing.assert_allclose(getattr(rows, field), getattr(direct, field), rtol=1e-12, err_msg=field)
+    assert {0, 1, 2} <= set(rows.shard_kind.tolist())  # whole tables, column slices and row blocks among them
 
 
 def test_kendall_tau():
     assert kendall_tau(np.array([1, 2, 3, 4]), np.array([10, 20, 30, 40])) == 1.0
     assert kendall_tau(np.array([1, 2, 3, 4]), np.array([4, 3, 2, 1])) == -1.0
     assert kendall_tau(np.array([1, 2, 3]), np.array([1, 3, 2])) == pytest.approx(1 / 3)
+
+
+def test_by_kind_a_device_costs_the_sum_of_its_lookup_groups_heads(world, scaler):
+    """With lookup groups by kind, each TorchRec lookup group on a device (whole tables, column slices, row
+    blocks) is one operator: the heads run on each group's sum and add up; an empty device costs nothing, and a
+    device of whole tables costs what the fused network (same weights) says."""
+    task = world["train_more"][0]  # 4 devices: 2 and 3 stay empty
+    fused = CostNetConfig(scale_ms=0.5).build(torch.Generator().manual_seed(3))
+    by_kind = CostNetConfig(scale_ms=0.5, lookup_groups="kind").build(torch.Generator().manual_seed(3))
+    assert by_kind.width == 4 * (by_kind.config.embed + 1) and fused.width == fused.config.embed
+    big, other = sorted(task.tables, key=lambda t: -t.dim)[:2]
+    plan = Plan(task.num_devices, (Shard(big.name, 0, 0, big.dim // 2), Shard(big.name, 1, big.dim // 2, big.dim),
+                                   Shard(other.name, 0, 0, other.dim)) +
+                tuple(Shard(t.name, 1, 0, t.dim) for t in task.tables if t not in (big, other)))
+    sums, _ = plan_device_sums(by_kind, scaler, task, plan)
+    fused_sums, _ = plan_device_sums(fused, scaler, task, plan)
+    with torch.no_grad():
+        costs = by_kind.head_costs(sums)
+        x = torch.from_numpy(scaler.transform(np.stack([
+            piece_features(big, 0, big.rows, big.dim // 2, task.memory), table_features([other], task.memory)[0]])))
+        slice_alone, other_alone = fused.head_costs(fused.encode(x))
+        torch.testing.assert_close(costs[0], slice_alone + other_alone)  # device 0: a slice and a whole table
+        # device 1: a slice and whole tables, two groups; as one fused operator it is the heads on the sum
+        assert not torch.allclose(costs[1], fused.head_costs(fused_sums[1]), rtol=1e-3)
+        whole = torch.from_numpy(scaler.transform(table_features(task.tables[:3], task.memory)))
+        torch.testing.assert_close(by_kind.head_costs(by_kind.encode(whole).sum(0)),
+                                   fused.head_costs(fused.encode(whole).sum(0)))
+        assert len(costs) == 4 and torch.all(costs[2:] == 0) and torch.all(fused.head_costs(fused_sums[2:]) > 0)
+    # the estimate of a plan, the decoders' NumPy step and the training rows all use these sums
+    estimate = NetworkEstimate(by_kind, scaler).plan_cost(task, plan)
+    assert [d.fwd_ms for d in estimate.devices] == pytest.approx(costs[:, 0].tolist(), rel=1e-6)
 
 
 MAPE_LIMIT = 0.35  # observed 0.18-0.23 over fit seeds 0-5 on held-out plans of unseen tables (untrained: 3.2)
