@@ -79,8 +79,12 @@ class StepScorer:
     out: tuple[np.ndarray, np.ndarray]  # the policy head's output layer
     cost_width: int  # columns of `weights` that feed the cost heads: `group_count` blocks of 3 x H
     policy_width: int  # columns for the policy head's device sum, from column policy_start
-    group_count: int = 1  # lookup groups (CostNetConfig.group_count); by kind (masked) a group's heads count where it has pieces
-    masked: bool = False  # by kind: the `group_count` columns after the cost heads' count each group's pieces
+    group_count: int = 1  # lookup groups (CostNetConfig.group_count); by kind, a group's heads count where it has pieces
+
+    @property
+    def masked(self) -> bool:
+        """By kind: the `group_count` columns after the cost heads' count each group's pieces."""
+        return self.group_count > 1
 
     @property
     def policy_start(self) -> int:
@@ -97,8 +101,8 @@ class StepScorer:
         (w1, b1), out = _two_layers(policy.head, "policy head")
         e = penc.shape[1]
         w_sum, w_cost, w_table = w1[:e], w1[e:2 * e], w1[2 * e:]
-        count, masked = cfg.group_count, cfg.lookup_groups != "device"
-        if masked:  # each group's block [embed, count] (CostNet.encode): its heads' input, then the counts
+        count = cfg.group_count
+        if count > 1:  # each group's block [embed, count] (CostNet.encode): its heads' input, then the counts
             blocks = enc.reshape(len(enc), count, -1)
             cost_in = [(blocks[:, :, :-1] @ first).reshape(len(enc), -1), blocks[:, :, -1]]
         else:
@@ -124,7 +128,6 @@ class StepScorer:
             cost_width=count * first.shape[1],
             policy_width=w_sum.shape[1],
             group_count=count,
-            masked=masked,
         )
 
     def device_costs(self, load: np.ndarray) -> np.ndarray:

@@ -14,12 +14,13 @@ import torch
 
 from dreamshard.data.bins import BinEstimator
 from dreamshard.errors import InfeasibleTaskError
+from dreamshard.learning.cost_model import kind_index
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
 from dreamshard.learning.policy import LearnedModel
 from dreamshard.limits import BYTES_PER_CUT_PIECE, check_memory
 from dreamshard.placement import Rules, place_tables
-from dreamshard.plan import LOOKUP_KINDS, Plan, validate_plan
+from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.fallback import AnalyticSharder, Decision
 from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, num_pieces, table_pieces
@@ -130,7 +131,7 @@ class _Universe:
         tables = list(task.tables)
         owner: list[int] = list(range(len(tables)))  # the table of each universe piece
         fixed: list[int | None] = [None] * len(tables)  # the device of a row-wise block
-        kinds = [LOOKUP_KINDS.index("table")] * len(tables)  # the lookup group of each universe piece
+        kinds = [kind_index(t.rows, t.dim, t) for t in tables]  # the lookup group of each universe piece
         pieces: dict[tuple[int, int], list[int]] = {}
         for i, t in enumerate(task.tables):
             pieces[(i, 1)] = [i]
@@ -140,7 +141,7 @@ class _Universe:
                 tables += [piece for piece, _, _ in cut]
                 owner += [i] * len(cut)
                 fixed += [device for _, _, device in cut]
-                kinds += [LOOKUP_KINDS.index("row" if k == ROW_WISE else "column")] * len(cut)
+                kinds += [kind_index(piece.rows, piece.dim, t) for piece, _, _ in cut]
         ctx = TaskContext.build(replace(task, tables=tuple(tables), pins=(), avoid=(), groups=(), whole=()),
                                 model.cost_net, model.scaler, kinds)
         scorer = StepScorer.build(model.cost_net, model.policy, ctx)
