@@ -338,13 +338,22 @@ class Task:
 
     @classmethod
     def uniform(cls, name: str, tables: Sequence[Table], num_devices: int, memory_gb: float,
-                memory: MemoryModel | None = None, family: str = "") -> Task:
+                memory: MemoryModel | None = None, family: str = "", per_host: int = 0,
+                sharding: Sequence[str] = SHARDING_KINDS) -> Task:
+        """`num_devices` devices of `memory_gb` each; `per_host` > 0: named by host, that many a host (host_name)."""
         if num_devices < 1:
             raise ValueError(f"task {name!r}: need at least one device, got {num_devices}")
         if not 0 < memory_gb <= MAX_MEMORY_GB:
             raise ValueError(f"task {name!r}: device memory must be in (0, {MAX_MEMORY_GB:g}] GB, got {memory_gb}")
-        devices = tuple(Device(int(memory_gb * GB)) for _ in range(num_devices))
-        return cls(name, tuple(tables), devices, memory or MemoryModel(), family)
+        if per_host < 0 or (per_host and num_devices % per_host):
+            raise ValueError(f"task {name!r}: {num_devices} devices do not make hosts of {per_host}")
+        devices = tuple(Device(int(memory_gb * GB), host=host_name(d, per_host)) for d in range(num_devices))
+        return cls(name, tuple(tables), devices, memory or MemoryModel(), family, sharding=tuple(sharding))
+
+
+def host_name(device: int, per_host: int) -> str:
+    """The host of `device` among hosts of `per_host` consecutive devices ("" when 0: no host named)."""
+    return f"host{device // per_host}" if per_host else ""
 
 
 def table_pool(tasks: Sequence[Task]) -> list[Table]:
@@ -377,15 +386,23 @@ TASKS_SCHEMA = pa.schema(
         pa.field("table_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("table_names", pa.list_(pa.string()), nullable=False),
         pa.field("dims", pa.list_(pa.int32()), nullable=False),
+        pa.field("devices_per_host", pa.int32(), nullable=False),  # 0: the devices name no host
+        pa.field("sharding", pa.list_(pa.string()), nullable=False),  # Task.sharding
     ]
 )
+# columns a task file written before they existed lacks: read as devices naming no host and SHARDING_KINDS
+OPTIONAL_TASK_COLUMNS = {"devices_per_host": 0, "sharding": list(SHARDING_KINDS)}
 
 
 def tasks_to_arrow(tasks: Sequence[Task], split: str, name_to_id: dict[str, int]) -> pa.Table:
     rows = []
     for t in tasks:
-        if t.constrained or any((d.kind, d.speed, d.host) != ("", 1.0, "") for d in t.devices):
-            raise ValueError(f"task {t.name!r}: task files hold uniform, unconstrained tasks")
+        first = t.devices[0].host
+        per_host = sum(d.host == first for d in t.devices) if first else 0
+        if t.constrained or any((d.kind, d.speed, d.host) != ("", 1.0, host_name(i, per_host))
+                                for i, d in enumerate(t.devices)):
+            raise ValueError(f"task {t.name!r}: task files hold uniform, unconstrained tasks (devices named by "
+                             "host as Task.uniform names them, or none)")
         memories = {d.memory_bytes for d in t.devices}
         if len(memories) != 1:
             raise ValueError(f"task {t.name!r}: task files hold devices of one memory size")
@@ -401,6 +418,8 @@ def tasks_to_arrow(tasks: Sequence[Task], split: str, name_to_id: dict[str, int]
                 "table_ids": [name_to_id[tb.name] for tb in t.tables],
                 "table_names": [tb.name for tb in t.tables],
                 "dims": [tb.dim for tb in t.tables],
+                "devices_per_host": per_host,
+                "sharding": list(t.sharding),
             }
         )
     return pa.Table.from_pylist(rows, schema=TASKS_SCHEMA)
@@ -410,7 +429,7 @@ def read_tasks(tasks_path: str | Path, tables_path: str | Path) -> list[Task]:
     """Rebuild tasks from a tasks file and the tables statistics they refer to."""
     stats = pd.read_parquet(tables_path).set_index("table_id")
     df = pq.read_table(tasks_path).to_pandas()
-    missing = [f.name for f in TASKS_SCHEMA if f.name not in df.columns]
+    missing = [f.name for f in TASKS_SCHEMA if f.name not in df.columns and f.name not in OPTIONAL_TASK_COLUMNS]
     if missing:
         raise DataFormatError(f"{tasks_path}: missing column(s) {', '.join(missing)}")
     tasks = []
@@ -419,7 +438,16 @@ def read_tasks(tasks_path: str | Path, tables_path: str | Path) -> list[Task]:
         if unknown:
             raise DataFormatError(f"{tasks_path}: task {rec['task_id']}: table_ids {unknown[:5]} not in {tables_path}")
         tables = [stats_table(stats.loc[int(i)], int(d)) for i, d in zip(rec["table_ids"], rec["dims"])]
-        devices = tuple(Device(int(rec["device_memory_bytes"])) for _ in range(int(rec["num_devices"])))
-        tasks.append(Task(rec["task_id"], tuple(tables), devices,
-                          MemoryModel(rec["weights_precision"], rec["optimizer"]), rec["family"]))
+        per_host, count = int(rec.get("devices_per_host", 0)), int(rec["num_devices"])
+        if per_host < 0 or (per_host and count % per_host):
+            raise DataFormatError(f"{tasks_path}: task {rec['task_id']}: devices_per_host: expected 0 (no host "
+                                  f"named) or a divisor of num_devices {count}, got {per_host}")
+        devices = tuple(Device(int(rec["device_memory_bytes"]), host=host_name(d, per_host)) for d in range(count))
+        sharding = tuple(str(k) for k in rec.get("sharding", OPTIONAL_TASK_COLUMNS["sharding"]))
+        try:
+            tasks.append(Task(rec["task_id"], tuple(tables), devices,
+                              MemoryModel(rec["weights_precision"], rec["optimizer"]), rec["family"],
+                              sharding=sharding))
+        except ValueError as exc:
+            raise DataFormatError(f"{tasks_path}: {exc}") from exc
     return tasks

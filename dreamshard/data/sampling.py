@@ -10,7 +10,7 @@ import pandas as pd
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import MemoryModel
 from dreamshard.placement import find_feasible_assignment
-from dreamshard.tasks import Task, stats_table
+from dreamshard.tasks import ALL_SHARDING_KINDS, SHARDING_KINDS, Task, stats_table
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class TaskFamily:
     holdout: str = ""
     # the dims its tables take (a training family spanning wider dims than the test families); () for tasks.dims
     dims: tuple[int, ...] = ()
+    # its devices named by host, this many a host (0: none named; the comm model then counts hosts by
+    # backend.topology.devices_per_host alike); and the sharding kinds its tasks allow (Task.sharding; () for
+    # table, column, row): "host", TorchRec's table_row_wise, needs devices named on two hosts or more
+    devices_per_host: int = 0
+    sharding: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.dims, (list, tuple)) or not dims_ok(self.dims):
@@ -39,6 +44,19 @@ class TaskFamily:
         if self.holdout not in HOLDOUTS:
             raise ValueError(f"family {self.name!r}: holdout: expected one of {', '.join(map(repr, HOLDOUTS))}, "
                              f"got {self.holdout!r}")
+        per_host = self.devices_per_host
+        if isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 0 \
+                or (per_host and self.num_devices % per_host):
+            raise ValueError(f"family {self.name!r}: devices_per_host: expected 0 or a divisor of num_devices "
+                             f"{self.num_devices}, got {per_host!r}")
+        if not isinstance(self.sharding, (list, tuple)) or any(k not in ALL_SHARDING_KINDS for k in self.sharding) \
+                or (self.sharding and "table" not in self.sharding):
+            raise ValueError(f"family {self.name!r}: sharding: expected a list of {', '.join(ALL_SHARDING_KINDS)} "
+                             f"with table, got {self.sharding!r}")
+        object.__setattr__(self, "sharding", tuple(self.sharding) or SHARDING_KINDS)
+        if "host" in self.sharding and not (per_host and self.num_devices // per_host >= 2):
+            raise ValueError(f"family {self.name!r}: sharding host (row-wise over one host's devices) needs "
+                             f"devices_per_host naming two hosts or more, got {per_host} of {self.num_devices} devices")
         if self.holdout and (self.num_train or self.num_validation):
             raise ValueError(f"family {self.name!r}: a holdout family is test only: num_train and num_validation "
                              f"must be 0, got {self.num_train} and {self.num_validation}")
@@ -125,7 +143,7 @@ def sample_tasks(
             chosen_dims = rng.choice(np.asarray(dims), size=family.num_tables)
             tables = [stats_table(by_id.loc[int(i)], int(d)) for i, d in zip(ids, chosen_dims)]
             task = Task.uniform(f"{split}/{family.name}/{k:04d}", tables, family.num_devices,
-                                family.memory_gb, memory, family.name)
+                                family.memory_gb, memory, family.name, family.devices_per_host, family.sharding)
             try:
                 find_feasible_assignment(task)
             except InfeasibleTaskError:

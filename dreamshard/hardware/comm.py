@@ -181,6 +181,16 @@ def host_layouts(plan: Plan, task: Task) -> dict[str, int]:
     return found
 
 
+def host_block_bytes(table: Table, per_host: int, num_devices: int, batch_size: int,
+                     topology: Topology) -> tuple[float, float, float]:
+    """A table_row_wise table's output bytes, one way (host_exchange_ms): each device of its host reduce-scatters
+    the first over the intra-host link and sends the second across hosts; each device of another host receives
+    the third."""
+    out = batch_size * output_width(table, table.dim) * topology.output_bytes  # B x width bytes
+    hosts = num_devices // per_host
+    return out * (per_host - 1) / per_host, (hosts - 1) * out / num_devices, out / num_devices
+
+
 def host_exchange_ms(plan: Plan, task: Task, batch_size: int, topology: Topology) -> np.ndarray:
     """[D] ms each device spends on the outputs of table_row_wise tables (`host_layouts`), one way (the backward's
     gradients take as long): TorchRec reduce-scatters a table's partial sums among its host's L devices (each
@@ -194,16 +204,14 @@ def host_exchange_ms(plan: Plan, task: Task, batch_size: int, topology: Topology
         return np.zeros(n)
     per_host = task.per_host()
     assert per_host is not None  # host_layouts found tables
-    hosts = n // per_host
     tables = {t.name: t for t in task.tables}
     intra, send, recv = np.zeros(n), np.zeros(n), np.zeros(n)
     for name, h in layouts.items():
-        out = batch_size * output_width(tables[name], tables[name].dim) * topology.output_bytes  # B x width bytes
         own = np.arange(h * per_host, (h + 1) * per_host)
-        intra[own] += out * (per_host - 1) / per_host
-        send[own] += (hosts - 1) * out / n
-        others = np.setdiff1d(np.arange(n), own)
-        recv[others] += out / n
+        table_intra, table_send, table_recv = host_block_bytes(tables[name], per_host, n, batch_size, topology)
+        intra[own] += table_intra
+        send[own] += table_send
+        recv[np.setdiff1d(np.arange(n), own)] += table_recv
     reduce_scatter = topology.latency_us * 1e-6 + intra / (topology.intra_host_gbps * 1e9)
     exchange = topology.latency_us * 1e-6 + np.maximum(send, recv) / (topology.inter_host_gbps * 1e9)
     return (reduce_scatter + exchange) * 1e3

@@ -14,6 +14,8 @@ import torch
 
 from dreamshard.data.bins import BinEstimator
 from dreamshard.errors import InfeasibleTaskError
+from dreamshard.hardware.comm import host_block_bytes
+from dreamshard.hardware.topology import Topology
 from dreamshard.learning.cost_model import kind_index
 from dreamshard.learning.decoding import StepScorer, rank_devices
 from dreamshard.learning.mdp import TaskContext
@@ -23,11 +25,28 @@ from dreamshard.placement import Rules, place_tables
 from dreamshard.plan import Plan, validate_plan
 from dreamshard.sharders.fallback import AnalyticSharder, Decision
 from dreamshard.sharders.learned import LearnedSharder
-from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces, num_pieces, table_pieces
+from dreamshard.sharders.pieces import Cut, cut_task, host_cuts, merge_pieces, num_pieces, table_pieces
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 ROW_WISE = 0  # the cut "row-wise blocks" among the column slice counts (1: whole)
+# the cut "row-wise over host h's devices" (TorchRec's table_row_wise) is HOST_WISE - h: -1, -2, ...
+HOST_WISE = -1
+
+
+def host_cut(h: int) -> int:
+    """The cut that lays a table row-wise over the devices of host `h` (pieces.host_cuts)."""
+    return HOST_WISE - h
+
+
+# a host block's columns in the cut search's load (_Universe): the bytes it reduce-scatters within its host, the
+# bytes it sends across hosts, and its share of what each device of another host receives (comm.host_block_bytes)
+HOST_COLUMNS = ("intra", "send", "recv_share")
+
+
+def is_blocks(k: int) -> bool:
+    """Does cut `k` make row-wise blocks, each pinned to its device (ROW_WISE or a host's)?"""
+    return k <= ROW_WISE
 
 
 @dataclass(frozen=True)
@@ -40,6 +59,9 @@ class CutConfig:
     min_gain: float = 0.005  # relative predicted gain a move must bring
     escapes: int = 3  # times a stalled search takes its best-rated cut all the same, to rebalance around it
     row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
+    # also try row-wise over one host's devices (TorchRec's table_row_wise), per host whose devices the blocks fit,
+    # where the task allows "host" and its devices name several hosts
+    host_wise: bool = True
     row_start: bool = False  # also search from every table row-wise, less the tables the cost network rates better whole
     # also search from starts with this share of the tables row-wise, the costliest by predicted single cost
     # (the rest placed by the policy), e.g. (0.125, 0.25): the layouts TorchRec's planner reaches, without it
@@ -79,7 +101,7 @@ class CutConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"{name}: expected a number in [0, 1), got {value!r}")
-        for name in ("row_wise", "row_start", "dominant_start"):
+        for name in ("row_wise", "host_wise", "row_start", "dominant_start"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected true or false, got {getattr(self, name)!r}")
         shares = self.row_shares
@@ -91,8 +113,9 @@ class CutConfig:
 
 def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
     """The cuts tried for `table`, whole first: 1, then 2, 4, ... column slices (each at least its min_width wide,
-    on at most as many devices as it may use, at most `max_slices`), then ROW_WISE (every device holds a block);
-    ROW_WISE alone for a table whose kinds allow no whole table."""
+    on at most as many devices as it may use, at most `max_slices`), then ROW_WISE (every device holds a block),
+    then host_cut(h) for each host whose devices its blocks fit (`host_wise`); the block cuts alone for a table
+    whose kinds allow no whole table."""
     if table.name in task.never_cut() or task.num_devices < 2:
         return [1]
     out, k = [1], 2
@@ -103,28 +126,42 @@ def cut_options(task: Task, table: Table, config: CutConfig) -> list[int]:
     if config.row_wise and task.allows(table.name, "row") and table.name not in task.avoided() \
             and table.rows >= max(2, config.min_row_rows):
         out.append(ROW_WISE)
-    if not task.allows(table.name, "table") and ROW_WISE in out:
-        return [ROW_WISE]  # its constraint allows row-wise alone
+    if config.host_wise:
+        out += [host_cut(c.host or 0) for c in host_cuts(table, task)]
+    if not task.allows(table.name, "table") and any(is_blocks(k) for k in out):
+        return [k for k in out if is_blocks(k)]  # its constraint allows row-wise blocks alone
     return out
 
 
-def as_cut(k: int) -> Cut:
+def as_cut(k: int, per_host: int | None = None) -> Cut:
+    """Cut `k` as pieces.Cut (`per_host`: Task.per_host, for a host's cut)."""
+    if k < ROW_WISE:
+        if not per_host:
+            raise ValueError(f"cut {k} lays a table over one host's devices: it needs the devices per host")
+        return Cut(row_wise=True, host=HOST_WISE - k, per_host=per_host)
     return Cut(row_wise=True) if k == ROW_WISE else Cut(columns=k)
 
 
 def cuts_of(task: Task, cuts: list[int]) -> dict[str, Cut]:
-    return {t.name: as_cut(k) for t, k in zip(task.tables, cuts) if k != 1}
+    return {t.name: as_cut(k, task.per_host()) for t, k in zip(task.tables, cuts) if k != 1}
 
 
 @dataclass
 class _Universe:
-    """Every piece the search may use: each table whole and at each of its cuts, one scorer over all of them."""
+    """Every piece the search may use: each table whole and at each of its cuts, one scorer over all of them.
+
+    A device's load is the sum of its pieces' `weights`: the scorer's, then HOST_COLUMNS for the blocks of a
+    table row-wise over one host's devices, whose outputs leave by TorchRec's two-level exchange, not the flat
+    all-to-all (the scorer counts no output traffic for them): as comm.host_exchange_ms prices a plan."""
 
     pieces: dict[tuple[int, int], list[int]]  # (table, cut) -> universe indices of its pieces, in cut_task's order
     sizes: np.ndarray  # bytes of each universe piece
     scorer: StepScorer
     order: list[int]  # universe indices by predicted single cost, descending
     rules: Rules  # where each universe piece may go: its table's constraints, a row-wise block its own device
+    weights: np.ndarray  # [P, k + 3] the scorer's weights, then HOST_COLUMNS
+    per_host: int | None  # Task.per_host
+    topology: Topology  # the cost network's: the links host_exchange_ms prices
 
     @classmethod
     def build(cls, task: Task, model: LearnedModel, options: list[list[int]]) -> _Universe:
@@ -133,12 +170,19 @@ class _Universe:
         fixed: list[int | None] = [None] * len(tables)  # the device of a row-wise block
         kinds = [kind_index(t.rows, t.dim, t) for t in tables]  # the lookup group of each universe piece
         pieces: dict[tuple[int, int], list[int]] = {}
+        per_host, cfg = task.per_host(), model.cost_net.config
+        exchange: dict[int, tuple[float, float, float]] = {}  # universe index of a host's block -> HOST_COLUMNS
         for i, t in enumerate(task.tables):
             pieces[(i, 1)] = [i]
             for k in options[i][1:]:
-                cut = table_pieces(t, as_cut(k), task.num_devices)
+                cut = table_pieces(t, as_cut(k, per_host), task.num_devices)
                 pieces[(i, k)] = list(range(len(tables), len(tables) + len(cut)))
-                tables += [piece for piece, _, _ in cut]
+                if k < ROW_WISE and per_host:
+                    intra, send, recv = host_block_bytes(t, per_host, task.num_devices, cfg.batch_size, cfg.topology)
+                    exchange.update((p, (intra, send, recv / per_host)) for p in pieces[(i, k)])
+                # a host's blocks are named as another host's are: named apart here, where every cut is one task
+                tables += [replace(piece, name=f"{piece.name} on host {HOST_WISE - k}") if k < ROW_WISE else piece
+                           for piece, _, _ in cut]
                 owner += [i] * len(cut)
                 fixed += [device for _, _, device in cut]
                 kinds += [kind_index(piece.rows, piece.dim, t) for piece, _, _ in cut]
@@ -146,21 +190,40 @@ class _Universe:
                                 model.cost_net, model.scaler, kinds)
         scorer = StepScorer.build(model.cost_net, model.policy, ctx)
         sizes = np.array([task.shard_bytes(t) for t in tables], dtype=np.int64)
-        return cls(pieces, sizes, scorer, ctx.order, Rules.of_task(task).of_pieces(owner, sizes, fixed))
+        weights = np.concatenate([scorer.weights, np.zeros((len(tables), len(HOST_COLUMNS)))], axis=1)
+        for p, columns in exchange.items():
+            weights[p, -len(HOST_COLUMNS) - 2] = 0.0  # no output elements in the flat all-to-all (comm.plan_traffic)
+            weights[p, -len(HOST_COLUMNS):] = columns
+        return cls(pieces, sizes, scorer, ctx.order, Rules.of_task(task).of_pieces(owner, sizes, fixed), weights,
+                   per_host, cfg.topology)
 
     def load(self, cuts: list[int], where: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Each device's summed scorer input and bytes, with the pieces of `cuts` on the devices `where`."""
-        load = np.zeros((len(self.scorer.speed), self.scorer.weights.shape[1]))
+        load = np.zeros((len(self.scorer.speed), self.weights.shape[1]))
         used = np.zeros(len(self.scorer.speed), dtype=np.int64)
         for i, devices in enumerate(where):
             for p, d in zip(self.pieces[(i, cuts[i])], devices):
-                load[d] += self.scorer.weights[p]
+                load[d] += self.weights[p]
                 used[d] += self.sizes[p]
         return load, used
 
     def devices(self, load: np.ndarray) -> np.ndarray:
-        """The cost network's estimate of each device's cost under `load` ([..., D, k] -> [..., D])."""
-        return self.scorer.device_costs(load).sum(axis=-1)
+        """The cost network's estimate of each device's cost under `load` ([..., D, k + 3] -> [..., D])."""
+        costs = self.scorer.device_costs(load[..., :-len(HOST_COLUMNS)]).sum(axis=-1)
+        if not self.per_host:
+            return costs
+        intra, send, share = (load[..., c] for c in range(-len(HOST_COLUMNS), 0))
+        total = share.sum(axis=-1, keepdims=True)
+        own = share.reshape(*share.shape[:-1], -1, self.per_host).sum(axis=-1)  # [..., hosts]
+        recv = total - np.repeat(own, self.per_host, axis=-1)  # the other hosts' tables' outputs
+        topo, latency = self.topology, self.topology.latency_us * 1e-6
+        one_way = (2 * latency + intra / (topo.intra_host_gbps * 1e9)
+                   + np.maximum(send, recv) / (topo.inter_host_gbps * 1e9)) * 1e3
+        return costs + np.where(total > 0, 2 * one_way, 0.0)  # both ways, on every device once any table is so
+
+    def logits(self, p: int, load: np.ndarray) -> np.ndarray:
+        """[D] the policy's logit of each device for universe piece p under `load` (StepScorer.logits)."""
+        return self.scorer.logits(p, load[..., :-len(HOST_COLUMNS)])
 
     def cost(self, cuts: list[int], where: list[list[int]]) -> float:
         """The cost network's device-max estimate of the pieces of `cuts` on the devices `where`."""
@@ -188,7 +251,8 @@ class CutSearchSharder(LearnedSharder):
         n = len(task.tables)
         options = [cut_options(task, t, self.config) for t in task.tables]
         # what _Universe.build makes: each table whole, then its pieces at each further cut
-        scored = sum(1 + sum(num_pieces(as_cut(k), task.num_devices) for k in o[1:]) for o in options)
+        scored = sum(1 + sum(num_pieces(as_cut(k, task.per_host()), task.num_devices) for k in o[1:])
+                     for o in options)
         check_memory(scored * BYTES_PER_CUT_PIECE, f"{self.name}: scoring {scored} pieces ({n} tables whole and at "
                      "each cut, a row-wise cut a block per device)", "plan fewer tables or devices, without row-wise "
                      "cuts (--sharding table,column), with whole tables (dreamshard), or on a larger machine")
@@ -200,8 +264,8 @@ class CutSearchSharder(LearnedSharder):
             local = {p: j for j, p in enumerate(active)}
             cut, _ = cut_task(task, cuts_of(task, cuts))
             order = [local[p] for p in u.order if p in local]
-            devices = place_tables(cut, order, lambda j, s: rank_devices(u.scorer.logits(active[j], s.load)),
-                                   u.scorer.weights[active])
+            devices = place_tables(cut, order, lambda j, s: rank_devices(u.logits(active[j], s.load)),
+                                   u.weights[active])
             out, j = [], 0
             for i in range(n):
                 size = len(u.pieces[(i, cuts[i])])
@@ -287,7 +351,7 @@ class CutSearchSharder(LearnedSharder):
         load, used = u.load(cuts, where)
         current = float(u.devices(load).max())
         cuts, where = cuts.copy(), where.copy()
-        w = u.scorer.weights
+        w = u.weights
         for i in reversed(u.order):  # the cheapest whole table first (universe index i is table i whole)
             if i >= len(task.tables) or cuts[i] != ROW_WISE:
                 continue  # a piece of a cut, or a table that is not row-wise
@@ -298,7 +362,7 @@ class CutSearchSharder(LearnedSharder):
             room = u.rules.with_room(i, trial_used)
             if not room:
                 continue
-            logits = u.scorer.logits(i, trial_load)
+            logits = u.logits(i, trial_load)
             d = max(room, key=lambda d: (logits[d], -d))
             trial_load[d] += w[i]
             trial_used[d] += u.sizes[i]
@@ -310,7 +374,7 @@ class CutSearchSharder(LearnedSharder):
 
     def _search(self, task: Task, u: _Universe, options: list[list[int]], cuts: list[int],
                 where: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-        cfg, scorer, w = self.config, u.scorer, u.scorer.weights
+        cfg, scorer, w = self.config, u.scorer, u.weights
         load, used = u.load(cuts, where)
 
         per_device = u.devices(load)
@@ -338,14 +402,14 @@ class CutSearchSharder(LearnedSharder):
                         if len(room) == 1:  # no choice: the policy is not asked
                             d = room[0]
                         else:
-                            logits = scorer.logits(p, trial_load)
+                            logits = u.logits(p, trial_load)
                             d = max(room, key=lambda d: (logits[d], -d))
                         devices.append(d)
                         trial_load[d] += w[p]
                         trial_used[d] += u.sizes[p]
                     if len(devices) == len(u.pieces[(i, k)]):
                         moves.append(_move(u, i, k, devices, trial_load, trial_used))
-                if u.rules.movable(i) and cuts[i] != ROW_WISE:  # its piece on the busiest device to another device
+                if u.rules.movable(i) and not is_blocks(cuts[i]):  # its piece on the busiest device to another one
                     j = where[i].index(busiest)
                     p = u.pieces[(i, cuts[i])][j]
                     targets = [d for d in u.rules.with_room(p, used) if d not in where[i]]

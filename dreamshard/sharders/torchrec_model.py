@@ -66,7 +66,7 @@ def _cuts_of(task: Task, config: ModelSearchConfig) -> dict[str, list[Cut]]:
     """Table name -> the cuts tried for it, whole first (cuts.cut_options, with its row and column rules)."""
     from dreamshard.sharders.cuts import CutConfig, as_cut, cut_options
 
-    rule = CutConfig(max_slices=config.max_slices)
+    rule = CutConfig(max_slices=config.max_slices, host_wise=False)  # its host cuts: added below, as Cut
     return {t.name: [as_cut(k) for k in cut_options(task, t, rule)]
             + ([] if t.name in task.never_cut() else host_cuts(t, task)) for t in task.tables}
 

@@ -22,8 +22,9 @@ from dreamshard.tasks import Task
 TYPES_OF_KIND = {"table": (TABLE_WISE,), "column": (COLUMN_WISE, "table_column_wise"),
                  "row": ("row_wise", "table_row_wise"), "data": (), "host": ("table_row_wise",)}
 GRID = "grid_shard"  # rows and columns: offered when both kinds are allowed
-# TorchRec's kinds that cut a table into row blocks within one host: on a task spanning several hosts no plan of
-# ours holds them yet, nor does our cost price their two-level exchange, so they are not offered there
+# TorchRec's kinds that cut a table into row blocks within one host. On a task spanning several hosts,
+# table_row_wise is offered where the task allows "host" (our plans hold it and comm.host_exchange_ms prices it);
+# grid_shard is not offered there: no plan of ours holds row blocks of column slices across hosts yet
 HOST_WISE = ("table_row_wise", GRID)
 
 
@@ -68,8 +69,9 @@ class TorchRecSharder:
             allowed.append(GRID)
         if self.sharding_types is not None:
             allowed = [x for x in allowed if x in self.sharding_types]
-        if self.links is not None and self.spans_hosts(task):  # host-wise blocks: not yet a plan of ours (issue 50)
-            allowed = [x for x in allowed if x not in HOST_WISE]
+        if self.links is not None and self.spans_hosts(task):  # HOST_WISE's comment
+            kept = ("table_row_wise",) if "host" in task.sharding else ()
+            allowed = [x for x in allowed if x not in HOST_WISE or x in kept]
         if not allowed:
             raise DreamShardError(f"sharder {self.name!r}: none of sharding_types {list(self.sharding_types or [])} "
                                   f"is allowed by the task's sharding kinds {', '.join(task.sharding)}")

@@ -181,6 +181,39 @@ def test_tasks_round_trip_through_parquet(tmp_path, stats):
     assert back[0].memory == memory
 
 
+def test_tasks_of_several_hosts_keep_their_hosts_and_kinds_through_parquet(tmp_path, stats):
+    """A family on hosts of 2 allowing "host" (TorchRec's table_row_wise): its tasks name each device's host and
+    say the kinds; the file keeps both, a file written before those columns existed reads as no host and the
+    default kinds, and a devices_per_host that makes no hosts is refused naming the file and the field."""
+    write_parquet(pa.Table.from_pandas(stats, schema=TABLE_STATS_SCHEMA, preserve_index=False),
+                  tmp_path / "tables.parquet")
+    fam = family(name="fam-6-4", num_devices=4, memory_gb=1.0, devices_per_host=2,
+                 sharding=["table", "column", "row", "host"])
+    tasks = sample_tasks(stats, list(range(NUM_TABLES)), fam, 2, "test", [8], MemoryModel(), np.random.default_rng(5))
+    assert [d.host for d in tasks[0].devices] == ["host0", "host0", "host1", "host1"]
+    assert tasks[0].per_host() == 2 and tasks[0].sharding == ("table", "column", "row", "host")
+    name_to_id = dict(zip(stats["name"], stats["table_id"]))
+    path = tmp_path / "test.parquet"
+    write_parquet(tasks_to_arrow(tasks, "test", name_to_id), path)
+    assert read_tasks(path, tmp_path / "tables.parquet") == tasks
+    older = pq.read_table(path).drop_columns(["devices_per_host", "sharding"])
+    pq.write_table(older, tmp_path / "older.parquet")
+    for task in read_tasks(tmp_path / "older.parquet", tmp_path / "tables.parquet"):
+        assert task.host_ids() is None and task.sharding == ("table", "column", "row")
+    bad = pq.read_table(path).set_column(TASKS_SCHEMA.get_field_index("devices_per_host"), "devices_per_host",
+                                          pa.array([3, 3], pa.int32()))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet: task test/fam-6-4/0000: devices_per_host: expected 0 .* "
+                                         r"divisor of num_devices 4, got 3"):
+        read_tasks(tmp_path / "bad.parquet", tmp_path / "tables.parquet")
+    with pytest.raises(ValueError, match="sharding host .* needs devices_per_host naming two hosts"):
+        family(num_devices=4, sharding=["table", "host"])
+    with pytest.raises(ValueError, match="devices_per_host: expected 0 or a divisor of num_devices 2, got 3"):
+        family(devices_per_host=3)
+    with pytest.raises(ValueError, match="sharding: expected a list of"):
+        family(sharding=["column"])
+
+
 def test_read_tasks_rejects_unknown_table_ids(tmp_path, stats):
     tasks = sample_tasks(stats, list(range(NUM_TABLES)), family(), 1, "test", [8], MemoryModel(),
                          np.random.default_rng(5))

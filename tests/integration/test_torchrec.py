@@ -40,7 +40,7 @@ from dreamshard.plan import Plan, Shard, validate_plan  # noqa: E402
 from dreamshard.sharders import SHARDERS, make_sharder  # noqa: E402
 from dreamshard.sharders.torchrec_planner import TorchRecSharder, from_torchrec_plan  # noqa: E402
 from dreamshard.tables import Table  # noqa: E402
-from dreamshard.tasks import Device, Task  # noqa: E402
+from dreamshard.tasks import Device, Task, host_name  # noqa: E402
 from helpers import PROJECT_ROOT, brute_force_feasible  # noqa: E402
 
 
@@ -154,10 +154,17 @@ def test_torchrec_is_told_the_cluster_our_cost_prices(monkeypatch):
     make_sharder("torchrec_full", batch_size=4096).shard(task)
     topo, batch = seen.pop()
     assert (topo.local_world_size, batch) == (16, 256)
-    # across hosts TorchRec is not offered the host-wise row blocks no plan of ours holds yet
+    # across hosts TorchRec is offered row blocks over one host's devices where the task allows "host", as ours
+    # are; never grid_shard, which no plan of ours holds across hosts
     sharder = make_sharder("torchrec_full", links=links)
     assert "table_row_wise" not in sharder.types_for(task) and "row_wise" in sharder.types_for(task)
     assert "table_row_wise" in sharder.types_for(random_task(10, 8))
+    hosts = replace(task, devices=tuple(replace(d, host=host_name(i, 8)) for i, d in enumerate(task.devices)),
+                    sharding=("table", "column", "row", "host"))
+    offered = sharder.types_for(hosts)
+    assert "table_row_wise" in offered and "grid_shard" not in offered
+    plan = sharder.shard(hosts)
+    validate_plan(hosts, plan)
 
 
 def test_the_plan_commands_batch_is_per_device_as_torchrec_reads_it(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from dreamshard.errors import DataFormatError, InfeasibleTaskError
 from dreamshard.evaluation.collect import CostJournal, collect, plans_to_measure
 from dreamshard.evaluation.evaluate import canonical_assignments, exhaustive_optimum
 from dreamshard.hardware.analytic import AnalyticBackend
-from dreamshard.hardware.comm import shard_traffic
+from dreamshard.hardware.comm import host_exchange_ms, shard_traffic
 from dreamshard.learning.cost_model import (
     CostData,
     CostNetConfig,
@@ -77,7 +78,7 @@ from dreamshard.sharders.search import (
     greedy_grid,
 )
 from dreamshard.tables import BIN_COLUMNS, NUM_BINS, Table, access_count_bins
-from dreamshard.tasks import Task
+from dreamshard.tasks import Task, host_name
 from helpers import analytic
 
 BATCH = 1024
@@ -311,6 +312,47 @@ def test_by_kind_the_cut_search_rates_a_plan_with_cuts_as_the_network_estimate_d
         u = _Universe.build(task, model, options)
         assert NetworkEstimate(net, scaler).plan_cost(task, plan).cost_ms == pytest.approx(_rated(u, task, plan),
                                                                                           rel=1e-4)
+
+
+def _on_hosts(task: Task, per_host: int = 2, sharding: tuple[str, ...] = ("table", "column", "row", "host")) -> Task:
+    """`task` with its devices named by host, `per_host` a host, allowing `sharding` (with "host": TorchRec's
+    table_row_wise)."""
+    return replace(task, devices=tuple(replace(d, host=host_name(i, per_host)) for i, d in enumerate(task.devices)),
+                   sharding=sharding)
+
+
+def test_the_cut_search_rates_a_table_row_wise_over_one_host_as_the_network_estimate_does(world, backend, scaler):
+    """On two hosts, a table row-wise over one host's devices (TorchRec's table_row_wise) beside column slices
+    and row blocks over every device: the cut search's load (its host columns: the two-level exchange, with the
+    receiving host's share and the latencies) rates the plan as NetworkEstimate does (comm.host_exchange_ms)."""
+    from dreamshard.sharders.cuts import CutConfig, host_cut
+    from dreamshard.sharders.pieces import Cut, cut_task, merge_pieces
+
+    net = CostNetConfig.with_topology(backend.config.topology, BATCH, comm="model", lookup_groups="kind",
+                                      scale_ms=0.5).build(torch.Generator().manual_seed(4))
+    model = LearnedModel(net, PolicyNetConfig().build(torch.Generator().manual_seed(5)), scaler, {})
+    for task in world["test4"][:2]:
+        task = _on_hosts(task)
+        options = [cut_options(task, t, CutConfig()) for t in task.tables]
+        assert all(host_cut(0) not in o for o in
+                   (cut_options(task, t, CutConfig(host_wise=False)) for t in task.tables))
+        hosted = next(i for i, o in enumerate(options) if host_cut(1) in o)
+        sliced = next(i for i, o in enumerate(options) if 2 in o and i != hosted)
+        rows = next(i for i, o in enumerate(options) if ROW_WISE in o and i not in (hosted, sliced))
+        names = [t.name for t in task.tables]
+        for cuts in ({names[hosted]: Cut(row_wise=True, host=1, per_host=2), names[sliced]: Cut(columns=2),
+                      names[rows]: Cut(row_wise=True)}, {names[sliced]: Cut(columns=2)}):
+            cut, pieces = cut_task(task, cuts)
+            pins = dict(cut.pins)
+            plan = merge_pieces(cut, Plan.from_assignment(cut, [pins.get(t.name, i % task.num_devices)
+                                                                for i, t in enumerate(cut.tables)]), pieces)
+            validate_plan(task, plan)
+            u = _Universe.build(task, model, options)
+            estimate = NetworkEstimate(net, scaler).plan_cost(task, plan)
+            searched = u.devices(u.load(*_cuts_where(task, plan))[0])
+            assert [d.total_ms for d in estimate.devices] == pytest.approx(searched.tolist(), rel=1e-4)
+            two_level = host_exchange_ms(plan, task, BATCH, net.config.topology)
+            assert (two_level.min() > 0) == (names[hosted] in cuts)
 
 
 MAPE_LIMIT = 0.35  # observed 0.18-0.23 over fit seeds 0-5 on held-out plans of unseen tables (untrained: 3.2)
@@ -933,6 +975,24 @@ def test_dreamshard_cut_reaches_the_optimum_that_needs_a_cut(backend, cut_model)
     assert len({s.device for s in cut_plan.shards if s.table == "hot"}) == 2
 
 
+def test_dreamshard_cut_lays_a_hot_table_over_one_host_where_the_task_allows_it(backend, cut_model):
+    """Two hosts of two devices and a table with most of the work, which the task lets be whole or row-wise over
+    one host's devices (TorchRec's table_row_wise) only: DreamShard with cuts lays it over one host, which the
+    backend measures cheaper than table-wise DreamShard's plan; without host cuts it stays whole."""
+    from dreamshard.sharders.cuts import CutConfig
+
+    hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
+    small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(6)]
+    task = Task.uniform("hot-on-two-hosts", [hot, *small], 4, 1.0, per_host=2, sharding=("table", "host"))
+    plan = make_sharder("dreamshard_cut", model=cut_model).shard(task)
+    validate_plan(task, plan)
+    assert sorted(s.device for s in plan.shards if s.table == "hot") in ([0, 1], [2, 3])
+    whole = make_sharder("dreamshard", model=cut_model).shard(task)
+    assert backend.plan_cost(task, plan).cost_ms < backend.plan_cost(task, whole).cost_ms
+    kept = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(host_wise=False)).shard(task)
+    assert len([s for s in kept.shards if s.table == "hot"]) == 1
+
+
 def test_dreamshard_cut_plans_are_valid_and_never_rated_worse_than_dreamshard(world, cut_model):
     """Every test task, tight ones included: valid plans (memory, each table's columns and rows once, row-wise
     blocks where TorchRec puts them), and the cost network rates them no worse than table-wise DreamShard's (the
@@ -1088,12 +1148,21 @@ def test_min_row_rows_keeps_smaller_tables_from_row_wise_cuts():
 
 def _rated(u, task: Task, plan: Plan) -> float:
     """The cost network's device-max estimate of `plan`, through the universe's pieces (sharders/cuts.py)."""
+    return u.cost(*_cuts_where(task, plan))
+
+
+def _cuts_where(task: Task, plan: Plan) -> tuple[list[int], list[list[int]]]:
+    """`plan` as the cut search holds it: each table's cut and its pieces' devices."""
+    from dreamshard.sharders.cuts import host_cut
+
     cuts, where = [], []
     for t in task.tables:
         shards = sorted((s for s in plan.shards if s.table == t.name), key=lambda s: (s.row_start, s.col_start))
-        cuts.append(ROW_WISE if shards[0].is_row_range else len(shards))
+        on_host = shards[0].is_row_range and len(shards) < task.num_devices  # row-wise over one host's devices
+        cuts.append(host_cut(shards[0].device // (task.per_host() or 1)) if on_host
+                    else ROW_WISE if shards[0].is_row_range else len(shards))
         where.append([s.device for s in shards])
-    return u.cost(cuts, where)
+    return cuts, where
 
 
 # ---------------------------------------------------------------- cost estimators
