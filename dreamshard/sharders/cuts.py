@@ -60,8 +60,8 @@ class CutConfig:
     escapes: int = 3  # times a stalled search takes its best-rated cut all the same, to rebalance around it
     row_wise: bool = True  # also try TorchRec's row-wise blocks (where the task allows row cuts)
     # also try row-wise over one host's devices (TorchRec's table_row_wise), per host whose devices the blocks fit,
-    # where the task allows "host" and its devices name several hosts
-    host_wise: bool = True
+    # where the task allows "host" and its devices name several hosts (off: results/cut_designs/host-wise)
+    host_wise: bool = False
     row_start: bool = False  # also search from every table row-wise, less the tables the cost network rates better whole
     # also search from starts with this share of the tables row-wise, the costliest by predicted single cost
     # (the rest placed by the policy), e.g. (0.125, 0.25): the layouts TorchRec's planner reaches, without it

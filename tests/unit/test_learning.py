@@ -333,9 +333,8 @@ def test_the_cut_search_rates_a_table_row_wise_over_one_host_as_the_network_esti
     model = LearnedModel(net, PolicyNetConfig().build(torch.Generator().manual_seed(5)), scaler, {})
     for task in world["test4"][:2]:
         task = _on_hosts(task)
-        options = [cut_options(task, t, CutConfig()) for t in task.tables]
-        assert all(host_cut(0) not in o for o in
-                   (cut_options(task, t, CutConfig(host_wise=False)) for t in task.tables))
+        options = [cut_options(task, t, CutConfig(host_wise=True)) for t in task.tables]
+        assert all(host_cut(0) not in o for o in (cut_options(task, t, CutConfig()) for t in task.tables))
         hosted = next(i for i, o in enumerate(options) if host_cut(1) in o)
         sliced = next(i for i, o in enumerate(options) if 2 in o and i != hosted)
         rows = next(i for i, o in enumerate(options) if ROW_WISE in o and i not in (hosted, sliced))
@@ -978,18 +977,18 @@ def test_dreamshard_cut_reaches_the_optimum_that_needs_a_cut(backend, cut_model)
 def test_dreamshard_cut_lays_a_hot_table_over_one_host_where_the_task_allows_it(backend, cut_model):
     """Two hosts of two devices and a table with most of the work, which the task lets be whole or row-wise over
     one host's devices (TorchRec's table_row_wise) only: DreamShard with cuts lays it over one host, which the
-    backend measures cheaper than table-wise DreamShard's plan; without host cuts it stays whole."""
+    backend measures cheaper than table-wise DreamShard's plan; without host cuts (the default) it stays whole."""
     from dreamshard.sharders.cuts import CutConfig
 
     hot = _table_with_bins("hot", 80_000, 128, 90.0, 0.6, 1)
     small = [_table_with_bins(f"small{i}", 500, 4, 1.0, 1.0, 2 + i) for i in range(6)]
     task = Task.uniform("hot-on-two-hosts", [hot, *small], 4, 1.0, per_host=2, sharding=("table", "host"))
-    plan = make_sharder("dreamshard_cut", model=cut_model).shard(task)
+    plan = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(host_wise=True)).shard(task)
     validate_plan(task, plan)
     assert sorted(s.device for s in plan.shards if s.table == "hot") in ([0, 1], [2, 3])
     whole = make_sharder("dreamshard", model=cut_model).shard(task)
     assert backend.plan_cost(task, plan).cost_ms < backend.plan_cost(task, whole).cost_ms
-    kept = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(host_wise=False)).shard(task)
+    kept = make_sharder("dreamshard_cut", model=cut_model).shard(task)  # host_wise off by default
     assert len([s for s in kept.shards if s.table == "hot"]) == 1
 
 
