@@ -345,15 +345,25 @@ class Task:
             raise ValueError(f"task {name!r}: need at least one device, got {num_devices}")
         if not 0 < memory_gb <= MAX_MEMORY_GB:
             raise ValueError(f"task {name!r}: device memory must be in (0, {MAX_MEMORY_GB:g}] GB, got {memory_gb}")
-        if per_host < 0 or (per_host and num_devices % per_host):
-            raise ValueError(f"task {name!r}: {num_devices} devices do not make hosts of {per_host}")
-        devices = tuple(Device(int(memory_gb * GB), host=host_name(d, per_host)) for d in range(num_devices))
+        try:
+            hosts = host_names(num_devices, per_host)
+        except ValueError as exc:
+            raise ValueError(f"task {name!r}: {exc}") from None
+        devices = tuple(Device(int(memory_gb * GB), host=h) for h in hosts)
         return cls(name, tuple(tables), devices, memory or MemoryModel(), family, sharding=tuple(sharding))
 
 
 def host_name(device: int, per_host: int) -> str:
     """The host of `device` among hosts of `per_host` consecutive devices ("" when 0: no host named)."""
     return f"host{device // per_host}" if per_host else ""
+
+
+def host_names(num_devices: int, per_host: int) -> tuple[str, ...]:
+    """Each device's `host_name`; a ValueError naming `devices_per_host` unless it is 0 or divides num_devices."""
+    if isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 0 \
+            or (per_host and num_devices % per_host):
+        raise ValueError(f"devices_per_host: expected 0 or a divisor of num_devices {num_devices}, got {per_host!r}")
+    return tuple(host_name(d, per_host) for d in range(num_devices))
 
 
 def table_pool(tasks: Sequence[Task]) -> list[Table]:
@@ -438,11 +448,11 @@ def read_tasks(tasks_path: str | Path, tables_path: str | Path) -> list[Task]:
         if unknown:
             raise DataFormatError(f"{tasks_path}: task {rec['task_id']}: table_ids {unknown[:5]} not in {tables_path}")
         tables = [stats_table(stats.loc[int(i)], int(d)) for i, d in zip(rec["table_ids"], rec["dims"])]
-        per_host, count = int(rec.get("devices_per_host", 0)), int(rec["num_devices"])
-        if per_host < 0 or (per_host and count % per_host):
-            raise DataFormatError(f"{tasks_path}: task {rec['task_id']}: devices_per_host: expected 0 (no host "
-                                  f"named) or a divisor of num_devices {count}, got {per_host}")
-        devices = tuple(Device(int(rec["device_memory_bytes"]), host=host_name(d, per_host)) for d in range(count))
+        try:
+            hosts = host_names(int(rec["num_devices"]), int(rec.get("devices_per_host", 0)))
+        except ValueError as exc:
+            raise DataFormatError(f"{tasks_path}: task {rec['task_id']}: {exc}") from None
+        devices = tuple(Device(int(rec["device_memory_bytes"]), host=h) for h in hosts)
         sharding = tuple(str(k) for k in rec.get("sharding", OPTIONAL_TASK_COLUMNS["sharding"]))
         try:
             tasks.append(Task(rec["task_id"], tuple(tables), devices,

@@ -10,7 +10,7 @@ import pandas as pd
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.memory import MemoryModel
 from dreamshard.placement import find_feasible_assignment
-from dreamshard.tasks import ALL_SHARDING_KINDS, SHARDING_KINDS, Task, stats_table
+from dreamshard.tasks import ALL_SHARDING_KINDS, SHARDING_KINDS, Task, host_names, stats_table
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,10 @@ class TaskFamily:
             raise ValueError(f"family {self.name!r}: holdout: expected one of {', '.join(map(repr, HOLDOUTS))}, "
                              f"got {self.holdout!r}")
         per_host = self.devices_per_host
-        if isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 0 \
-                or (per_host and self.num_devices % per_host):
-            raise ValueError(f"family {self.name!r}: devices_per_host: expected 0 or a divisor of num_devices "
-                             f"{self.num_devices}, got {per_host!r}")
+        try:
+            host_names(self.num_devices, per_host)
+        except ValueError as exc:
+            raise ValueError(f"family {self.name!r}: {exc}") from None
         if not isinstance(self.sharding, (list, tuple)) or any(k not in ALL_SHARDING_KINDS for k in self.sharding) \
                 or (self.sharding and "table" not in self.sharding):
             raise ValueError(f"family {self.name!r}: sharding: expected a list of {', '.join(ALL_SHARDING_KINDS)} "

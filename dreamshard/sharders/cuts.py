@@ -39,6 +39,11 @@ def host_cut(h: int) -> int:
     return HOST_WISE - h
 
 
+def host_of_cut(k: int) -> int:
+    """The host of `host_cut(h)`: h."""
+    return HOST_WISE - k
+
+
 # a host block's columns in the cut search's load (_Universe): the bytes it reduce-scatters within its host, the
 # bytes it sends across hosts, and its share of what each device of another host receives (comm.host_block_bytes)
 HOST_COLUMNS = ("intra", "send", "recv_share")
@@ -138,7 +143,7 @@ def as_cut(k: int, per_host: int | None = None) -> Cut:
     if k < ROW_WISE:
         if not per_host:
             raise ValueError(f"cut {k} lays a table over one host's devices: it needs the devices per host")
-        return Cut(row_wise=True, host=HOST_WISE - k, per_host=per_host)
+        return Cut(row_wise=True, host=host_of_cut(k), per_host=per_host)
     return Cut(row_wise=True) if k == ROW_WISE else Cut(columns=k)
 
 
@@ -160,7 +165,7 @@ class _Universe:
     order: list[int]  # universe indices by predicted single cost, descending
     rules: Rules  # where each universe piece may go: its table's constraints, a row-wise block its own device
     weights: np.ndarray  # [P, k + 3] the scorer's weights, then HOST_COLUMNS
-    per_host: int | None  # Task.per_host
+    per_host: int | None  # Task.per_host where the universe holds a host's blocks; None: no exchange to price
     topology: Topology  # the cost network's: the links host_exchange_ms prices
 
     @classmethod
@@ -177,11 +182,11 @@ class _Universe:
             for k in options[i][1:]:
                 cut = table_pieces(t, as_cut(k, per_host), task.num_devices)
                 pieces[(i, k)] = list(range(len(tables), len(tables) + len(cut)))
-                if k < ROW_WISE and per_host:
+                if k < ROW_WISE and per_host:  # (as_cut refused a host cut without per_host)
                     intra, send, recv = host_block_bytes(t, per_host, task.num_devices, cfg.batch_size, cfg.topology)
                     exchange.update((p, (intra, send, recv / per_host)) for p in pieces[(i, k)])
                 # a host's blocks are named as another host's are: named apart here, where every cut is one task
-                tables += [replace(piece, name=f"{piece.name} on host {HOST_WISE - k}") if k < ROW_WISE else piece
+                tables += [replace(piece, name=f"{piece.name} on host {host_of_cut(k)}") if k < ROW_WISE else piece
                            for piece, _, _ in cut]
                 owner += [i] * len(cut)
                 fixed += [device for _, _, device in cut]
@@ -195,7 +200,7 @@ class _Universe:
             weights[p, -len(HOST_COLUMNS) - 2] = 0.0  # no output elements in the flat all-to-all (comm.plan_traffic)
             weights[p, -len(HOST_COLUMNS):] = columns
         return cls(pieces, sizes, scorer, ctx.order, Rules.of_task(task).of_pieces(owner, sizes, fixed), weights,
-                   per_host, cfg.topology)
+                   per_host if exchange else None, cfg.topology)
 
     def load(self, cuts: list[int], where: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         """Each device's summed scorer input and bytes, with the pieces of `cuts` on the devices `where`."""
