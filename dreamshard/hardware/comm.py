@@ -5,7 +5,8 @@ the lookups: a column slice gets all of its table's, a row block the ids in its 
 pooled outputs (row shards send partial sums), the wait for the slowest device's forward, and the backward
 exchange of the outputs' gradients, over intra- and inter-host links; sequence tables send a row per id,
 data-parallel replicas send no ids nor outputs, and their dense gradients are all-reduced in the backward;
-tables in TorchRec's table_row_wise layout reduce-scatter within their host, then exchange across hosts.
+tables in TorchRec's table_row_wise layout reduce-scatter within their host, then exchange across hosts;
+each lookup kind runs its own input dist (three collectives) and output dist (one each way): their latencies.
 A device's traffic: [output elements, input bytes] per sample (`shard_traffic`, `plan_traffic`).
 The model and what it leaves out: docs/cost-backends.md.
 """
@@ -17,13 +18,17 @@ import numpy as np
 
 from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
 from dreamshard.hardware.topology import Topology
-from dreamshard.plan import Plan, host_of_blocks
+from dreamshard.plan import Plan, host_of_blocks, lookup_kind
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 # what a journal keys rows priced by this model with, so that a changed model measures them again (2: the input dist;
-# 3: table_row_wise's two-level exchange)
-MODEL_VERSION = 3
+# 3: table_row_wise's two-level exchange; 4: dists per lookup kind)
+MODEL_VERSION = 4
+# TorchRec's KJTAllToAll: an all-to-all of the splits, then one of the lengths and one of the ids
+INPUT_DIST_COLLECTIVES = 3
+# the lookup kinds that run an input and an output dist (plan.LOOKUP_KINDS but data: a replica's ids stay local)
+DIST_KINDS = ("table", "column", "row")
 
 
 def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
@@ -96,6 +101,26 @@ def communication_ms(
     transfer = transfer_ms(traffic[:, 0], batch_size, topology, hosts)
     # send and receive swap roles in the backward pass; max(send, recv) is symmetric in them
     return input_dist_ms(traffic[:, 1], batch_size, topology, hosts) + forward_wait_ms(fwd) + transfer, transfer
+
+
+def dist_groups(plan: Plan, task: Task) -> int:
+    """How many lookup groups of `plan` run their own dists: its distinct DIST_KINDS (TorchRec shards a module
+    by sharding type, each with its input and output dist). table_row_wise and grid blocks count as row-wise, as
+    the cost models' lookup groups do; sequence tables by their kind too (the cost models know none)."""
+    tables = {t.name: t for t in task.tables}
+    return len({k for s in plan.shards
+                if (k := lookup_kind(s.num_rows(tables[s.table].rows), s.width, tables[s.table].rows,
+                                     tables[s.table].dim, s.replica)) in DIST_KINDS})
+
+
+def dist_latency_ms(groups: int, n: int, topology: Topology) -> tuple[float, float]:
+    """(forward, backward) ms of the dists' latencies beyond the one each `exchange_ms` charges: each of
+    `groups` (at least one) lookup groups' input dist is INPUT_DIST_COLLECTIVES collectives and its outputs one
+    each way, every device joining each; 0 on one device."""
+    if n == 1:
+        return 0.0, 0.0
+    g, latency = max(groups, 1), topology.latency_us * 1e-3
+    return latency * ((INPUT_DIST_COLLECTIVES + 1) * g - 2), latency * (g - 1)
 
 
 def as_traffic(traffic: np.ndarray | Sequence[Sequence[float]], n: int) -> np.ndarray:
@@ -220,12 +245,13 @@ def host_exchange_ms(plan: Plan, task: Task, batch_size: int, topology: Topology
 def assemble_plan_cost(backend, plan: Plan, compute: Sequence[ComputeCost], batch_size: int,
                        topology: Topology, task: Task, comm: str = "model",
                        hosts: Sequence[int] | None = None) -> PlanCost:
-    """Add the modelled input dist and all-to-all to per-device compute costs (`hosts`: Task.host_ids), and the
-    all-reduce of data-parallel replicas' gradients."""
+    """Add the modelled input dist and all-to-all to per-device compute costs (`hosts`: Task.host_ids), the
+    latencies of each lookup group's dists, and the all-reduce of data-parallel replicas' gradients."""
     traffic = plan_traffic(plan, task, topology)
     fwd_comm, bwd_comm = communication_ms([c.fwd_ms for c in compute], traffic, batch_size, topology, hosts)
     two_level = host_exchange_ms(plan, task, batch_size, topology)
-    fwd_comm, bwd_comm = fwd_comm + two_level, bwd_comm + two_level
+    fwd_dists, bwd_dists = dist_latency_ms(dist_groups(plan, task), plan.num_devices, topology)
+    fwd_comm, bwd_comm = fwd_comm + two_level + fwd_dists, bwd_comm + two_level + bwd_dists
     if any(s.replica for s in plan.shards):
         bwd_comm = bwd_comm + allreduce_ms(replica_gradient_bytes(task, plan), plan.num_devices, topology, hosts)
     devices = tuple(DeviceCost(c.fwd_ms, c.bwd_ms, float(f), float(b)) for c, f, b in zip(compute, fwd_comm, bwd_comm))

@@ -19,7 +19,9 @@ from torch import nn
 
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
-from dreamshard.hardware.comm import Topology, host_exchange_ms, plan_traffic, seconds_per_byte, shard_traffic
+from dreamshard.hardware.comm import (
+    DIST_KINDS, INPUT_DIST_COLLECTIVES, Topology, host_exchange_ms, plan_traffic, seconds_per_byte, shard_traffic,
+)
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
 from dreamshard.plan import LOOKUP_KINDS, Plan, lookup_kind
@@ -198,6 +200,19 @@ class CostNet(nn.Module):
         recv = block @ cluster.seconds_per_byte  # [d] = sum_e block_e spb[e, d]
         return (self.config.topology.latency_us * 1e-6 + torch.maximum(send, recv)) * 1e3
 
+    def dist_latency_ms(self, device_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., D, width] -> (forward, backward) [..., 1] ms of the dists' latencies beyond `exchange_ms`'s
+        (hardware/comm.py dist_latency_ms) on D > 1 devices: by kind, one set per lookup group (DIST_KINDS) with
+        pieces on any device; one lookup group per device ("device"), a single set."""
+        if self.config.lookup_groups == "device":
+            groups = torch.ones(*device_sum.shape[:-2], 1, dtype=device_sum.dtype)
+        else:
+            counts = self._groups(device_sum)[1].sum(dim=-2)  # [..., G] pieces of each group over the devices
+            dist = torch.tensor([k in DIST_KINDS for k in LOOKUP_KINDS])
+            groups = ((counts > 0.5) & dist).sum(dim=-1, keepdim=True).clamp(min=1).to(device_sum.dtype)
+        latency = self.config.topology.latency_us * 1e-3
+        return latency * ((INPUT_DIST_COLLECTIVES + 1) * groups - 2), latency * (groups - 1)
+
     def device_costs(self, device_sum: torch.Tensor, traffic: torch.Tensor | None = None,
                      cluster: DeviceLinks | None = None) -> torch.Tensor:
         """[..., D, width] -> [..., D, 3] predicted (fwd, bwd, comm) ms of each device of a plan: compute at the
@@ -213,9 +228,11 @@ class CostNet(nn.Module):
         if fwd.shape[-1] == 1:
             return torch.cat([compute, torch.zeros_like(costs[..., 2:])], dim=-1)
         traffic = traffic.to(fwd.dtype)
-        # the input dist, the wait for the slowest forward, the outputs out and their gradients back (comm.py)
+        # the input dist, the wait for the slowest forward, the outputs out and their gradients back, and the
+        # latencies of each lookup group's dists (comm.py)
+        fwd_dists, bwd_dists = self.dist_latency_ms(device_sum)
         comm = self.exchange_ms(traffic[..., 1], cluster) + fwd.max(dim=-1, keepdim=True).values - fwd + \
-            2 * self.transfer_ms(traffic[..., 0], cluster)
+            2 * self.transfer_ms(traffic[..., 0], cluster) + fwd_dists + bwd_dists
         return torch.cat([compute, comm[..., None]], dim=-1)
 
     def plan_cost(self, device_sums: torch.Tensor, traffic: torch.Tensor | None = None,
@@ -277,11 +294,11 @@ class NetworkEstimate:
         cluster = DeviceLinks.of(self.net.config, task.speeds(), task.host_ids())
         with torch.no_grad():
             costs = self.net.device_costs(sums, torch.tensor(traffic, dtype=torch.float32), cluster).double().numpy()
-        if self.net.config.comm == "model" and n > 1:  # the backward: the output transfer (device_costs)
+        if self.net.config.comm == "model" and n > 1:  # the backward: the output transfer and dists (device_costs)
             with torch.no_grad():
-                transfer = self.net.transfer_ms(torch.tensor(traffic[:, 0], dtype=torch.float32),
-                                                cluster).double().numpy()
-            comm = [(c - t, t) for c, t in zip(costs[:, 2], transfer)]
+                transfer = self.net.transfer_ms(torch.tensor(traffic[:, 0], dtype=torch.float32), cluster)
+                back = (transfer + self.net.dist_latency_ms(sums)[1]).double().numpy()
+            comm = [(c - t, t) for c, t in zip(costs[:, 2], back)]
         else:
             comm = [(c, 0.0) for c in costs[:, 2]]
         if self.net.config.comm == "model":  # table_row_wise tables' outputs, both ways (comm.host_exchange_ms)

@@ -14,9 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from dreamshard.hardware.comm import DIST_KINDS, INPUT_DIST_COLLECTIVES
 from dreamshard.learning.cost_model import CostNet
 from dreamshard.learning.mdp import LOGIT_TIE, TaskContext
 from dreamshard.learning.policy import PolicyNet
+from dreamshard.plan import LOOKUP_KINDS
+
+DISTS = np.array([k in DIST_KINDS for k in LOOKUP_KINDS])  # the lookup groups that run dists (by kind)
 
 
 def _layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -149,8 +153,17 @@ class StepScorer:
         transfer, input_dist = self._exchange(self.block_per_dim * load[..., -2]), \
             self._exchange(self.block_per_byte * load[..., -1])
         fwd = costs[..., 0]
-        costs[..., 2] = input_dist + fwd.max(axis=-1, keepdims=True) - fwd + 2 * transfer
+        costs[..., 2] = input_dist + fwd.max(axis=-1, keepdims=True) - fwd + 2 * transfer + self._dists(load)
         return costs
+
+    def _dists(self, load: np.ndarray) -> np.ndarray:
+        """[..., D, k] -> [..., 1] ms of the dists' latencies beyond `_exchange`'s, both ways (CostNet.dist_latency_ms):
+        by kind, a set per lookup group with pieces on any device."""
+        groups = np.ones((*load.shape[:-2], 1))
+        if self.masked:
+            counts = load[..., self.cost_width:self.cost_width + self.group_count].sum(axis=-2)
+            groups = np.maximum(((counts > 0.5) & DISTS).sum(axis=-1, keepdims=True), 1)
+        return self.latency_s * 1e3 * ((INPUT_DIST_COLLECTIVES + 2) * groups - 3)
 
     def _exchange(self, block: np.ndarray) -> np.ndarray:
         """[..., D] bytes each device exchanges with each other one -> [..., D] ms (comm.exchange_ms)."""

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dreamshard.hardware.base import CostBackend, DeviceCost, PlanCost
-from dreamshard.hardware.comm import host_exchange_ms
+from dreamshard.hardware.comm import dist_groups, dist_latency_ms, host_exchange_ms
 from dreamshard.learning.checkpoints import load_checkpoint, save_checkpoint
 from dreamshard.learning.cost_model import (
     CostData,
@@ -100,8 +100,11 @@ class NeuroShardModel:
             compute = self.compute.device_costs(sums).double().numpy()[:, :2] / speed[:, None]
             fwd = compute[:, 0]
             comm = self.comm(self.comm.inputs(traffic, fwd.max() - fwd)).double().numpy()
-        # table_row_wise tables' outputs, both ways: the communication model (hardware.comm) the comm net learned
-        comm = comm + host_exchange_ms(plan, task, self.compute.config.batch_size, self.compute.config.topology)[:, None]
+        # table_row_wise tables' outputs, both ways, and the lookup groups' dists: the communication model
+        # (hardware.comm) the comm net learned
+        topology = self.compute.config.topology
+        comm = comm + host_exchange_ms(plan, task, self.compute.config.batch_size, topology)[:, None] + \
+            np.array(dist_latency_ms(dist_groups(plan, task), plan.num_devices, topology))
         devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm))
         return PlanCost(devices, "neuroshard", "model", False, "model")
 

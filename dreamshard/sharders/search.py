@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from dreamshard.data.bins import BinEstimator
-from dreamshard.hardware.comm import shard_traffic
+from dreamshard.hardware.comm import DIST_KINDS, dist_latency_ms, shard_traffic
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
-from dreamshard.plan import Plan, Shard
+from dreamshard.plan import Plan, Shard, lookup_kind
 from dreamshard.sharders.fallback import AnalyticSharder, Decision
 from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.tables import Table
@@ -135,13 +135,21 @@ class _Evaluator:
         return np.array([shard_traffic(self.task.tables[b.table], b.width, b.rows, topology=topology) for b in blocks],
                         dtype=np.float64).reshape(-1, 2)
 
-    def score(self, device_sums: np.ndarray, traffic: np.ndarray) -> np.ndarray:
-        """[..., D, E], [..., D, 2] -> [...] predicted plan cost: max over devices of compute + comm."""
+    def dists_ms(self, blocks: ShardSet) -> float:
+        """Both ways, the latencies of the dists of the lookup groups `blocks` make (hardware.comm.dist_latency_ms)."""
+        tables = self.task.tables
+        groups = {k for b in blocks if (k := lookup_kind(b.rows, b.width, tables[b.table].rows,
+                                                         tables[b.table].dim)) in DIST_KINDS}
+        return sum(dist_latency_ms(len(groups), self.task.num_devices, self.model.compute.config.topology))
+
+    def score(self, device_sums: np.ndarray, traffic: np.ndarray, blocks: ShardSet) -> np.ndarray:
+        """[..., D, E], [..., D, 2] -> [...] predicted plan cost of `blocks` so placed: max over devices of compute
+        + comm, the lookup groups' dists included."""
         fwd, compute = self.device_compute_ms(device_sums)
         offsets = fwd.max(axis=-1, keepdims=True) - fwd
         with torch.no_grad():
             comm = self.model.comm(self.model.comm.inputs(traffic, offsets)).numpy().sum(axis=-1)
-        return (compute + comm).max(axis=-1)
+        return (compute + comm).max(axis=-1) + self.dists_ms(blocks)
 
 
 def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConfig) -> tuple[float, list[int]] | None:
@@ -180,7 +188,7 @@ def greedy_grid(ev: _Evaluator, shards: Sequence[Sequence[int]], cfg: SearchConf
         assign[:, i] = choice
     if not alive.any():
         return None
-    scores = np.where(alive, ev.score(dev, loads), np.inf)
+    scores = np.where(alive, ev.score(dev, loads, blocks), np.inf)
     best = int(scores.argmin())
     return float(scores[best]), assign[best].tolist()
 
@@ -204,7 +212,7 @@ def backtracking_plan(ev: _Evaluator, shards: ShardSet) -> tuple[float, list[int
     for d, e, tr in zip(assignment, enc, ev.traffic(shards)):
         dev[d] += e
         loads[d] += tr
-    return float(ev.score(dev, loads)), assignment
+    return float(ev.score(dev, loads, shards)), assignment
 
 
 def can_halve_columns(ev: _Evaluator, b: Block) -> bool:

@@ -29,7 +29,7 @@ from dreamshard.evaluation.bounds import (
     work_terms,
 )
 from dreamshard.hardware.analytic import AnalyticBackend
-from dreamshard.hardware.comm import plan_traffic
+from dreamshard.hardware.comm import dist_groups, dist_latency_ms, plan_traffic
 from dreamshard.plan import Plan, Shard, validate_plan
 from dreamshard.sharders import HEURISTICS, make_sharder
 from dreamshard.tables import NUM_BINS, Table
@@ -99,7 +99,8 @@ def exhaustive_with_splits(b: AnalyticBackend, task: Task, columns: bool) -> tup
         fwd = np.array([compute[s][0] for s in per_device])
         plan = Plan(n, tuple(s for option in combo for s in option))
         fwd_comm, bwd_comm = b.communication_cost(fwd, plan_traffic(plan, task, b.topology))
-        cost = float((np.array([compute[s][1] for s in per_device]) + fwd_comm + bwd_comm).max())
+        dists = sum(dist_latency_ms(dist_groups(plan, task), n, b.topology))  # the plan's lookup groups' dists
+        cost = float((np.array([compute[s][1] for s in per_device]) + fwd_comm + bwd_comm).max()) + dists
         if cost < best:
             best, best_plan = cost, plan
         if all(len(option) == 1 and option[0].width == t.dim for option, t in zip(combo, task.tables)):

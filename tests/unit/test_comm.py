@@ -9,6 +9,7 @@ from dreamshard.hardware.comm import (
     Topology,
     assemble_plan_cost,
     communication_ms,
+    dist_latency_ms,
     transfer_ms,
 )
 from dreamshard.plan import Plan, Shard, validate_plan
@@ -84,13 +85,16 @@ def test_assemble_plan_cost_adds_the_all_to_all():
     # the input dist: each shard's ids (1 per sample, 8 B) and length (4 B), b's twice (once per slice): 24 B per
     # sample on each device, blocks of 500 x 24 = 12,000 B: 10 us + 0.12 us
     input_dist = 0.01012
+    # two lookup groups (a and c whole, b by columns), each an input dist of 3 collectives and an output dist each
+    # way: 8 latencies forward and 2 backward, of which the exchanges above charge 2 and 1
+    fwd_dists, bwd_dists = 0.06, 0.01
     assert cost.devices[0].fwd_ms == 2.0 and cost.devices[0].bwd_ms == 3.0
     assert cost.devices[1].fwd_ms == 1.0 and cost.devices[1].bwd_ms == 1.5
-    assert cost.devices[0].fwd_comm_ms == pytest.approx(input_dist + transfer, rel=1e-12)
-    assert cost.devices[1].fwd_comm_ms == pytest.approx(input_dist + 1.0 + transfer, rel=1e-12)  # waits 1 ms
-    assert cost.devices[0].bwd_comm_ms == pytest.approx(transfer, rel=1e-12)
-    assert cost.devices[1].bwd_comm_ms == pytest.approx(transfer, rel=1e-12)
-    assert cost.cost_ms == pytest.approx(5.0 + input_dist + 2 * transfer, rel=1e-12)
+    assert cost.devices[0].fwd_comm_ms == pytest.approx(input_dist + transfer + fwd_dists, rel=1e-12)
+    assert cost.devices[1].fwd_comm_ms == pytest.approx(input_dist + 1.0 + transfer + fwd_dists, rel=1e-12)
+    assert cost.devices[0].bwd_comm_ms == pytest.approx(transfer + bwd_dists, rel=1e-12)
+    assert cost.devices[1].bwd_comm_ms == pytest.approx(transfer + bwd_dists, rel=1e-12)
+    assert cost.cost_ms == pytest.approx(5.0 + input_dist + 2 * transfer + fwd_dists + bwd_dists, rel=1e-12)
     assert (cost.backend, cost.measured, cost.comm) == ("analytic", False, "model")
     assert cost.device_name == backend().device_name()
 
@@ -113,12 +117,14 @@ def test_row_shards_move_their_partial_sums_hand_computed():
     cost = b.plan_cost(task, plan)
     send = [500 * 16 * 4, 500 * 24 * 4]  # bytes
     by_hand = [(10e-6 + max(send[0], send[1]) / 100e9) * 1e3] * 2  # each receives the other's send
-    assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx(by_hand)
+    # two lookup groups (t by rows, u whole): each group's input dist 3 collectives, its output dist 1 each way; the
+    # exchanges charge 2 latencies forward and 1 backward, the rest (6 and 1) come with the groups
+    assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx([t + 0.01 for t in by_hand])
     fwd = [d.fwd_ms for d in cost.devices]
     # the input dist: t's ids bucketised by rows (3 per sample x 0.4 and x 0.6), u's, 8 B each, a 4 B length per
     # shard: 13.6 and 30.4 B per sample; each device receives or sends the larger block, 500 x 30.4 B
     input_dist = (10e-6 + 500 * 30.4 / 100e9) * 1e3
-    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([input_dist + max(fwd) - f + t
+    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx([input_dist + max(fwd) - f + t + 0.06
                                                                    for f, t in zip(fwd, by_hand)])
 
 
@@ -193,7 +199,8 @@ def test_input_dist_counts_ids_and_lengths_as_torchrec_sends_them():
 
 def test_the_cost_networks_communication_is_the_models():
     """CostNet.device_costs' comm term is comm.communication_ms' forward plus backward (input dist, wait,
-    outputs and their gradients), given the same traffic, on one host and on two."""
+    outputs and their gradients) and one lookup group's dists (a network of one group per device), given the
+    same traffic, on one host and on two."""
     import torch
 
     from dreamshard.learning.cost_model import CostNet, CostNetConfig, DeviceLinks
@@ -209,7 +216,8 @@ def test_the_cost_networks_communication_is_the_models():
         with torch.no_grad():
             costs = net.device_costs(sums, torch.from_numpy(traffic).float(), cluster).double().numpy()
         fwd_comm, bwd_comm = communication_ms(costs[:, 0], traffic, 2048, topo, hosts)
-        np.testing.assert_allclose(costs[:, 2], fwd_comm + bwd_comm, rtol=1e-4)
+        dists = sum(dist_latency_ms(1, 4, topo))
+        np.testing.assert_allclose(costs[:, 2], fwd_comm + bwd_comm + dists, rtol=1e-4)
 
 
 def test_repricing_evaluated_rows_without_the_input_dist_gives_back_the_old_model():
@@ -272,8 +280,9 @@ def test_table_row_wise_reduces_within_its_host_then_crosses_hosts_once_per_loca
     cost = backend(batch_size=b, topology=topo).plan_cost(task, plan)
     fwd_comm, bwd_comm = communication_ms([d.fwd_ms for d in cost.devices], plan_traffic(plan, task, topo), b, topo,
                                           task.host_ids())
-    np.testing.assert_allclose([d.bwd_comm_ms for d in cost.devices], bwd_comm + expected, rtol=1e-12)
-    np.testing.assert_allclose([d.fwd_comm_ms for d in cost.devices], fwd_comm + expected, rtol=1e-12)
+    # two lookup groups' dists (t counts as row-wise, u whole): 6 latencies forward and 1 backward beyond the exchanges'
+    np.testing.assert_allclose([d.bwd_comm_ms for d in cost.devices], bwd_comm + expected + 0.01, rtol=1e-12)
+    np.testing.assert_allclose([d.fwd_comm_ms for d in cost.devices], fwd_comm + expected + 0.06, rtol=1e-12)
     # the same blocks exchanged flat (a row-wise table over one host's devices, where hosts are not named): every
     # block sends B/N x width to each of the other host's devices: L times the inter-host bytes
     flat = transfer_ms([16, 16, 0, 0], b, topo)

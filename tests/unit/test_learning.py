@@ -708,10 +708,11 @@ def _score(ev: _Evaluator, task: Task, plan: Plan) -> float:
     enc = ev.encode(shards)
     dev = np.zeros((task.num_devices, enc.shape[1]))
     traffic = np.zeros((task.num_devices, 2))
-    for s, e, tr in zip(plan.shards, enc, ev.traffic(as_blocks(task, shards))):
+    blocks = as_blocks(task, shards)
+    for s, e, tr in zip(plan.shards, enc, ev.traffic(blocks)):
         dev[s.device] += e
         traffic[s.device] += tr
-    return float(ev.score(dev, traffic))
+    return float(ev.score(dev, traffic, blocks))
 
 
 def test_neuroshard_plans_are_valid_and_no_worse_than_its_greedy_start(world, neuro):
@@ -994,32 +995,39 @@ def test_dreamshard_cut_lays_a_hot_table_over_one_host_where_the_task_allows_it(
 
 def test_dreamshard_cut_plans_are_valid_and_never_rated_worse_than_dreamshard(world, cut_model):
     """Every test task, tight ones included: valid plans (memory, each table's columns and rows once, row-wise
-    blocks where TorchRec puts them), and the cost network rates them no worse than table-wise DreamShard's (the
-    search starts from its plan and only takes gains)."""
+    blocks where TorchRec puts them), and, where no table must be cut (must_cut_share 0), the cost network rates
+    them no worse than table-wise DreamShard's (the search starts from its plan and only takes gains; a table that
+    must be cut may cost more cut, by the lookup groups' dists)."""
     from dreamshard.sharders.cuts import CutConfig, CutSearchSharder
 
-    cut_sharder = make_sharder("dreamshard_cut", model=cut_model)
-    assert isinstance(cut_sharder, CutSearchSharder)
+    def sharder(**config):
+        out = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(must_cut_share=0.0, **config))
+        assert isinstance(out, CutSearchSharder)
+        return out
+
+    default = make_sharder("dreamshard_cut", model=cut_model)
     for task in world["test2"] + world["test4"] + world["tight"]:
-        plan = cut_sharder.shard(task)
-        validate_plan(task, plan)
-        for t in task.tables:
-            rows = sorted((s.row_start, s.row_end, s.device) for s in plan.shards if s.table == t.name and s.is_row_range)
-            if rows:  # TorchRec's row-wise layout: block i on device i
-                assert rows == [(a, b, d) for d, (a, b) in enumerate(row_blocks(t.rows, task.num_devices))]
+        plan = sharder().shard(task)
+        for each in (default.shard(task), plan):
+            validate_plan(task, each)
+            for t in task.tables:
+                rows = sorted((s.row_start, s.row_end, s.device) for s in each.shards
+                              if s.table == t.name and s.is_row_range)
+                if rows:  # TorchRec's row-wise layout: block i on device i
+                    assert rows == [(a, b, d) for d, (a, b) in enumerate(row_blocks(t.rows, task.num_devices))]
         whole = make_sharder("dreamshard", model=cut_model).shard(task)
         u = _Universe.build(task, cut_model, [cut_options(task, t, CutConfig()) for t in task.tables])
         assert _rated(u, task, plan) <= _rated(u, task, whole) * (1 + 1e-9), task.name
         # the start near TorchRec's plans (row_start) only adds a candidate: never rated worse than without it
-        two_starts = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(row_start=True)).shard(task)
+        two_starts = sharder(row_start=True).shard(task)
         validate_plan(task, two_starts)
         assert _rated(u, task, two_starts) <= _rated(u, task, plan) * (1 + 1e-9), task.name
         # so do the starts with the costliest tables row-wise (row_shares)
-        shares = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(row_shares=[0.25, 0.5])).shard(task)
+        shares = sharder(row_shares=[0.25, 0.5]).shard(task)
         validate_plan(task, shares)
         assert _rated(u, task, shares) <= _rated(u, task, plan) * (1 + 1e-9), task.name
         # and the start with the dominant tables row-wise (on by default): without it, never rated better
-        fewer = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(dominant_start=False)).shard(task)
+        fewer = sharder(dominant_start=False).shard(task)
         validate_plan(task, fewer)
         assert _rated(u, task, plan) <= _rated(u, task, fewer) * (1 + 1e-9), task.name
     for bad in ([0.0], [1.5], "0.25", [True]):
@@ -1052,7 +1060,9 @@ def test_dominant_start_cuts_the_largest_tables_too_where_its_blocks_leave_no_ro
     plans = {}
     for room in (0, 1):
         starts.clear()
-        plans[room] = make_sharder("dreamshard_cut", model=cut_model, cuts=CutConfig(dominant_room=room)).shard(task)
+        # no table must be cut, so that the plans differ by the starts alone (a must-cut end may be rated dearer)
+        plans[room] = make_sharder("dreamshard_cut", model=cut_model,
+                                   cuts=CutConfig(dominant_room=room, must_cut_share=0.0)).shard(task)
         validate_plan(task, plans[room])
         found = [s for s in starts if "hot" in s]
         assert found == ([] if room == 0 else [{"hot", "big"}]), (room, starts)
@@ -1186,13 +1196,14 @@ def test_every_cost_estimator_rates_a_plan_as_its_own_search_does(world, model, 
         u = _Universe.build(task, model, [[1] for _ in task.tables])
         assert network.plan_cost(task, plan).cost_ms == pytest.approx(u.cost([1] * len(task.tables), where), rel=1e-4)
         ev = _Evaluator(neuro, task)
-        enc = ev.encode([(i, 0, t.dim) for i, t in enumerate(task.tables)])
+        blocks = as_blocks(task, [(i, 0, t.dim) for i, t in enumerate(task.tables)])
+        enc = ev.encode(blocks)
         sums = np.zeros((task.num_devices, enc.shape[-1]))
         traffic = np.zeros((task.num_devices, 2))
         for i, t in enumerate(task.tables):
             sums[where[i][0]] += enc[i]
             traffic[where[i][0]] += shard_traffic(t, t.dim)
-        assert neuro.plan_cost(task, plan).cost_ms == pytest.approx(float(ev.score(sums, traffic)), rel=1e-4)
+        assert neuro.plan_cost(task, plan).cost_ms == pytest.approx(float(ev.score(sums, traffic, blocks)), rel=1e-4)
         costs = [e.plan_cost(task, plan) for e in estimators]
         assert [c.measured for c in costs] == [False, False, backend.measured]
         assert all(len(c.devices) == task.num_devices and c.cost_ms > 0 for c in costs)

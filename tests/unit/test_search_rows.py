@@ -147,7 +147,7 @@ def predicted_ms(model: NeuroShardModel, task: Task, plan: Plan) -> float:
     for s, e, tr in zip(plan.shards, enc, ev.traffic(blocks)):
         device_sums[s.device] += e
         traffic[s.device] += tr
-    return float(ev.score(device_sums, traffic))
+    return float(ev.score(device_sums, traffic, blocks))
 
 
 def test_row_moves_never_leave_the_predicted_cost_above_the_column_search(neuro, test_tasks):
