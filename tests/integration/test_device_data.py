@@ -13,7 +13,7 @@ import torch
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.analytic import AnalyticBackend
 from dreamshard.hardware.base import ComputeCost
-from dreamshard.hardware.comm import Topology, communication_ms
+from dreamshard.hardware.comm import Topology, communication_ms, dist_latency_ms
 from dreamshard.learning.cost_model import CostNetConfig, DeviceLinks, cost_data_from_plans, device_predictions
 from dreamshard.learning.devices import (
     DeviceJournal,
@@ -149,7 +149,8 @@ def test_model_communication_is_the_all_to_all_of_the_predicted_forwards():
         fwd = heads[p, :, 0] / [1.0, 2.0, 1.0]
         f_comm, b_comm = communication_ms(fwd, dims[p].double().numpy(), 1024, topology)
         np.testing.assert_allclose(got[p, :, 0], fwd, rtol=1e-5)
-        np.testing.assert_allclose(got[p, :, 2], f_comm + b_comm, rtol=1e-4, atol=1e-6)
+        dists = sum(dist_latency_ms(1, 3, topology))  # one lookup group per device: one set of dists
+        np.testing.assert_allclose(got[p, :, 2], f_comm + b_comm + dists, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(plan[p], (got[p].sum(axis=1)).max(), rtol=1e-6)
     with pytest.raises(ValueError, match="traffic"):
         net.device_costs(sums)

@@ -9,7 +9,7 @@ import torch
 
 from dreamshard.data.lookups import GeneratedLookups
 from dreamshard.errors import DreamShardError, InvalidPlanError
-from dreamshard.hardware.comm import Topology, communication_ms
+from dreamshard.hardware.comm import Topology, communication_ms, dist_latency_ms
 from dreamshard.hardware.fbgemm import (
     CPU_SUPPORTED,
     FbgemmBackend,
@@ -249,8 +249,9 @@ def test_plan_cost_applies_the_comm_model(backend):
     traffic = [[16 + 32, sum(t.pooling_factor * 8 + 4 for t in task.tables[0::2])],
                [8 + 4, sum(t.pooling_factor * 8 + 4 for t in task.tables[1::2])]]  # dims; ids, a length each
     fwd_comm, bwd_comm = communication_ms([d.fwd_ms for d in cost.devices], traffic, FAST.batch_size, FAST.topology)
-    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx(list(fwd_comm))
-    assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx(list(bwd_comm))
+    fwd_dists, bwd_dists = dist_latency_ms(1, 2, FAST.topology)  # whole tables: one lookup group's dists
+    assert [d.fwd_comm_ms for d in cost.devices] == pytest.approx(list(fwd_comm + fwd_dists))
+    assert [d.bwd_comm_ms for d in cost.devices] == pytest.approx(list(bwd_comm + bwd_dists))
     assert all(d.bwd_comm_ms > 0 for d in cost.devices)
     assert cost.cost_ms == max(d.total_ms for d in cost.devices)
 
