@@ -20,7 +20,13 @@ from torch import nn
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.hardware.comm import (
-    DIST_KINDS, INPUT_DIST_COLLECTIVES, Topology, host_exchange_ms, plan_traffic, seconds_per_byte, shard_traffic,
+    DIST_KINDS,
+    INPUT_DIST_COLLECTIVES,
+    Topology,
+    host_exchange_ms,
+    plan_traffic,
+    seconds_per_byte,
+    shard_traffic,
 )
 from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
