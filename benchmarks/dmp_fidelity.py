@@ -831,7 +831,7 @@ def figure(summary: dict[str, Any], path: Path) -> None:
 def write_outputs(summary: dict[str, Any], out: Path) -> None:
     from dreamshard.project.domain import write_text
 
-    write_text(json.dumps(summary, indent=1, allow_nan=True) + "\n", out / "summary.json")
+    write_text(json.dumps(summary, separators=(",", ":"), allow_nan=True) + "\n", out / "summary.json")
     write_text(readme(summary), out / "README.md")
     figure(summary, out / "dmp_fidelity.png")
 
