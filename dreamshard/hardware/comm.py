@@ -12,13 +12,13 @@ The model and what it leaves out: docs/cost-backends.md.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from dreamshard.hardware.base import ComputeCost, DeviceCost, PlanCost
 from dreamshard.hardware.topology import Topology
-from dreamshard.plan import Plan, host_of_blocks, lookup_kind
+from dreamshard.plan import LOOKUP_KINDS, Plan, host_of_blocks, lookup_kind
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
@@ -29,6 +29,8 @@ MODEL_VERSION = 4
 INPUT_DIST_COLLECTIVES = 3
 # the lookup kinds that run an input and an output dist (plan.LOOKUP_KINDS but data: a replica's ids stay local)
 DIST_KINDS = ("table", "column", "row")
+# the same as a mask over plan.LOOKUP_KINDS: the cost models' lookup groups (by kind) that run dists
+DIST_GROUP_MASK = np.array([k in DIST_KINDS for k in LOOKUP_KINDS])
 
 
 def host_of(topology: Topology, n: int, hosts: Sequence[int] | None = None) -> np.ndarray:
@@ -104,23 +106,33 @@ def communication_ms(
 
 
 def dist_groups(plan: Plan, task: Task) -> int:
-    """How many lookup groups of `plan` run their own dists: its distinct DIST_KINDS (TorchRec shards a module
-    by sharding type, each with its input and output dist). table_row_wise and grid blocks count as row-wise, as
-    the cost models' lookup groups do; sequence tables by their kind too (the cost models know none)."""
+    """How many lookup groups of `plan` run their own dists (TorchRec shards a module by sharding type, each with
+    its input and output dist): `dist_group_count` of its shards' lookup kinds. table_row_wise and grid blocks
+    count as row-wise, as the cost models' lookup groups do; sequence tables by their kind too (the cost models
+    know none)."""
     tables = {t.name: t for t in task.tables}
-    return len({k for s in plan.shards
-                if (k := lookup_kind(s.num_rows(tables[s.table].rows), s.width, tables[s.table].rows,
-                                     tables[s.table].dim, s.replica)) in DIST_KINDS})
+    return dist_group_count(lookup_kind(s.num_rows(tables[s.table].rows), s.width, tables[s.table].rows,
+                                        tables[s.table].dim, s.replica) for s in plan.shards)
+
+
+def dist_group_count(kinds: Iterable[str]) -> int:
+    """The distinct DIST_KINDS among lookup kinds `kinds` (plan.LOOKUP_KINDS)."""
+    return len(set(kinds) & set(DIST_KINDS))
 
 
 def dist_latency_ms(groups: int, n: int, topology: Topology) -> tuple[float, float]:
-    """(forward, backward) ms of the dists' latencies beyond the one each `exchange_ms` charges: each of
-    `groups` (at least one) lookup groups' input dist is INPUT_DIST_COLLECTIVES collectives and its outputs one
-    each way, every device joining each; 0 on one device."""
+    """(forward, backward) ms of `groups` (at least one) lookup groups' dists on n devices (`dist_latencies`);
+    0 on one device."""
     if n == 1:
         return 0.0, 0.0
-    g, latency = max(groups, 1), topology.latency_us * 1e-3
-    return latency * ((INPUT_DIST_COLLECTIVES + 1) * g - 2), latency * (g - 1)
+    return dist_latencies(max(groups, 1), topology.latency_us * 1e-3)
+
+
+def dist_latencies(groups, latency_ms):
+    """(forward, backward) ms of the dists' latencies beyond the one each `exchange_ms` charges, for `groups` >= 1
+    lookup groups (a number, or an array or tensor of them: the cost models' twins call this too): each group's
+    input dist is INPUT_DIST_COLLECTIVES collectives and its outputs one each way, every device joining each."""
+    return latency_ms * ((INPUT_DIST_COLLECTIVES + 1) * groups - 2), latency_ms * (groups - 1)
 
 
 def as_traffic(traffic: np.ndarray | Sequence[Sequence[float]], n: int) -> np.ndarray:

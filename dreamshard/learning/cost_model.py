@@ -20,9 +20,9 @@ from torch import nn
 from dreamshard.errors import DataFormatError
 from dreamshard.hardware.base import DeviceCost, PlanCost
 from dreamshard.hardware.comm import (
-    DIST_KINDS,
-    INPUT_DIST_COLLECTIVES,
+    DIST_GROUP_MASK,
     Topology,
+    dist_latencies,
     host_exchange_ms,
     plan_traffic,
     seconds_per_byte,
@@ -35,6 +35,7 @@ from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
 TARGET_EPS_MS = 0.01
+DIST_GROUPS = torch.from_numpy(DIST_GROUP_MASK)  # comm.DIST_GROUP_MASK, once, for dist_latency_ms
 DEVICE_TARGETS = ("fwd_ms", "bwd_ms", "comm_ms")
 PLAN_ESTIMATES = ("device_max", "head")
 COMM_SOURCES = ("head", "model")
@@ -214,10 +215,8 @@ class CostNet(nn.Module):
             groups = torch.ones(*device_sum.shape[:-2], 1, dtype=device_sum.dtype)
         else:
             counts = self._groups(device_sum)[1].sum(dim=-2)  # [..., G] pieces of each group over the devices
-            dist = torch.tensor([k in DIST_KINDS for k in LOOKUP_KINDS])
-            groups = ((counts > 0.5) & dist).sum(dim=-1, keepdim=True).clamp(min=1).to(device_sum.dtype)
-        latency = self.config.topology.latency_us * 1e-3
-        return latency * ((INPUT_DIST_COLLECTIVES + 1) * groups - 2), latency * (groups - 1)
+            groups = ((counts > 0.5) & DIST_GROUPS).sum(dim=-1, keepdim=True).clamp(min=1).to(device_sum.dtype)
+        return dist_latencies(groups, self.config.topology.latency_us * 1e-3)
 
     def device_costs(self, device_sum: torch.Tensor, traffic: torch.Tensor | None = None,
                      cluster: DeviceLinks | None = None) -> torch.Tensor:

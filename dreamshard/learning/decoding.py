@@ -14,13 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from dreamshard.hardware.comm import DIST_KINDS, INPUT_DIST_COLLECTIVES
+from dreamshard.hardware.comm import DIST_GROUP_MASK, dist_latencies
 from dreamshard.learning.cost_model import CostNet
 from dreamshard.learning.mdp import LOGIT_TIE, TaskContext
 from dreamshard.learning.policy import PolicyNet
-from dreamshard.plan import LOOKUP_KINDS
-
-DISTS = np.array([k in DIST_KINDS for k in LOOKUP_KINDS])  # the lookup groups that run dists (by kind)
 
 
 def _layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -162,8 +159,8 @@ class StepScorer:
         groups = np.ones((*load.shape[:-2], 1))
         if self.masked:
             counts = load[..., self.cost_width:self.cost_width + self.group_count].sum(axis=-2)
-            groups = np.maximum(((counts > 0.5) & DISTS).sum(axis=-1, keepdims=True), 1)
-        return self.latency_s * 1e3 * ((INPUT_DIST_COLLECTIVES + 2) * groups - 3)
+            groups = np.maximum(((counts > 0.5) & DIST_GROUP_MASK).sum(axis=-1, keepdims=True), 1)
+        return sum(dist_latencies(groups, self.latency_s * 1e3))
 
     def _exchange(self, block: np.ndarray) -> np.ndarray:
         """[..., D] bytes each device exchanges with each other one -> [..., D] ms (comm.exchange_ms)."""

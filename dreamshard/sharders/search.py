@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from dreamshard.data.bins import BinEstimator
-from dreamshard.hardware.comm import DIST_KINDS, dist_latency_ms, shard_traffic
+from dreamshard.hardware.comm import dist_group_count, dist_latency_ms, shard_traffic
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
@@ -138,9 +138,9 @@ class _Evaluator:
     def dists_ms(self, blocks: ShardSet) -> float:
         """Both ways, the latencies of the dists of the lookup groups `blocks` make (hardware.comm.dist_latency_ms)."""
         tables = self.task.tables
-        groups = {k for b in blocks if (k := lookup_kind(b.rows, b.width, tables[b.table].rows,
-                                                         tables[b.table].dim)) in DIST_KINDS}
-        return sum(dist_latency_ms(len(groups), self.task.num_devices, self.model.compute.config.topology))
+        groups = dist_group_count(lookup_kind(b.rows, b.width, tables[b.table].rows, tables[b.table].dim)
+                                  for b in blocks)
+        return sum(dist_latency_ms(groups, self.task.num_devices, self.model.compute.config.topology))
 
     def score(self, device_sums: np.ndarray, traffic: np.ndarray, blocks: ShardSet) -> np.ndarray:
         """[..., D, E], [..., D, 2] -> [...] predicted plan cost of `blocks` so placed: max over devices of compute
