@@ -29,8 +29,9 @@ run: setup
 	$(BIN)/dvc status -q || $(BIN)/python -m pipeline.serve -- $(BIN)/dvc repro
 
 # lint and types first: seconds, and they fail before the suite's minutes
+# two workers, a test file each at a time (its module fixtures built once); the longest files start first (conftest)
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check dreamshard stages pipeline benchmarks experiments tools tests

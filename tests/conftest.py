@@ -25,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes over 10 s; runs by default")
 
 
+# The files that take the longest (over 40 s on 2 cores), longest first: collected first, so that with `make
+# test`'s two workers (pytest-xdist, a file per worker at a time) they start at once and the short files fill in.
+LONGEST_FILES = ("integration/test_orchestration.py", "unit/test_learning.py", "integration/test_pipeline_integration.py",
+                 "unit/test_search_rows.py", "integration/test_torchrec.py", "integration/test_torchrec_planner.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        return next((k for k, f in enumerate(LONGEST_FILES) if path.endswith(f"tests/{f}")), len(LONGEST_FILES))
+
+    items.sort(key=rank)  # stable: the order within a file, and of the other files, is kept
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """The suite is a program: like the stages, it pins torch to the 1 thread the CPU kernels measure with

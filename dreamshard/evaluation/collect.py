@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from dreamshard.hardware.base import ComputeCost, CostBackend, Reading, measure_rounds
+from dreamshard.hardware.base import CostBackend, Reading, measure_rounds, median_cost
 from dreamshard.io import write_parquet
 from dreamshard.placement import Rules
 from dreamshard.plan import Plan, Shard, device_memory_bytes, row_wise_shards, validate_plan
@@ -197,10 +196,7 @@ def measure_rows(backend: CostBackend, item: PlanToMeasure, extra: dict,
     if not readings:
         raise ValueError(f"plan {item.plan_id}: no measurements to make rows of")
     each = [r.cost for r in readings]
-    cost = backend.plan_cost_from(item.task, item.plan, [
-        ComputeCost(statistics.median(r.compute[d].fwd_ms for r in readings),
-                    statistics.median(r.compute[d].bwd_ms for r in readings))
-        for d in range(item.plan.num_devices)])
+    cost = median_cost(readings)
     common = {"plan_id": item.plan_id, "task_id": item.task.name, "family": item.task.family,
               "backend": cost.backend, "device_name": cost.device_name, "measured": cost.measured,
               "comm": cost.comm, **extra}

@@ -5,9 +5,11 @@ fwd + bwd (the fused operator's compute) + fwd_comm + bwd_comm (the all-to-all),
 """
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
@@ -19,6 +21,9 @@ if TYPE_CHECKING:
     from dreamshard.hardware.topology import Topology
 
 R = TypeVar("R")
+
+# how measure_rounds' readings become a plan's cost (median_cost); in the evaluation journal's fingerprint
+REDUCTION = "device medians"
 
 
 @dataclass(frozen=True)
@@ -119,16 +124,29 @@ def turns(count: int, rounds: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Reading:
-    """One measurement of a plan: each device's operator on the reference device, and the plan cost they make
-    (backend.plan_cost_from)."""
+    """One measurement of a plan: each device's operator on the reference device, the plan cost they make
+    (backend.plan_cost_from), and how that cost is made from the devices' operators (`assemble`)."""
 
     compute: tuple[ComputeCost, ...]
     cost: PlanCost
+    assemble: Callable[[Sequence[ComputeCost]], PlanCost] = field(compare=False, repr=False)
+
+
+def device_medians(readings: Sequence[Reading]) -> list[ComputeCost]:
+    """Each device's median forward and median backward across `readings` (statistics.median: the mean of the
+    two middle ones for an even count)."""
+    if not readings:
+        raise ValueError("device_medians: no readings")
+    return [ComputeCost(statistics.median(r.compute[d].fwd_ms for r in readings),
+                        statistics.median(r.compute[d].bwd_ms for r in readings))
+            for d in range(len(readings[0].compute))]
 
 
 def median_cost(readings: Sequence[Reading]) -> PlanCost:
-    """The median reading's plan cost (the lower of the two middle ones for an even count)."""
-    return sorted((r.cost for r in readings), key=lambda c: c.cost_ms)[(len(readings) - 1) // 2]
+    """The plan cost of each device's median operator across `readings` (device_medians), not the median of the
+    whole-plan readings: the devices are timed one after another, so a slow spell of the machine lands on some
+    devices of a reading, and a plan's max over devices takes whichever was hit (results/measure-protocol)."""
+    return readings[0].assemble(device_medians(readings))
 
 
 def least_compute(readings: Sequence[Reading]) -> ComputeCost:
@@ -197,7 +215,8 @@ def measure_rounds(backend: CostBackend, tasks: Task | Sequence[Task], plans: Se
                 this_round[device] = backend.compute_cost(task, shards)
                 count.measured += 1
             compute.append(this_round[device])
-        readings[key].append(Reading(tuple(compute), backend.plan_cost_from(task, plan, compute)))
+        assemble = partial(backend.plan_cost_from, task, plan)
+        readings[key].append(Reading(tuple(compute), assemble(compute), assemble))
         if on_plan is not None and len(readings[key]) == wanted[key]:
             for _ in range(copies[key]):
                 on_plan()

@@ -128,3 +128,24 @@ def test_measure_rounds_takes_a_task_per_plan_and_rounds_per_plan_in_turns():
         measure_rounds(analytic(), [t1, t2], [p1], 1, list)
     with pytest.raises(ValueError, match="rounds: expected an integer >= 1"):
         measure_rounds(analytic(), t1, [p1], 0, list)
+
+
+def test_a_slow_spell_on_one_device_per_reading_leaves_the_median_cost_true():
+    """Devices are timed one after another, so a slow spell of the machine lands on one device of a reading. Two of
+    three readings have a spell, each on another device: the median whole-plan reading is slow, yet each device's
+    median is true, and median_cost prices the plan from those (the forward wait and the all-to-all recomputed)."""
+    task = Task("t", tuple(BIG + SMALL), (Device(2**34), Device(2**34), Device(2**34)))
+    plan = Plan.from_assignment(task, [0, 0, 1, 1, 2, 2, 2])
+    calls = []
+
+    class Spells(Counting):
+        def compute_cost(self, task, shards):
+            calls.append(None)
+            cost = super().compute_cost(task, shards)
+            slow = len(calls) in (1, 5)  # the first reading's device 0, the second's device 1
+            return type(cost)(cost.fwd_ms * 50, cost.bwd_ms * 50) if slow else cost
+
+    readings = measure_rounds(Spells(), task, [plan], 3, list)[0]
+    truth = analytic().plan_cost(task, plan)
+    assert sorted(r.cost.cost_ms for r in readings)[1] > 1.5 * truth.cost_ms  # the median reading was hit
+    assert median_cost(readings) == truth
