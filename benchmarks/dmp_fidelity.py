@@ -167,7 +167,7 @@ def disagreements(names: list[str], ours: list[float], dmp: list[float], min_gap
 
 
 def lower_median(values: list[float]) -> float:
-    """The median, the lower of the two middle values for an even count (as hardware.base.median_cost)."""
+    """The median, the lower of the two middle values for an even count (DMP times a step whole, not per device)."""
     return sorted(values)[(len(values) - 1) // 2]
 
 
