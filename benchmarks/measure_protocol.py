@@ -1,7 +1,7 @@
 """How well a plan's measured cost repeats under two reductions of the same readings.
 
     python -m benchmarks.measure_protocol [--families dlrm-20-4,...] [--tasks 3] [--rounds 3] [--passes 3]
-                                          [--split validation] [--out results/measure-protocol]
+                                          [--split validation] [--in-time] [--out results/measure-protocol]
 
 A plan's readings (hardware.base.measure_rounds, `rounds` interleaved rounds) reduce to one cost two ways:
 `whole` takes the median of the whole-plan readings (each the max over its devices, as evaluate did up to
@@ -11,7 +11,8 @@ tasks of each family, the plans of `dreamshard_cut`, `dreamshard`, `neuroshard`,
 TorchRec's planners (told the cluster, as evaluate builds them) are measured in --passes passes, one task after
 another each time; both reductions read the same readings. Reported per reduction: how far a plan's cost moves
 between passes (max / min over passes), how far each task's paired ratio `dreamshard_cut` / TorchRec moves, and
-the family means of that ratio in each pass. CPU timings of the machine it runs on. Writes summary.json and
+the family means of that ratio in each pass; with --in-time, whether rounds spread over minutes agree better
+than rounds taken within seconds (`in_time`). CPU timings of the machine it runs on. Writes summary.json and
 README.md to --out. Needs `make run`'s data/ and models/.
 """
 from __future__ import annotations
@@ -41,6 +42,37 @@ def quantiles(values: list[float]) -> dict[str, float]:
     return {"median": float(np.median(a)), "p90": float(np.quantile(a, 0.9)), "max": float(a.max())}
 
 
+def in_time(kept: dict[tuple[str, str], list], tasks: list, passes: int) -> dict:
+    """How well two estimates of a plan's cost agree when their readings were taken within seconds or over minutes.
+
+    `kept[(task, sharder)][p]`: pass p's readings. With h = passes / 2 and h readings per estimate: `within
+    seconds` compares the per-device median of pass k's first h rounds with that of pass k + h's (k < h), `over
+    minutes` the per-device median of round 0 of passes 0..h-1 with that of passes h..2h-1."""
+    from dreamshard.project.hardware import median_cost
+
+    h = passes // 2
+    out = {}
+    for how in ("within seconds", "over minutes"):
+        pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for key, by_pass in kept.items():
+            if how == "within seconds":
+                pairs[key] = [(median_cost(by_pass[k][:h]).cost_ms, median_cost(by_pass[k + h][:h]).cost_ms)
+                              for k in range(h)]
+            else:
+                pairs[key] = [(median_cost([by_pass[k][0] for k in range(h)]).cost_ms,
+                               median_cost([by_pass[k][0] for k in range(h, 2 * h)]).cost_ms)]
+        entry = {"plan": quantiles([max(a, b) / min(a, b) for v in pairs.values() for a, b in v])}
+        for peer in PEERS:
+            moves = []
+            for t in tasks:
+                mine, theirs = pairs[(t.name, "dreamshard_cut")], pairs[(t.name, peer)]
+                for (a, b), (c, d) in zip(mine, theirs):
+                    moves.append(max(a / c, b / d) / min(a / c, b / d))
+            entry[peer] = quantiles(moves)
+        out[how] = entry
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
@@ -50,8 +82,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3, help="tasks per family")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--in-time", action="store_true",
+                        help="also compare rounds taken within seconds (one pass) with rounds spread over minutes "
+                             "(one round of each of several passes); needs an even --passes and --rounds >= "
+                             "--passes / 2")
     parser.add_argument("--out", type=Path, default=Path("results/measure-protocol"))
     args = parser.parse_args()
+    if args.in_time and (args.passes % 2 or args.rounds < args.passes // 2):
+        parser.error(f"--in-time needs an even --passes and --rounds >= passes / 2, got {args.passes} and {args.rounds}")
     from dreamshard.project.backend import huge_pages_from_params
 
     huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
@@ -74,11 +112,13 @@ def main() -> None:
     names = [s.name for s in sharders]
     # cost[reduction][(task, sharder)] = one cost per pass
     cost: dict[str, dict[tuple[str, str], list[float]]] = {"whole": {}, "device": {}}
+    kept: dict[tuple[str, str], list] = {}  # every pass's readings, for --in-time
     for p in range(args.passes):
         for task, plans in planned:
             for name, readings in zip(names, measure_rounds(backend, task, plans, args.rounds, list)):
                 cost["whole"].setdefault((task.name, name), []).append(whole_plan_median(readings))
                 cost["device"].setdefault((task.name, name), []).append(median_cost(readings).cost_ms)
+                kept.setdefault((task.name, name), []).append(readings)
             print(f"pass {p + 1}/{args.passes} {task.name}", flush=True)
 
     summary: dict = {"device": backend.device_name(), "versions": backend.versions(), "split": args.split,
@@ -97,6 +137,8 @@ def main() -> None:
         summary["reductions"][reduction] = entry
     summary["reductions"]["device"]["device_over_whole"] = quantiles(
         [d / w for k in cost["device"] for d, w in zip(cost["device"][k], cost["whole"][k])])
+    if args.in_time:
+        summary["in_time"] = in_time(kept, tasks, args.passes)
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
@@ -124,6 +166,16 @@ def main() -> None:
         for peer, pe in e["pairs"].items():
             for f, means in pe["family_means_by_pass"].items():
                 lines.append(f"| {reduction} | {peer} | {f} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
+    if args.in_time:
+        lines += ["", "Two estimates of each plan's cost from equally many readings, per-device medians, taken in two "
+                  "halves of the passes: `within seconds` the rounds of one pass (pass k and pass k + passes/2), `over "
+                  "minutes` the first round of each pass of a half. Max / min between the two estimates:", "",
+                  "| readings taken | plan cost: median | p90 | max | `dreamshard_cut` / `torchrec`: median | p90 | "
+                  "max | / `torchrec_full`: median | p90 | max |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for how, e in summary["in_time"].items():
+            cells = [e["plan"], e["torchrec"], e["torchrec_full"]]
+            lines.append(f"| {how} | " + " | ".join(f"{q[k]:.3f}" for q in cells for k in ("median", "p90", "max"))
+                         + " |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
