@@ -61,13 +61,13 @@ def in_time(kept: dict[tuple[str, str], list], tasks: list, passes: int) -> dict
             else:
                 pairs[key] = [(median_cost([by_pass[k][0] for k in range(h)]).cost_ms,
                                median_cost([by_pass[k][0] for k in range(h, 2 * h)]).cost_ms)]
-        entry = {"plan": quantiles([max(a, b) / min(a, b) for v in pairs.values() for a, b in v])}
+        entry = {"plan": quantiles([spread([a, b]) for v in pairs.values() for a, b in v])}
         for peer in PEERS:
             moves = []
             for t in tasks:
                 mine, theirs = pairs[(t.name, "dreamshard_cut")], pairs[(t.name, peer)]
                 for (a, b), (c, d) in zip(mine, theirs):
-                    moves.append(max(a / c, b / d) / min(a / c, b / d))
+                    moves.append(spread([a / c, b / d]))
             entry[peer] = quantiles(moves)
         out[how] = entry
     return out

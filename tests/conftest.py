@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes over 10 s; runs by default")
 
 
-# The files that take the longest (over 40 s on 2 cores), longest first: collected first, so that with `make
+# The files that take the longest, longest first (pytest --durations): collected first, so that with `make
 # test`'s two workers (pytest-xdist, a file per worker at a time) they start at once and the short files fill in.
 LONGEST_FILES = ("integration/test_orchestration.py", "unit/test_learning.py", "integration/test_pipeline_integration.py",
                  "unit/test_search_rows.py", "integration/test_torchrec.py", "integration/test_torchrec_planner.py")

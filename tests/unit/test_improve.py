@@ -65,9 +65,6 @@ class Checked:
         return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
                                                 for d in range(plan.num_devices)])
 
-    def versions(self):
-        return self.inner.versions()
-
 
 def times(cost: ComputeCost, factor: float) -> ComputeCost:
     return ComputeCost(cost.fwd_ms * factor, cost.bwd_ms * factor)
