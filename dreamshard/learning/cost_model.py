@@ -271,13 +271,23 @@ def kind_index(num_rows: int, width: int, table: Table, replica: bool = False) -
     return LOOKUP_KINDS.index(lookup_kind(num_rows, width, table.rows, table.dim, replica))
 
 
+def folded_encodings(net: CostNet, scaler: FeatureScaler, raw: np.ndarray,
+                     kinds: Sequence[int] | np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pieces' raw features [n, 21] -> (their scaled features, folded (FeatureScaler.fold) [n, 21]; their encodings
+    [n, width], each the sum of its folded pieces'): what every estimate of the network reads."""
+    folded, weight = scaler.fold(np.asarray(raw).reshape(-1, NUM_FEATURES))
+    x = torch.from_numpy(scaler.transform(folded))
+    with torch.no_grad():
+        enc = net.encode(x, None if kinds is None else np.asarray(kinds, dtype=np.int64))
+    return x, enc * torch.from_numpy(weight).to(enc.dtype)[:, None]
+
+
 def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan) -> tuple[torch.Tensor, np.ndarray]:
     """Each device's summed encoding of the pieces `plan` puts on it ([D, width]), and its traffic [D, 2]
     (hardware.comm.plan_traffic, as the backends count it)."""
     raw, owner, kinds = plan_piece_features(task, plan)
+    _, enc = folded_encodings(net, scaler, np.asarray(raw), kinds)
     with torch.no_grad():
-        enc = net.encode(torch.from_numpy(scaler.transform(np.asarray(raw).reshape(-1, NUM_FEATURES))),
-                         np.asarray(kinds, dtype=np.int64))
         sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
     return sums, plan_traffic(plan, task, net.config.topology)
 

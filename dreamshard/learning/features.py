@@ -49,6 +49,7 @@ RANGE_FEATURES = ("dim", "rows", "pooling_factor")
 # beyond the training high by more than this share counts as outside: a table a few rows above the largest training
 # table (the synthetic generator clips rows at max_rows) is no extrapolation
 RANGE_SLACK = 0.1
+_DIM, _POOLING, _SIZE = (FEATURE_NAMES.index(f) for f in ("dim", "pooling_factor", "size_gb"))
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class FeatureScaler:
     # range); None in checkpoints written before they were recorded: no range is known
     low: tuple[float, ...] | None = None
     high: tuple[float, ...] | None = None
+    # `fold` pieces beyond the range: off, since it ranked plans worse on fresh heavy tables (results/holdout/
+    # fold-probe); never stored, benchmarks/fold_probe turns it on
+    folds: bool = False
 
     @classmethod
     def fit(cls, raw: np.ndarray) -> FeatureScaler:
@@ -81,6 +85,27 @@ class FeatureScaler:
         values = np.array([[getattr(t, f) for f in RANGE_FEATURES] for t in tables], dtype=np.float64).max(axis=0)
         return {name: (float(v), hi) for name, v, hi in zip(RANGE_FEATURES, values, self.high)
                 if v > hi * (1 + RANGE_SLACK)}
+
+    def fold(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[n, 21] raw features -> (folded [n, 21], multiplicity [n]): a piece pooled or wider beyond the training
+        range (as `outside` counts it) as k identical pieces inside it, whose encodings the cost network sums. A fused
+        operator's work grows with lookups x width, which a sum of in-range pieces carries and a network reading
+        log features beyond its range does not: pooling P is k = ceil(P / high) pieces pooled P / k; dim W is
+        ceil(W / high) column slices (their size shrinks alike). Rows and bins stay. No range known (or `folds` off):
+        unchanged."""
+        x = np.array(raw, dtype=np.float64, copy=True).reshape(-1, NUM_FEATURES)
+        weight = np.ones(len(x))
+        if self.high is None or not self.folds:
+            return x, weight
+        for name, column in (("pooling_factor", _POOLING), ("dim", _DIM)):
+            high = self.high[RANGE_FEATURES.index(name)]
+            beyond = x[:, column] > high * (1 + RANGE_SLACK)
+            k = np.where(beyond, np.ceil(x[:, column] / high), 1.0)
+            x[:, column] /= k
+            if name == "dim":
+                x[:, _SIZE] /= k
+            weight *= k
+        return x, weight
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
         return ((_log(raw) - np.asarray(self.mean)) / np.asarray(self.std)).astype(np.float32)

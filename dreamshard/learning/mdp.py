@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dreamshard.hardware.comm import shard_traffic
-from dreamshard.learning.cost_model import CostNet, DeviceLinks
+from dreamshard.learning.cost_model import CostNet, DeviceLinks, folded_encodings
 from dreamshard.learning.features import FeatureScaler, table_features
 from dreamshard.learning.policy import PolicyNet
 from dreamshard.placement import Rules
@@ -50,9 +50,8 @@ class TaskContext:
               kinds: Sequence[int] | None = None) -> TaskContext:
         """`kinds`: each of the task's tables' lookup group (plan.LOOKUP_KINDS index) where they are pieces of
         tables cut (sharders/cuts.py); None: whole tables."""
-        x = torch.from_numpy(scaler.transform(table_features(task.tables, task.memory)))
+        x, enc = folded_encodings(cost_net, scaler, table_features(task.tables, task.memory), kinds)
         with torch.no_grad():
-            enc = cost_net.encode(x, None if kinds is None else np.asarray(kinds, dtype=np.int64))
             single = cost_net.head_costs(enc)[:, :2].sum(dim=-1).numpy()
         order = sorted(range(len(task.tables)), key=lambda i: (-single[i], i))
         sizes, capacity, allowed = rules_tensors(Rules.of_task(task))

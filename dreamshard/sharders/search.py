@@ -16,6 +16,7 @@ import torch
 
 from dreamshard.data.bins import BinEstimator
 from dreamshard.hardware.comm import dist_group_count, dist_latency_ms, shard_traffic
+from dreamshard.learning.cost_model import folded_encodings
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
@@ -109,8 +110,7 @@ class _Evaluator:
         if missing:
             by_key = {(b.table, b.rows, b.width): b for b in blocks}
             raw = np.stack([shard_features(block_table(self.task, by_key[k]), k[2], self.task.memory) for k in missing])
-            with torch.no_grad():
-                enc = self.model.compute.encode(torch.from_numpy(self.model.scaler.transform(raw))).numpy()
+            enc = folded_encodings(self.model.compute, self.model.scaler, raw)[1].numpy()
             self.cache.update(zip(missing, enc))
         return np.stack([self.cache[k] for k in keys])
 
