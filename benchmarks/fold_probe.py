@@ -7,10 +7,11 @@ the range folded into in-range ones (FeatureScaler.fold) or not, and with or wit
 from synthetic seed --seed (not the pipeline's: none of these tables is in any pool, the holdout's included).
 `wide`: validation-pool tables at `tasks.holdout.dims`. Each kind's tasks take the shape of its holdout families
 in params.yaml (tables, devices, memory: tight and ample). Each task is planned by the learned sharders as evaluate
-builds them, with folding on (`@folded`) and with no fallback (`@nofallback`: the learned plan the fallback judges),
-and by TorchRec's planners, `torchrec_model` (the fallback's own plan) and the best-known heuristic. Every distinct
-plan is measured (--rounds interleaved rounds, per-device medians, as evaluate does) and rated by the cost network
-and NeuroShard's models with folding on and off; the fallback's decisions are kept. Reported per family: Kendall
+builds them (dims folded), folding nothing (`@unfolded`), folding pooling too (`@pooling`) and with no fallback
+(`@nofallback`: the learned plan the fallback judges), and by TorchRec's planners, `torchrec_model` (the fallback's
+own plan) and the best-known heuristic. Every distinct plan is measured (--rounds interleaved rounds, per-device
+medians, as evaluate does) and rated by the cost network and NeuroShard's models in the same three settings; the
+fallback's decisions are kept. Reported per family: Kendall
 tau of each rating against the measurements (mean over tasks), and each plan's measured cost over TorchRec's
 planners'. CPU timings of this machine. Writes summary.json to --out. Needs `make run`'s data/ and models/.
 """
@@ -88,12 +89,12 @@ def draw(tables: list, family: dict, dims, count: int, seed: int, memory) -> lis
     return out
 
 
-def folded(sharders: list) -> list:
-    """The learned sharders with folding on (their models' scalers: loaded for them alone)."""
+def with_folds(sharders: list, folds: tuple[str, ...]) -> list:
+    """The learned sharders folding `folds` (their models' scalers: loaded for them alone)."""
     for s in sharders:
         scaler = getattr(getattr(s, "model", None), "scaler", None)
         if scaler is not None:
-            object.__setattr__(scaler, "folds", True)
+            object.__setattr__(scaler, "folds", folds)
     return sharders
 
 
@@ -114,15 +115,15 @@ def main() -> None:
     import torch
 
     from benchmarks.cut_designs import project_at
-    from dreamshard.learning.cost_model import NetworkEstimate, kendall_tau
     from dreamshard.project.backend import backend_of, recorded_lookups
     from dreamshard.project.data import RecordedLookups
     from dreamshard.project.domain import InfeasibleTaskError, MemoryModel
     from dreamshard.project.evaluation import make_sharders, model_paths_of
     from dreamshard.project.hardware import measure_rounds, median_cost
+    from dreamshard.project.learning import FOLDABLE, FOLDED, NetworkEstimate, kendall_tau
     from dreamshard.project.params import build, section
+    from dreamshard.project.sharders import load_model
     from dreamshard.project.tasks import read_split
-    from dreamshard.sharders import load_model
 
     torch.set_num_threads(1)
     params, _, _ = project_at(args.root)
@@ -141,17 +142,19 @@ def main() -> None:
         for f in families_of(params, "dims"):
             tasks += draw(pool, f, section(params, "tasks.holdout.dims"), args.tasks, args.seed, memory)
     backend = backend_of(params, RecordedLookups(lookups))
+    # as evaluate builds them (dims folded), folding nothing, folding pooling too, and with no fallback
     sets = {"": make_sharders(params, batch, names=[*LEARNED, *OTHERS]),
-            "@folded": folded(make_sharders(params, batch, names=list(LEARNED))),
+            "@unfolded": with_folds(make_sharders(params, batch, names=list(LEARNED)), ()),
+            "@pooling": with_folds(make_sharders(params, batch, names=list(LEARNED)), FOLDABLE),
             "@nofallback": make_sharders({**params, "evaluate": {**params["evaluate"], "fallback": None}}, batch,
                                          names=list(LEARNED))}
-    if any(s.model.scaler.folds for s in sets[""] if hasattr(getattr(s, "model", None), "scaler")):
-        raise SystemExit("the folded and unfolded sharders share a model: load them apart")
+    if any(s.model.scaler.folds != FOLDED for s in sets[""] if hasattr(getattr(s, "model", None), "scaler")):
+        raise SystemExit("the sharders of two settings share a model: load them apart")
     paths = model_paths_of(params)
     ds, ns = load_model("dreamshard", paths["dreamshard"]), load_model("neuroshard", paths["neuroshard"])
-    raters = {"cost_network": (NetworkEstimate(ds.cost_net, replace(ds.scaler, folds=True)),
-                               NetworkEstimate(ds.cost_net, ds.scaler)),
-              "neuroshard": (replace(ns, scaler=replace(ns.scaler, folds=True)), ns)}
+    raters = {f"{name}{suffix}": model for suffix, folds in (("", FOLDED), ("@unfolded", ()), ("@pooling", FOLDABLE))
+              for name, model in (("cost_network", NetworkEstimate(ds.cost_net, replace(ds.scaler, folds=folds))),
+                                  ("neuroshard", replace(ns, scaler=replace(ns.scaler, folds=folds))))}
 
     rows, skipped = [], []
     for task in tasks:
@@ -169,8 +172,7 @@ def main() -> None:
         keys = list(unique)
         readings = measure_rounds(backend, task, [unique[k] for k in keys], args.rounds, list)
         measured = {k: median_cost(r).cost_ms for k, r in zip(keys, readings)}
-        rated = {f"{m}@{'folded' if i == 0 else 'unfolded'}": [est.plan_cost(task, unique[k]).cost_ms for k in keys]
-                 for m, pair in raters.items() for i, est in enumerate(pair)}
+        rated = {m: [est.plan_cost(task, unique[k]).cost_ms for k in keys] for m, est in raters.items()}
         row = {"task": task.name, "family": task.family,
                "cost_ms": {name: measured[json.dumps(plan.to_dict(), sort_keys=True)] for name, plan in named},
                "tau": {m: kendall_tau(np.array(v), np.array([measured[k] for k in keys])) for m, v in rated.items()},

@@ -50,6 +50,8 @@ RANGE_FEATURES = ("dim", "rows", "pooling_factor")
 # table (the synthetic generator clips rows at max_rows) is no extrapolation
 RANGE_SLACK = 0.1
 _DIM, _POOLING, _SIZE = (FEATURE_NAMES.index(f) for f in ("dim", "pooling_factor", "size_gb"))
+FOLDABLE = ("dim", "pooling_factor")  # what FeatureScaler.fold can fold
+FOLDED = ("dim",)  # what it folds by default
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,14 @@ class FeatureScaler:
     # range); None in checkpoints written before they were recorded: no range is known
     low: tuple[float, ...] | None = None
     high: tuple[float, ...] | None = None
-    # `fold` pieces beyond the range: off, since it ranked plans worse on fresh heavy tables (results/holdout/
-    # fold-probe); never stored, benchmarks/fold_probe turns it on
-    folds: bool = False
+    # the features `fold` folds (FOLDABLE): dims, whose folding made plans cheaper on validation tables at holdout
+    # dims, not pooling, whose folding made them dearer on fresh heavy tables (results/holdout/fold-probe); never
+    # stored: benchmarks/fold_probe sets it to compare
+    folds: tuple[str, ...] = FOLDED
+
+    def __post_init__(self) -> None:
+        if not set(self.folds) <= set(FOLDABLE):
+            raise ValueError(f"folds: expected features among {FOLDABLE}, got {self.folds!r}")
 
     @classmethod
     def fit(cls, raw: np.ndarray) -> FeatureScaler:
@@ -91,13 +98,15 @@ class FeatureScaler:
         range (as `outside` counts it) as k identical pieces inside it, whose encodings the cost network sums. A fused
         operator's work grows with lookups x width, which a sum of in-range pieces carries and a network reading
         log features beyond its range does not: pooling P is k = ceil(P / high) pieces pooled P / k; dim W is
-        ceil(W / high) column slices (their size shrinks alike). Rows and bins stay. No range known (or `folds` off):
-        unchanged."""
+        ceil(W / high) column slices (their size shrinks alike). Only the features of `folds`; rows and bins stay. No
+        range known: unchanged."""
         x = np.array(raw, dtype=np.float64, copy=True).reshape(-1, NUM_FEATURES)
         weight = np.ones(len(x))
-        if self.high is None or not self.folds:
+        if self.high is None:
             return x, weight
         for name, column in (("pooling_factor", _POOLING), ("dim", _DIM)):
+            if name not in self.folds:
+                continue
             high = self.high[RANGE_FEATURES.index(name)]
             beyond = x[:, column] > high * (1 + RANGE_SLACK)
             k = np.where(beyond, np.ceil(x[:, column] / high), 1.0)

@@ -36,6 +36,7 @@ from dreamshard.evaluation.summary import (
 from dreamshard.hardware.base import REDUCTION, CostBackend
 from dreamshard.hardware.comm import MODEL_VERSION as COMM_MODEL_VERSION
 from dreamshard.hardware.topology import Topology
+from dreamshard.learning.features import FOLDED
 from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
@@ -151,8 +152,8 @@ def reported_train_tasks(params: dict[str, Any]) -> list[Task]:
 
 def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
-    settings), how readings reduce to a cost, the evaluation settings, both searches' settings (NeuroShard's,
-    dreamshard_cut's) and the bytes of every model the sharders load."""
+    settings), how readings reduce to a cost, which features the learned models fold, the evaluation settings, both
+    searches' settings (NeuroShard's, dreamshard_cut's) and the bytes of every model the sharders load."""
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
@@ -162,6 +163,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "comm_model": COMM_MODEL_VERSION,
         "reduction": REDUCTION,
+        "fold": list(FOLDED),
         "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),
         "cut_search": section(params, "cut_search"),

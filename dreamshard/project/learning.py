@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dreamshard.evaluation.figures import cost_model_scatter
 from dreamshard.learning.cost_model import (
+    NetworkEstimate,
     device_predictions,
     evaluate_cost_net,
     kendall_tau,
@@ -22,7 +23,7 @@ from dreamshard.learning.devices import (
     measure_samples,
     pending,
 )
-from dreamshard.learning.features import FeatureScaler, table_features
+from dreamshard.learning.features import FOLDABLE, FOLDED, FeatureScaler, table_features
 from dreamshard.learning.neuroshard import (
     AugmentConfig,
     NeuroShardModel,
@@ -34,7 +35,8 @@ from dreamshard.learning.neuroshard import (
 from dreamshard.learning.rnn import RnnPolicyConfig, RnnTrainConfig, RnnUpdateLog, train_rnn
 
 __all__ = [
-    "AugmentConfig", "DeviceJournal", "DeviceSample", "FeatureScaler", "NeuroShardModel", "RnnPolicyConfig",
+    "FOLDABLE", "FOLDED", "AugmentConfig", "DeviceJournal", "DeviceSample", "FeatureScaler", "NetworkEstimate",
+    "NeuroShardModel", "RnnPolicyConfig",
     "RnnTrainConfig", "RnnUpdateLog", "comm_dataset", "comm_mape", "cost_data_from_device_rows", "cost_model_scatter",
     "device_predictions", "device_samples", "evaluate_cost_net", "fit_comm_net", "fit_compute_net", "kendall_tau",
     "load_cost_net", "measure_samples", "measurement_noise", "pending", "plan_predictions", "save_cost_net",
