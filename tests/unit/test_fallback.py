@@ -146,3 +146,48 @@ def test_only_the_learned_sharders_that_cut_take_a_fallback_and_it_must_rate_pla
         make_sharder("dreamshard_cut", model=model, fallback=make_sharder("size_greedy"))
     with pytest.raises(ValueError, match="unknown option"):
         make_sharder("dreamshard", model=model, fallback=None)
+
+
+def test_the_fold_prices_a_wider_piece_as_trained_width_slices_and_leaves_pooling_alone():
+    from dreamshard.learning.features import FOLDABLE, FOLDED
+
+    s = scaler()
+    high_dim, high_pool = s.high[0], s.high[2]
+    inside, wide = training_tables()[0], replace(training_tables()[1], dim=int(high_dim) * 4)
+    heavy = replace(training_tables()[2], pooling_factor=high_pool * 5)
+    raw = table_features([inside, wide, heavy], MEMORY)
+    folded, weight = s.fold(raw)
+    assert FOLDED == ("dim",)
+    assert weight.tolist() == [1.0, 4.0, 1.0]
+    assert folded[0].tolist() == raw[0].tolist() and folded[2].tolist() == raw[2].tolist()  # pooling: as it is
+    slice_ = table_features([replace(wide, dim=int(high_dim))], MEMORY)[0]  # a column slice of the trained width
+    assert folded[1] == pytest.approx(slice_)
+    both, weight = replace(s, folds=FOLDABLE).fold(raw)
+    assert weight.tolist() == [1.0, 4.0, 5.0] and both[2][2] == pytest.approx(high_pool)
+    nothing, weight = replace(s, folds=()).fold(raw)
+    assert weight.tolist() == [1.0, 1.0, 1.0] and nothing.tolist() == raw.tolist()
+    old = FeatureScaler.from_dict({k: v for k, v in s.to_dict().items() if k != "range"})  # no range known
+    assert old.fold(raw)[1].tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="folds: expected features among"):
+        replace(s, folds=("rows",))
+
+
+def test_the_cost_network_computes_a_wide_table_as_its_trained_width_slices_on_one_device():
+    import torch
+
+    from dreamshard.learning.cost_model import CostNetConfig, NetworkEstimate
+    from dreamshard.plan import Shard
+
+    s = scaler()
+    width = int(s.high[0])
+    wide = replace(training_tables()[1], name="wide", dim=width * 4)
+    task = task_of([wide, *training_tables()[:3]], devices=2, memory_gb=4.0)
+    rest = [Shard(t.name, 1, 0, t.dim) for t in task.tables[1:]]
+    whole = Plan(2, (Shard("wide", 0, 0, wide.dim), *rest))
+    sliced = Plan(2, (*(Shard("wide", 0, c, c + width) for c in range(0, wide.dim, width)), *rest))
+    net = CostNetConfig().build(torch.Generator().manual_seed(0))  # one fused operator per device
+    a, b = NetworkEstimate(net, s).plan_cost(task, whole), NetworkEstimate(net, s).plan_cost(task, sliced)
+    assert [c for d in a.devices for c in (d.fwd_ms, d.bwd_ms)] == \
+        pytest.approx([c for d in b.devices for c in (d.fwd_ms, d.bwd_ms)], rel=1e-5)
+    unfolded = NetworkEstimate(net, replace(s, folds=())).plan_cost(task, whole)
+    assert unfolded.devices[0].fwd_ms != pytest.approx(a.devices[0].fwd_ms)
