@@ -1,0 +1,17 @@
+"""Pass 4 of benchmarks/fold_probe (results/holdout/fold-probe): wide tables with dims folded at weight k**0.75
+(plain) against weight k (the `@pooling` set, which on these tables folds dims alone) and nothing (`@unfolded`).
+Run from the repository root: PYTHONPATH=.:results/holdout/fold-probe python -m pass4_dim_weight."""
+import sys, numpy as np
+import dreamshard.learning.features as F
+from dreamshard.learning.features import FeatureScaler
+def fold(self, raw):
+    x = np.array(raw, dtype=np.float64, copy=True).reshape(-1, F.NUM_FEATURES); w = np.ones(len(x))
+    if self.high is None or 'dim' not in self.folds: return x, w
+    high = self.high[F.RANGE_FEATURES.index('dim')]
+    k = np.where(x[:, F._DIM] > high * (1 + F.RANGE_SLACK), np.ceil(x[:, F._DIM] / high), 1.0)
+    x[:, F._DIM] /= k; x[:, F._SIZE] /= k
+    return x, w * k ** (1.0 if 'pooling_factor' in self.folds else 0.75)
+FeatureScaler.fold = fold
+import benchmarks.fold_probe as fp
+sys.argv = ['fold_probe', '--tasks', '4', '--kinds', 'wide', '--out', 'results/holdout/fold-probe/pass4']
+fp.main()
