@@ -57,30 +57,23 @@ def fresh_heavy_tables(params: dict, seed: int, count: int) -> tuple[list, dict]
     return tables, requests
 
 
-def families_of(params: dict, holdout: str) -> list[dict]:
-    from dreamshard.project.params import section
-
-    profile = section(params, "tasks.profile")
-    return [f for f in section(params, f"tasks.profiles.{profile}") if f.get("holdout") == holdout]
-
-
-def draw(tables: list, family: dict, dims, count: int, seed: int, memory) -> list:
+def draw(tables: list, family, dims, count: int, seed: int, memory) -> list:
     """`count` tasks of `family`'s shape from `tables` at random `dims`, disjoint tables where the pool allows."""
     from dreamshard.project.domain import InfeasibleTaskError, Task
     from dreamshard.project.sharders import make_sharder
 
-    rng = np.random.default_rng([seed, len(family["name"])])
-    n = int(family["num_tables"])
+    rng = np.random.default_rng([seed, len(family.name)])
+    n = family.num_tables
     order = list(rng.permutation(len(tables)))
     greedy = make_sharder("size_greedy")
     out: list = []
     while len(out) < count:  # the next n tables of the shuffled pool at random dims, drawn again where they cannot fit
         if len(order) < n:
-            raise SystemExit(f"{family['name']}: {len(out)} of {count} tasks drawn before the pool ran out")
+            raise SystemExit(f"{family.name}: {len(out)} of {count} tasks drawn before the pool ran out")
         ids, order = order[:n], order[n:]
         chosen = [replace(tables[i], dim=int(d)) for i, d in zip(ids, rng.choice(dims, size=n))]
-        task = Task.uniform(f"probe/{family['name']}/{len(out):04d}", chosen, int(family["num_devices"]),
-                            float(family["memory_gb"]), memory, family["name"])
+        task = Task.uniform(f"probe/{family.name}/{len(out):04d}", chosen, family.num_devices, family.memory_gb,
+                            memory, family.name)
         try:
             greedy.shard(task)
         except InfeasibleTaskError:
@@ -89,13 +82,9 @@ def draw(tables: list, family: dict, dims, count: int, seed: int, memory) -> lis
     return out
 
 
-def with_folds(sharders: list, folds: tuple[str, ...]) -> list:
-    """The learned sharders folding `folds` (their models' scalers: loaded for them alone)."""
-    for s in sharders:
-        scaler = getattr(getattr(s, "model", None), "scaler", None)
-        if scaler is not None:
-            object.__setattr__(scaler, "folds", folds)
-    return sharders
+def refolded(sharder, folds: tuple[str, ...]):
+    """A copy of a learned sharder whose model folds `folds` (the loaded model shared, not changed)."""
+    return replace(sharder, model=replace(sharder.model, scaler=replace(sharder.model.scaler, folds=folds)))
 
 
 def main() -> None:
@@ -123,7 +112,7 @@ def main() -> None:
     from dreamshard.project.learning import FOLDABLE, FOLDED, NetworkEstimate, kendall_tau
     from dreamshard.project.params import build, section
     from dreamshard.project.sharders import load_model
-    from dreamshard.project.tasks import read_split
+    from dreamshard.project.tasks import read_split, task_families
 
     torch.set_num_threads(1)
     params, _, _ = project_at(args.root)
@@ -135,21 +124,19 @@ def main() -> None:
     if "heavy" in kinds:
         heavy, requests = fresh_heavy_tables(params, args.seed, args.heavy_tables)
         lookups.update(requests)
-        for f in families_of(params, "pooling"):
+        for f in (f for f in task_families(params) if f.holdout == "pooling"):
             tasks += draw(heavy, f, section(params, "tasks.dims"), args.tasks, args.seed, memory)
     if "wide" in kinds:
         pool = list({t.name: t for task in read_split(params, "validation") for t in task.tables}.values())
-        for f in families_of(params, "dims"):
+        for f in (f for f in task_families(params) if f.holdout == "dims"):
             tasks += draw(pool, f, section(params, "tasks.holdout.dims"), args.tasks, args.seed, memory)
     backend = backend_of(params, RecordedLookups(lookups))
     # as evaluate builds them (dims folded), folding nothing, folding pooling too, and with no fallback
-    sets = {"": make_sharders(params, batch, names=[*LEARNED, *OTHERS]),
-            "@unfolded": with_folds(make_sharders(params, batch, names=list(LEARNED)), ()),
-            "@pooling": with_folds(make_sharders(params, batch, names=list(LEARNED)), FOLDABLE),
-            "@nofallback": make_sharders({**params, "evaluate": {**params["evaluate"], "fallback": None}}, batch,
-                                         names=list(LEARNED))}
-    if any(s.model.scaler.folds != FOLDED for s in sets[""] if hasattr(getattr(s, "model", None), "scaler")):
-        raise SystemExit("the sharders of two settings share a model: load them apart")
+    built = make_sharders(params, batch, names=[*LEARNED, *OTHERS])
+    learned = [s for s in built if s.name in LEARNED]
+    sets = {"": built, "@unfolded": [refolded(s, ()) for s in learned],
+            "@pooling": [refolded(s, FOLDABLE) for s in learned],
+            "@nofallback": [replace(s, fallback=None) for s in learned]}
     paths = model_paths_of(params)
     ds, ns = load_model("dreamshard", paths["dreamshard"]), load_model("neuroshard", paths["neuroshard"])
     raters = {f"{name}{suffix}": model for suffix, folds in (("", FOLDED), ("@unfolded", ()), ("@pooling", FOLDABLE))
@@ -166,15 +153,14 @@ def main() -> None:
             skipped.append({"task": task.name, "why": str(exc)[:200]})
             print(f"{task.name}: skipped: {exc}", flush=True)
             continue
-        unique: dict[str, object] = {}
-        for _, plan in named:
-            unique.setdefault(json.dumps(plan.to_dict(), sort_keys=True), plan)
+        key_of = {name: json.dumps(plan.to_dict(), sort_keys=True) for name, plan in named}
+        unique = {key_of[name]: plan for name, plan in named}  # each distinct plan once, in first-seen order
         keys = list(unique)
         readings = measure_rounds(backend, task, [unique[k] for k in keys], args.rounds, list)
         measured = {k: median_cost(r).cost_ms for k, r in zip(keys, readings)}
         rated = {m: [est.plan_cost(task, unique[k]).cost_ms for k in keys] for m, est in raters.items()}
         row = {"task": task.name, "family": task.family,
-               "cost_ms": {name: measured[json.dumps(plan.to_dict(), sort_keys=True)] for name, plan in named},
+               "cost_ms": {name: measured[key_of[name]] for name, _ in named},
                "tau": {m: kendall_tau(np.array(v), np.array([measured[k] for k in keys])) for m, v in rated.items()},
                "decisions": decisions, "plans": [unique[k].to_dict() for k in keys], "measured_ms": [measured[k] for k in keys]}
         rows.append(row)

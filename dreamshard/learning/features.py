@@ -49,7 +49,6 @@ RANGE_FEATURES = ("dim", "rows", "pooling_factor")
 # beyond the training high by more than this share counts as outside: a table a few rows above the largest training
 # table (the synthetic generator clips rows at max_rows) is no extrapolation
 RANGE_SLACK = 0.1
-_DIM, _POOLING, _SIZE = (FEATURE_NAMES.index(f) for f in ("dim", "pooling_factor", "size_gb"))
 FOLDABLE = ("dim", "pooling_factor")  # what FeatureScaler.fold can fold
 FOLDED = ("dim",)  # what it folds by default
 
@@ -104,15 +103,13 @@ class FeatureScaler:
         weight = np.ones(len(x))
         if self.high is None:
             return x, weight
-        for name, column in (("pooling_factor", _POOLING), ("dim", _DIM)):
-            if name not in self.folds:
-                continue
-            high = self.high[RANGE_FEATURES.index(name)]
+        for name in self.folds:
+            column, high = FEATURE_NAMES.index(name), self.high[RANGE_FEATURES.index(name)]
             beyond = x[:, column] > high * (1 + RANGE_SLACK)
             k = np.where(beyond, np.ceil(x[:, column] / high), 1.0)
             x[:, column] /= k
             if name == "dim":
-                x[:, _SIZE] /= k
+                x[:, FEATURE_NAMES.index("size_gb")] /= k
             weight *= k
         return x, weight
 

@@ -8,8 +8,9 @@ def fold(self, raw):
     x = np.array(raw, dtype=np.float64, copy=True).reshape(-1, F.NUM_FEATURES); w = np.ones(len(x))
     if self.high is None or 'dim' not in self.folds: return x, w
     high = self.high[F.RANGE_FEATURES.index('dim')]
-    k = np.where(x[:, F._DIM] > high * (1 + F.RANGE_SLACK), np.ceil(x[:, F._DIM] / high), 1.0)
-    x[:, F._DIM] /= k; x[:, F._SIZE] /= k
+    dim, size = F.FEATURE_NAMES.index('dim'), F.FEATURE_NAMES.index('size_gb')
+    k = np.where(x[:, dim] > high * (1 + F.RANGE_SLACK), np.ceil(x[:, dim] / high), 1.0)
+    x[:, dim] /= k; x[:, size] /= k
     return x, w * k ** (1.0 if 'pooling_factor' in self.folds else 0.75)
 FeatureScaler.fold = fold
 import benchmarks.fold_probe as fp
