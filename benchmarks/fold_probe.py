@@ -106,7 +106,7 @@ def main() -> None:
     from benchmarks.cut_designs import project_at
     from dreamshard.project.backend import backend_of, recorded_lookups
     from dreamshard.project.data import RecordedLookups
-    from dreamshard.project.domain import InfeasibleTaskError, MemoryModel
+    from dreamshard.project.domain import InfeasibleTaskError, MemoryModel, write_text
     from dreamshard.project.evaluation import make_sharders, model_paths_of
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.learning import FOLDABLE, FOLDED, NetworkEstimate, kendall_tau
@@ -179,7 +179,7 @@ def main() -> None:
                                                                      for r in of]))
         summary["families"][f] = entry
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
+    write_text(json.dumps(summary, separators=(",", ":")) + "\n", args.out / "summary.json")
     for f, e in summary["families"].items():
         print(f, json.dumps({k: round(v, 3) for k, v in e["tau"].items()}))
         for k, v in e["ratios"].items():

@@ -98,6 +98,7 @@ def main() -> None:
 
     from benchmarks.cut_designs import project_at
     from dreamshard.project.backend import backend_of
+    from dreamshard.project.domain import write_text
     from dreamshard.project.evaluation import make_sharders
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.tasks import read_split
@@ -141,7 +142,7 @@ def main() -> None:
         summary["in_time"] = in_time(kept, tasks, args.passes)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
+    write_text(json.dumps(summary, separators=(",", ":")) + "\n", args.out / "summary.json")
     r = summary["reductions"]
     lines = ["# How well a measured plan cost repeats: whole-plan medians against per-device medians\n",
              f"{backend.device_name()}; {summary['versions']}; {args.tasks} {args.split} tasks per family of "
@@ -176,7 +177,7 @@ def main() -> None:
             cells = [e["plan"], e["torchrec"], e["torchrec_full"]]
             lines.append(f"| {how} | " + " | ".join(f"{q[k]:.3f}" for q in cells for k in ("median", "p90", "max"))
                          + " |")
-    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+    write_text("\n".join(lines) + "\n", args.out / "README.md")
     print("\n".join(lines))
 
 
