@@ -8,12 +8,12 @@ from synthetic seed --seed (not the pipeline's: none of these tables is in any p
 `wide`: validation-pool tables at `tasks.holdout.dims`. Each kind's tasks take the shape of its holdout families
 in params.yaml (tables, devices, memory: tight and ample). Each task is planned by the learned sharders as evaluate
 builds them (dims folded), folding nothing (`@unfolded`), folding pooling too (`@pooling`) and with no fallback
-(`@nofallback`: the learned plan the fallback judges), and by TorchRec's planners, `torchrec_model` (the fallback's
-own plan) and the best-known heuristic. Every distinct plan is measured (--rounds interleaved rounds, per-device
-medians, as evaluate does) and rated by the cost network and NeuroShard's models in the same three settings; the
-fallback's decisions are kept. Reported per family: Kendall
-tau of each rating against the measurements (mean over tasks), and each plan's measured cost over TorchRec's
-planners'. CPU timings of this machine. Writes summary.json to --out. Needs `make run`'s data/ and models/.
+(`@nofallback`: the learned plan the fallback judges), and by TorchRec's planners (`torchrec_full`, the fallback's
+own planner), `torchrec_model` and the best-known heuristic. Every distinct plan is measured (--rounds interleaved
+rounds, per-device medians, as evaluate does) and rated by the cost network and NeuroShard's models in the same
+three settings; the fallback's decisions are kept. Reported per family: Kendall tau of each rating against the
+measurements (mean over tasks), and each plan's measured cost over TorchRec's planners'. CPU timings of this
+machine. Writes summary.json to --out. Needs `make run`'s data/ and models/.
 """
 from __future__ import annotations
 

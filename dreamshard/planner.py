@@ -133,10 +133,10 @@ class DreamShardPlanner(ShardingPlanner):
             options["batch_size"] = self.batch_size * topology.world_size
         if "torchrec_topology" in s.options:  # TorchRec's perf model rates plans on the user's cluster, not defaults
             options["torchrec_topology"] = topology
-        if "fallback" in s.options:  # a learned sharder beyond its training range also plans by TorchRec's perf model
-            from dreamshard.sharders import make_sharder
+        if "fallback" in s.options:  # a learned sharder beyond its training range also plans by TorchRec's planner
+            from dreamshard.sharders import FALLBACK, make_sharder
 
-            options["fallback"] = make_sharder("torchrec_model", batch_size=self.batch_size * topology.world_size,
+            options["fallback"] = make_sharder(FALLBACK, batch_size=self.batch_size * topology.world_size,
                                                torchrec_topology=topology)
         if "time_limit" in s.options and timeout_seconds is not None:
             options["time_limit"] = TIMEOUT_SEARCH_SHARE * timeout_seconds  # the rest: export and TorchRec's check

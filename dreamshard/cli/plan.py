@@ -45,6 +45,7 @@ from dreamshard.provenance import provenance
 from dreamshard.sharders import (
     DEFAULT_HEURISTIC,
     DEFAULT_LEARNED,
+    FALLBACK,
     SHARDERS,
     default_algo,
     load_model,
@@ -84,8 +85,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="dreamshard, autoshard: also sample this many plans, keep the one the cost network rates best")
     p.add_argument("--no-fallback", action="store_true",
                    help="dreamshard_cut, neuroshard: plan tables beyond the model's training range by the model alone "
-                        "(default: also by TorchRec's perf model (torchrec_model), keeping the plan the model "
-                        "rates cheaper; the plan file's made_by.fallback says which; docs/learning.md)")
+                        "(default: where they lie beyond it in what the model does not fold (pooling, rows), also "
+                        "by TorchRec's planner (torchrec_full), keeping the plan TorchRec's perf model rates cheaper; "
+                        "the plan file's made_by.fallback says which; docs/learning.md)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
                    help="torchrec, torchrec_full, torchrec_model: stop searching after this long and keep the best "
                         "plan found (TorchRec's timeout_seconds; our search's moves); needed past the task sizes "
@@ -164,7 +166,7 @@ def sharder_options(args: argparse.Namespace, num_devices: int) -> dict:
     if "batch_size" in s.options:  # TorchRec's planner rates its candidates at the batch the memory is counted at:
         options["batch_size"] = args.batch_size * num_devices  # per device here; our sharders take the global one
     if "fallback" in s.options and not args.no_fallback:  # beyond the model's training range (sharders/fallback.py)
-        options["fallback"] = make_sharder("torchrec_model", batch_size=args.batch_size * num_devices)
+        options["fallback"] = make_sharder(FALLBACK, batch_size=args.batch_size * num_devices)
     elif args.no_fallback and "fallback" not in s.options:
         raise DreamShardError(f"--no-fallback: sharder {args.algo!r} has no fallback (dreamshard_cut and neuroshard do)")
     return options

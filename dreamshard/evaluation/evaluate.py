@@ -21,7 +21,8 @@ class PlannedTask:
     plan: Plan
     planning_ms: float
     # a learned sharder beyond its training range (sharders/fallback.py): which plan it kept, "learned" or
-    # "analytic"; "inside" within the range; "" for sharders that check none
+    # "analytic"; "learned (folded)" where the model folds all that lies beyond; "inside" within the range; "" for
+    # sharders that check none
     fallback: str = ""
 
 
@@ -41,7 +42,13 @@ def fallback_of(sharder: Sharder) -> str:
     if not hasattr(sharder, "last_decision"):
         return ""
     decision = sharder.last_decision
-    return "inside" if decision is None else decision.kept if decision.analytic else "learned (no fallback)"
+    if decision is None:
+        return "inside"
+    if decision.folded:
+        return "learned (folded)"
+    if not decision.analytic:
+        return "learned (no fallback)"
+    return "learned (no analytic plan)" if decision.no_plan else decision.kept
 
 
 def plan_with(sharders: Sequence[Sharder], task: Task) -> list[PlannedTask]:

@@ -144,6 +144,14 @@ def topology(task: Task, links: Topology | None = None, hbm_gbps: float | None =
     return _topology(task, local_size_of(task) if links is None else peer_local_size(task, links), bandwidths)
 
 
+def topology_like(task: Task, given):
+    """A new TorchRec topology of the task with the hosts and bandwidths of TorchRec's Topology `given`, as
+    topology_from's (which keeps one per task for rating): for a planner to plan on."""
+    return _topology(task, given.local_world_size, {"intra_host_bw": given.intra_host_bw,
+                                                    "inter_host_bw": given.inter_host_bw,
+                                                    "hbm_mem_bw": given.hbm_mem_bw})
+
+
 @functools.lru_cache(maxsize=8)
 def topology_from(task: Task, given):
     """The task's TorchRec topology with the hosts and bandwidths of TorchRec's Topology `given` (a user's, e.g.
@@ -151,9 +159,7 @@ def topology_from(task: Task, given):
     ratings use (COMPUTE_DEVICE, whatever `given` trains on), each rank's memory the task's. One object per (task,
     `given`): a plan rated on it by a sharder and checked by the planner is estimated once (torchrec_perf_estimate
     keeps ratings by topology object; a read-only use: rating, never planning)."""
-    return _topology(task, given.local_world_size, {"intra_host_bw": given.intra_host_bw,
-                                                    "inter_host_bw": given.inter_host_bw,
-                                                    "hbm_mem_bw": given.hbm_mem_bw})
+    return topology_like(task, given)
 
 
 def _topology(task: Task, local_size: int, bandwidths: dict[str, float]):

@@ -109,8 +109,9 @@ def make_sharders(params: dict[str, Any], batch_size: int, names: list[str] | No
     if "torchrec_calibrated" in names:  # TorchRec's compute fitted to the collected measurements, once
         settings["calibration"] = torchrec_calibration(params, batch_size, links, hbm_gbps)
     fallback = cfg.get("fallback")  # learned sharders' plans beyond their training range (sharders/fallback.py)
-    if fallback not in (None, "torchrec_model"):
-        raise ParamsError(f"params.yaml: evaluate.fallback: expected torchrec_model or null, got {fallback!r}")
+    if fallback not in (None, *FALLBACKS):
+        raise ParamsError(f"params.yaml: evaluate.fallback: expected one of {', '.join(FALLBACKS)} or null, "
+                          f"got {fallback!r}")
     if fallback:
         settings["fallback"] = make_sharder(fallback, **spec(fallback).taken_from(settings))
     decoding = cfg.get("decoding") or {}  # per sharder: options beyond the shared settings (policy decoding)
@@ -150,6 +151,11 @@ def reported_train_tasks(params: dict[str, Any]) -> list[Task]:
                                                 int(section(params, "evaluate.train_tasks_per_family"))))
 
 
+FALLBACKS = ("torchrec_full", "torchrec", "torchrec_model")  # evaluate.fallback: sharders that plan and rate plans
+# the rule the fallback keeps a plan by (sharders/fallback.py): changing it changes plans beyond the training range
+FALLBACK_RULE = "none where every feature beyond the range is folded, else judged by the analytic sharder's model"
+
+
 def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
     settings), how readings reduce to a cost, which features the learned models fold, the evaluation settings, both
@@ -159,6 +165,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
     evaluate["decoding"] = cfg.get("decoding") or {}  # absent: no options
     evaluate["fallback"] = cfg.get("fallback")
+    evaluate["fallback_rule"] = FALLBACK_RULE
     return json.dumps({
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "comm_model": COMM_MODEL_VERSION,

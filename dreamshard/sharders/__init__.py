@@ -92,7 +92,7 @@ def _checked_fallback(name: str, fallback: Any) -> Any:
     """A learned sharder's analytic fallback (sharders/fallback.py): a sharder that also rates plans (rating_ms)."""
     if fallback is not None and not (callable(getattr(fallback, "shard", None))
                                      and callable(getattr(fallback, "rating_ms", None))):
-        raise TypeError(f"sharder {name!r}: fallback must be a sharder that rates plans, as torchrec_model's does "
+        raise TypeError(f"sharder {name!r}: fallback must be a sharder that rates plans, as TorchRec's planners do "
                         f"(shard and rating_ms), got {type(fallback).__name__}")
     return fallback
 
@@ -151,11 +151,11 @@ def _torchrec(name: str, full_search: bool, narrowest: bool = False) -> Callable
     """`narrowest`: TorchRec's column-wise blocks may be as narrow as our cuts' slices (min_partition always on)."""
     def factory(batch_size: int | None = None, sharding_types: tuple[str, ...] | None = None,
                 time_limit: float | None = None, links: Any = None, hbm_gbps: float | None = None,
-                min_partition: bool = False) -> Sharder:
+                min_partition: bool = False, torchrec_topology: Any = None) -> Sharder:
         from dreamshard.sharders.torchrec_planner import make  # imports torchrec only when planning
 
         return make(name, full_search, batch_size, sharding_types, time_limit, links, hbm_gbps,
-                    min_partition or narrowest)
+                    min_partition or narrowest, torchrec_topology=torchrec_topology)
 
     return factory
 
@@ -202,11 +202,12 @@ _SPECS = (
                 ("batch_size", "time_limit", "links", "hbm_gbps", "torchrec_topology"), splits_tables=True,
                 doc="no trained model: our search over cuts and placements rated by TorchRec's perf model "
                     "(sharders/torchrec_model.py; needs TorchRec)"),
-    SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False), ("batch_size", "time_limit", "links", "hbm_gbps"),
+    SharderSpec("torchrec", "torchrec", _torchrec("torchrec", False),
+                ("batch_size", "time_limit", "links", "hbm_gbps", "torchrec_topology"),
                 doc="TorchRec's planner, table-wise (greedy: may give up on feasible tasks)"),
     SharderSpec("torchrec_full", "torchrec", _torchrec("torchrec_full", True),
-                ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps", "min_partition"),
-                splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
+                ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps", "min_partition",
+                 "torchrec_topology"), splits_tables=True, doc="TorchRec's planner with all its sharding types; may raise"),
     SharderSpec("torchrec_full_min", "torchrec", _torchrec("torchrec_full_min", True, narrowest=True),
                 ("batch_size", "sharding_types", "time_limit", "links", "hbm_gbps"), splits_tables=True,
                 doc="torchrec_full told min_partition = each table's narrowest slice our cuts may make (TorchRec's "
@@ -220,6 +221,9 @@ SHARDERS: dict[str, SharderSpec] = {s.name: s for s in _SPECS}
 DEFAULT_LEARNED = "dreamshard_cut"  # what `dreamshard plan` and DreamShardPlanner use when given a model
 DEFAULT_HEURISTIC = "size_lookup_greedy"  # and `dreamshard plan` without one
 DEFAULT_WITH_TORCHREC = "torchrec_model"  # and DreamShardPlanner without one: TorchRec is there
+# what dreamshard_cut and neuroshard also plan a task beyond their training range by, in `dreamshard plan` and
+# DreamShardPlanner (evaluate: params evaluate.fallback): TorchRec's own planner (sharders/fallback.py)
+FALLBACK = "torchrec_full"
 
 
 def default_algo(has_model: bool, torchrec: bool = False) -> str:

@@ -46,7 +46,7 @@ class LearnedSharder:
         task = task_with_estimated_bins(task, self.bins, self.name)
         plan = with_pieces(task, self._shard)
         plan, self.last_decision = keep_better(task, plan, self.model.scaler.outside(task.tables), self.own_ms,
-                                              self.fallback)
+                                              self.fallback, self.model.scaler.folds)
         return plan
 
     def _shard(self, task: Task) -> Plan:

@@ -47,6 +47,8 @@ class TorchRecSharder:
     min_partition: bool = False
     # TorchRec's perf model with compute fitted to our measurements (interop.calibration.PerfCalibration)
     calibration: Any = None
+    # TorchRec's own Topology (a user's, e.g. DreamShardPlanner's): its hosts and bandwidths instead of `links`
+    torchrec_topology: Any = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and self.batch_size < 1:
@@ -59,6 +61,16 @@ class TorchRecSharder:
     def shard(self, task: Task) -> Plan:
         return from_torchrec_plan(task, self.torchrec_plan(task))
 
+    def rating_ms(self, task: Task, plan: Plan) -> float:
+        """`plan` as the perf model this planner plans by rates it on this sharder's cluster (ms; a model's
+        estimate): TorchRec's, with `calibration`'s compute where given."""
+        from dreamshard.interop import torchrec as tx
+
+        topo = tx.topology_from(task, self.torchrec_topology) if self.torchrec_topology is not None \
+            else tx.topology(task, self.links, self.hbm_gbps)
+        return tx.torchrec_perf_estimate(task, plan, tx.torchrec_batch(task, self.batch_size), topo,
+                                         self.calibration).cost_ms
+
     def types_for(self, task: Task) -> list[str]:
         """TorchRec's sharding types this sharder offers TorchRec for the task: table-wise only, or every type
         the task's sharding kinds allow (Task.sharding), narrowed to `sharding_types` when given."""
@@ -69,7 +81,8 @@ class TorchRecSharder:
             allowed.append(GRID)
         if self.sharding_types is not None:
             allowed = [x for x in allowed if x in self.sharding_types]
-        if self.links is not None and self.spans_hosts(task):  # HOST_WISE's comment
+        # HOST_WISE's comment
+        if (self.links is not None or self.torchrec_topology is not None) and self.spans_hosts(task):
             kept = ("table_row_wise",) if "host" in task.sharding else ()
             allowed = [x for x in allowed if x not in HOST_WISE or x in kept]
         if not allowed:
@@ -80,6 +93,8 @@ class TorchRecSharder:
     def spans_hosts(self, task: Task) -> bool:
         from dreamshard.interop.torchrec import peer_local_size
 
+        if self.torchrec_topology is not None:
+            return min(task.num_devices, self.torchrec_topology.local_world_size) < task.num_devices
         return peer_local_size(task, self.links) < task.num_devices
 
     def torchrec_plan(self, task: Task):
@@ -106,7 +121,8 @@ class TorchRecSharder:
             raise DreamShardError(f"sharder {self.name!r}: tables {sorted(whole)} must stay whole, but table_wise is "
                                   "not among the sharding types offered")
         with tx.quiet_torchrec():
-            topo = tx.topology(task, self.links, self.hbm_gbps)
+            topo = tx.topology_like(task, self.torchrec_topology) if self.torchrec_topology is not None \
+                else tx.topology(task, self.links, self.hbm_gbps)
             constraints = tx.table_constraints(task, per_table, min_partition=self.min_partition)
             batch = tx.torchrec_batch(task, self.batch_size)
             planner = EmbeddingShardingPlanner(
@@ -152,7 +168,9 @@ def _one_line(exc: BaseException) -> str:
 
 def make(name: str, full_search: bool, batch_size: int | None = None,
          sharding_types: Sequence[str] | None = None, time_limit: float | None = None, links: Any = None,
-         hbm_gbps: float | None = None, min_partition: bool = False, calibration: Any = None) -> TorchRecSharder:
+         hbm_gbps: float | None = None, min_partition: bool = False, calibration: Any = None,
+         torchrec_topology: Any = None) -> TorchRecSharder:
     return TorchRecSharder(name, full_search, None if batch_size is None else int(batch_size),
                            tuple(sharding_types) if sharding_types is not None else None, time_limit, links,
-                           None if hbm_gbps is None else float(hbm_gbps), bool(min_partition), calibration)
+                           None if hbm_gbps is None else float(hbm_gbps), bool(min_partition), calibration,
+                           torchrec_topology)

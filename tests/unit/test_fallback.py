@@ -1,5 +1,6 @@
-"""A learned sharder beyond its training range (sharders/fallback.py): the scaler's recorded range, the rule that
-keeps the plan the other model rates better, and dreamshard_cut planning with TorchRec's model as its fallback."""
+"""A learned sharder beyond its training range (sharders/fallback.py): the scaler's recorded range, the rule (the
+learned plan where the model folds all that lies beyond, else the plan the analytic sharder's model rates cheaper),
+and dreamshard_cut planning with TorchRec's model or TorchRec's own planner as its fallback."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -69,29 +70,53 @@ class Rated:
 
 
 @pytest.mark.parametrize("learned_own, analytic_own, learned_ana, analytic_ana, kept", [
-    (1.0, 1.5, 2.0, 1.0, "learned"),   # the analytic model's preference does not decide
-    (1.0, 0.9, 1.2, 1.0, "analytic"),  # the own model rates the analytic plan cheaper
-    (1.0, 0.9, 0.5, 1.0, "analytic"),  # ... whatever the analytic model says
-    (1.0, 1.0, 2.0, 1.0, "learned"),   # a tie: the learned plan
+    (1.0, 1.5, 2.0, 1.0, "analytic"),  # the analytic model rates its plan cheaper: the learned model's view is moot
+    (1.0, 0.5, 1.0, 1.2, "learned"),   # ... and the other way
+    (2.0, 1.0, 1.0, 1.0, "learned"),   # a tie: the learned plan
 ])
-def test_the_fallback_keeps_the_plan_its_own_model_rates_cheaper(
+def test_beyond_the_range_in_what_the_model_does_not_fold_the_analytic_model_judges(
         learned_own, analytic_own, learned_ana, analytic_ana, kept):
     tables = [Table(f"t{i}", 1000, 8, 1.0, BINS) for i in range(2)]
     task = task_of(tables)
     mine, other = Plan.from_assignment(task, [0, 1]), Plan.from_assignment(task, [0, 0])
     analytic = Rated(other, {mine.key(): learned_ana, other.key(): analytic_ana})
     own = {mine.key(): learned_own, other.key(): analytic_own}
-    outside = {"pooling_factor": (90.0, 40.0)}
-    plan, decision = keep_better(task, mine, outside, lambda _t, p: own[p.key()], analytic)
-    assert decision is not None and decision.kept == kept and decision.analytic == "rated"
-    assert plan == (other if kept == "analytic" else mine)
-    assert (decision.learned_by_own, decision.analytic_by_own) == (learned_own, analytic_own)
-    assert decision.to_dict()["outside_training_range"] == {"pooling_factor": {"value": 90.0, "training_high": 40.0}}
+    for outside in ({"pooling_factor": (90.0, 40.0)}, {"pooling_factor": (90.0, 40.0), "dim": (512.0, 128.0)}):
+        plan, decision = keep_better(task, mine, outside, lambda _t, p: own[p.key()], analytic, ("dim",))
+        assert decision is not None and decision.kept == kept and decision.analytic == "rated"
+        assert plan == (other if kept == "analytic" else mine) and not decision.folded
+        assert (decision.learned_by_own, decision.analytic_by_own) == (learned_own, analytic_own)
+        assert (decision.learned_by_analytic, decision.analytic_by_analytic) == (learned_ana, analytic_ana)
+        assert decision.to_dict()["outside_training_range"] == {k: {"value": v, "training_high": hi}
+                                                                for k, (v, hi) in outside.items()}
+    # beyond it in dims alone, which the model folds: its plan, nothing else planned or rated
+    wide = {"dim": (512.0, 128.0)}
+    plan, decision = keep_better(task, mine, wide, lambda *_: 1 / 0, Rated(other, {}), ("dim",))
+    assert plan == mine and decision is not None and decision.folded and decision.to_dict()["folded"] is True
+    # a model that folds nothing: dims beyond go to the fallback too
+    plan, decision = keep_better(task, mine, wide, lambda _t, p: own[p.key()], analytic, ())
+    assert decision is not None and not decision.folded and decision.kept == kept
     # inside the range: the learned plan, nothing planned besides, no decision
     assert keep_better(task, mine, {}, lambda *_: 1 / 0, analytic) == (mine, None)
     # outside without a fallback: the learned plan, and the decision says so
-    plan, decision = keep_better(task, mine, outside, lambda *_: 1 / 0, None)
+    plan, decision = keep_better(task, mine, {"pooling_factor": (90.0, 40.0)}, lambda *_: 1 / 0, None)
     assert plan == mine and decision is not None and not decision.analytic and decision.kept == "learned"
+
+
+def test_an_analytic_sharder_that_finds_no_plan_leaves_the_learned_plan_and_says_why():
+    from dreamshard.errors import InfeasibleTaskError
+
+    class NoPlan(Rated):
+        def shard(self, task: Task) -> Plan:
+            raise InfeasibleTaskError("TorchRec's planner found no plan: strict constraints")
+
+    task = task_of([Table(f"t{i}", 1000, 8, 1.0, BINS) for i in range(2)])
+    mine = Plan.from_assignment(task, [0, 1])
+    plan, decision = keep_better(task, mine, {"pooling_factor": (90.0, 40.0)}, lambda *_: 1 / 0,
+                                 NoPlan(mine, {}), ("dim",))
+    assert plan == mine and decision is not None and decision.kept == "learned"
+    assert decision.to_dict()["no_plan"] == "TorchRec's planner found no plan: strict constraints"
+    assert "ratings_ms" not in decision.to_dict()
 
 
 def untrained_model():
@@ -132,12 +157,43 @@ def test_dreamshard_cut_falls_back_to_torchrec_model_beyond_its_training_range_o
     batch = torchrec_batch(beyond, 1024)
     assert d.analytic_by_analytic == pytest.approx(torchrec_perf_estimate(beyond, theirs, batch).cost_ms)
     assert d.learned_by_analytic == pytest.approx(torchrec_perf_estimate(beyond, mine, batch).cost_ms)
-    assert d.kept == ("analytic" if d.analytic_by_own < d.learned_by_own else "learned")
+    # pooling is beyond the range and the model does not fold it: TorchRec's model judges
+    assert not d.folded and d.kept == ("analytic" if d.analytic_by_analytic < d.learned_by_analytic else "learned")
     from dreamshard.provenance import provenance  # what a plan file's made_by says of it
 
     assert provenance("dreamshard_cut", None, model, beyond, with_fallback)["fallback"] == d.to_dict()
     with_fallback.shard(inside)
     assert "fallback" not in provenance("dreamshard_cut", None, model, inside, with_fallback)
+
+
+def test_dreamshard_cut_with_torchrec_planner_as_fallback_defers_only_beyond_what_it_folds():
+    """Real parts: dreamshard_cut with TorchRec's own planner (torchrec_full, told a cluster) as the fallback. Beyond
+    the range in dims, which the model folds, its own plan stands; in pooling, the plan TorchRec's perf model (on the
+    sharder's cluster) rates cheaper is kept, and both ratings are TorchRec's own estimates of the two plans."""
+    pytest.importorskip("torchrec")
+    from dreamshard.hardware.topology import Topology
+    from dreamshard.interop.torchrec import topology, torchrec_batch, torchrec_perf_estimate
+
+    model = untrained_model()
+    links = Topology(devices_per_host=2)
+    analytic = make_sharder("torchrec_full", batch_size=1024, links=links)
+    alone = make_sharder("dreamshard_cut", model=model)
+    with_fallback = make_sharder("dreamshard_cut", model=model, fallback=analytic)
+    wide = task_of([replace(t, dim=512) for t in training_tables()[:8]], 4, 8.0)
+    assert with_fallback.shard(wide) == alone.shard(wide)
+    assert with_fallback.last_decision is not None and with_fallback.last_decision.folded
+
+    heavy = task_of([replace(t, pooling_factor=t.pooling_factor * 10) for t in training_tables()[:8]], 4)
+    plan = with_fallback.shard(heavy)
+    validate_plan(heavy, plan)
+    d = with_fallback.last_decision
+    assert d is not None and d.analytic == "torchrec_full" and not d.folded and not d.no_plan
+    mine, theirs = alone.shard(heavy), analytic.shard(heavy)
+    assert plan == (theirs if d.kept == "analytic" else mine)
+    rate = [torchrec_perf_estimate(heavy, p, torchrec_batch(heavy, 1024), topology(heavy, links)).cost_ms
+            for p in (mine, theirs)]
+    assert (d.learned_by_analytic, d.analytic_by_analytic) == pytest.approx(rate)
+    assert d.kept == ("analytic" if rate[1] < rate[0] else "learned")
 
 
 def test_only_the_learned_sharders_that_cut_take_a_fallback_and_it_must_rate_plans():
