@@ -196,6 +196,34 @@ def test_dreamshard_cut_with_torchrec_planner_as_fallback_defers_only_beyond_wha
     assert d.kept == ("analytic" if rate[1] < rate[0] else "learned")
 
 
+def test_torchrecs_planner_as_fallback_plans_and_rates_on_the_users_torchrec_topology(monkeypatch):
+    """DreamShardPlanner hands the fallback its user's TorchRec Topology: TorchRec's planner plans on a topology of
+    that Topology's hosts and links (a new one, not the one ratings keep), and rates plans on it."""
+    pytest.importorskip("torchrec")
+    from torchrec.distributed.planner.types import Topology as TorchRecTopology
+
+    import dreamshard.interop.torchrec as tx
+
+    given = TorchRecTopology(world_size=4, compute_device="cuda", local_world_size=2, inter_host_bw=1e6)
+    sharder = make_sharder("torchrec_full", batch_size=1024, torchrec_topology=given)
+    task = task_of([replace(t, pooling_factor=t.pooling_factor * 10) for t in training_tables()[:8]], 4)
+    planned_on = []
+    real = tx.topology_like
+
+    def spy(t, g):
+        planned_on.append(real(t, g))
+        return planned_on[-1]
+
+    monkeypatch.setattr(tx, "topology_like", spy)
+    assert sharder.spans_hosts(task) and "grid_shard" not in sharder.types_for(task)
+    plan = sharder.shard(task)
+    validate_plan(task, plan)
+    assert len(planned_on) == 1 and planned_on[0] is not tx.topology_from(task, given)
+    assert (planned_on[0].local_world_size, planned_on[0].inter_host_bw) == (2, 1e6)
+    want = tx.torchrec_perf_estimate(task, plan, tx.torchrec_batch(task, 1024), tx.topology_from(task, given))
+    assert sharder.rating_ms(task, plan) == pytest.approx(want.cost_ms)
+
+
 def test_only_the_learned_sharders_that_cut_take_a_fallback_and_it_must_rate_plans():
     model = untrained_model()
     with pytest.raises(TypeError, match="fallback must be a sharder that rates plans"):
