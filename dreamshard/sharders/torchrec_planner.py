@@ -66,10 +66,17 @@ class TorchRecSharder:
         estimate): TorchRec's, with `calibration`'s compute where given."""
         from dreamshard.interop import torchrec as tx
 
-        topo = tx.topology_from(task, self.torchrec_topology) if self.torchrec_topology is not None \
-            else tx.topology(task, self.links, self.hbm_gbps)
-        return tx.torchrec_perf_estimate(task, plan, tx.torchrec_batch(task, self.batch_size), topo,
+        return tx.torchrec_perf_estimate(task, plan, tx.torchrec_batch(task, self.batch_size), self._topology(task),
                                          self.calibration).cost_ms
+
+    def _topology(self, task: Task, to_plan: bool = False):
+        """The task's TorchRec topology on this sharder's cluster: `torchrec_topology`'s hosts and links where given
+        (a new object `to_plan` on, the one ratings keep otherwise), else `links` and `hbm_gbps`."""
+        from dreamshard.interop import torchrec as tx
+
+        if self.torchrec_topology is None:
+            return tx.topology(task, self.links, self.hbm_gbps)
+        return (tx.topology_like if to_plan else tx.topology_from)(task, self.torchrec_topology)
 
     def types_for(self, task: Task) -> list[str]:
         """TorchRec's sharding types this sharder offers TorchRec for the task: table-wise only, or every type
@@ -94,7 +101,7 @@ class TorchRecSharder:
         from dreamshard.interop.torchrec import peer_local_size
 
         if self.torchrec_topology is not None:
-            return min(task.num_devices, self.torchrec_topology.local_world_size) < task.num_devices
+            return self.torchrec_topology.local_world_size < task.num_devices
         return peer_local_size(task, self.links) < task.num_devices
 
     def torchrec_plan(self, task: Task):
@@ -121,8 +128,7 @@ class TorchRecSharder:
             raise DreamShardError(f"sharder {self.name!r}: tables {sorted(whole)} must stay whole, but table_wise is "
                                   "not among the sharding types offered")
         with tx.quiet_torchrec():
-            topo = tx.topology_like(task, self.torchrec_topology) if self.torchrec_topology is not None \
-                else tx.topology(task, self.links, self.hbm_gbps)
+            topo = self._topology(task, to_plan=True)
             constraints = tx.table_constraints(task, per_table, min_partition=self.min_partition)
             batch = tx.torchrec_batch(task, self.batch_size)
             planner = EmbeddingShardingPlanner(
