@@ -32,25 +32,6 @@ def read_pass(path: Path) -> dict:
         return json.load(f)
 
 
-def probe_tasks(params: dict, seed: int, count: int) -> dict:
-    """The tasks a fold_probe pass of `seed` and `count` tasks per family planned, by name."""
-    from benchmarks.fold_probe import draw, fresh_heavy_tables
-    from dreamshard.project.domain import MemoryModel
-    from dreamshard.project.params import build, section
-    from dreamshard.project.tasks import read_split, task_families
-
-    memory = build(MemoryModel, section(params, "memory"), "memory")
-    heavy, _ = fresh_heavy_tables(params, seed, 120)
-    pool = list({t.name: t for task in read_split(params, "validation") for t in task.tables}.values())
-    tasks = []
-    for f in task_families(params):
-        if f.holdout == "pooling":
-            tasks += draw(heavy, f, section(params, "tasks.dims"), count, seed, memory)
-        elif f.holdout == "dims":
-            tasks += draw(pool, f, section(params, "tasks.holdout.dims"), count, seed, memory)
-    return {t.name: t for t in tasks}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("passes", type=Path, nargs="+", help="fold_probe summary.json files")
@@ -58,6 +39,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/holdout/fallback-judge"))
     args = parser.parse_args()
     from benchmarks.cut_designs import project_at
+    from benchmarks.fold_probe import probe_tasks
     from dreamshard.project.domain import Plan, write_text
     from dreamshard.project.learning import FOLDED
     from dreamshard.project.model_error import estimates_of
@@ -67,7 +49,7 @@ def main() -> None:
     rows = []
     for path in args.passes:
         probe = read_pass(path)
-        tasks = probe_tasks(params, int(probe["seed"]), int(probe["tasks_per_family"]))
+        tasks = {t.name: t for t in probe_tasks(params, int(probe["seed"]), int(probe["tasks_per_family"]))[0]}
         for r in probe["tasks"]:
             task, cost = tasks[r["task"]], r["cost_ms"]
             plans = {}

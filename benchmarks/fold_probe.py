@@ -82,6 +82,28 @@ def draw(tables: list, family, dims, count: int, seed: int, memory) -> list:
     return out
 
 
+def probe_tasks(params: dict, seed: int, count: int, kinds=("heavy", "wide"), heavy_tables: int = 120
+                ) -> tuple[list, dict]:
+    """A pass's tasks (`count` per holdout family of `kinds`, drawn from `seed`) and the fresh heavy tables' lookups:
+    `heavy` from fresh_heavy_tables, `wide` from the validation pool at `tasks.holdout.dims`."""
+    from dreamshard.project.domain import MemoryModel
+    from dreamshard.project.params import build, section
+    from dreamshard.project.tasks import read_split, task_families
+
+    memory = build(MemoryModel, section(params, "memory"), "memory")
+    tasks: list = []
+    requests: dict = {}
+    if "heavy" in kinds:
+        heavy, requests = fresh_heavy_tables(params, seed, heavy_tables)
+        for f in (f for f in task_families(params) if f.holdout == "pooling"):
+            tasks += draw(heavy, f, section(params, "tasks.dims"), count, seed, memory)
+    if "wide" in kinds:
+        pool = list({t.name: t for task in read_split(params, "validation") for t in task.tables}.values())
+        for f in (f for f in task_families(params) if f.holdout == "dims"):
+            tasks += draw(pool, f, section(params, "tasks.holdout.dims"), count, seed, memory)
+    return tasks, requests
+
+
 def refolded(sharder, folds: tuple[str, ...]):
     """A copy of a learned sharder whose model folds `folds` (the loaded model shared, not changed)."""
     return replace(sharder, model=replace(sharder.model, scaler=replace(sharder.model.scaler, folds=folds)))
@@ -106,31 +128,17 @@ def main() -> None:
     from benchmarks.cut_designs import project_at
     from dreamshard.project.backend import backend_of, recorded_lookups
     from dreamshard.project.data import RecordedLookups
-    from dreamshard.project.domain import InfeasibleTaskError, MemoryModel, write_text
+    from dreamshard.project.domain import InfeasibleTaskError, write_text
     from dreamshard.project.evaluation import make_sharders, model_paths_of
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.learning import FOLDABLE, FOLDED, NetworkEstimate, kendall_tau
-    from dreamshard.project.params import build, section
     from dreamshard.project.sharders import load_model
-    from dreamshard.project.tasks import read_split, task_families
 
     torch.set_num_threads(1)
     params, _, _ = project_at(args.root)
     batch = int(params["backend"]["batch_size"])
-    memory = build(MemoryModel, section(params, "memory"), "memory")
-    kinds = args.kinds.split(",")
-    tasks = []
-    lookups = dict(recorded_lookups(params).by_name)
-    if "heavy" in kinds:
-        heavy, requests = fresh_heavy_tables(params, args.seed, args.heavy_tables)
-        lookups.update(requests)
-        for f in (f for f in task_families(params) if f.holdout == "pooling"):
-            tasks += draw(heavy, f, section(params, "tasks.dims"), args.tasks, args.seed, memory)
-    if "wide" in kinds:
-        pool = list({t.name: t for task in read_split(params, "validation") for t in task.tables}.values())
-        for f in (f for f in task_families(params) if f.holdout == "dims"):
-            tasks += draw(pool, f, section(params, "tasks.holdout.dims"), args.tasks, args.seed, memory)
-    backend = backend_of(params, RecordedLookups(lookups))
+    tasks, requests = probe_tasks(params, args.seed, args.tasks, args.kinds.split(","), args.heavy_tables)
+    backend = backend_of(params, RecordedLookups({**recorded_lookups(params).by_name, **requests}))
     # as evaluate builds them (dims folded), folding nothing, folding pooling too, and with no fallback
     built = make_sharders(params, batch, names=[*LEARNED, *OTHERS])
     learned = [s for s in built if s.name in LEARNED]
