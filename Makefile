@@ -31,7 +31,7 @@ run: setup
 # lint and types first: seconds, and they fail before the suite's minutes
 # two workers, a test file each at a time (its module fixtures built once); the longest files start first (conftest)
 test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check dreamshard stages pipeline benchmarks experiments tools tests

@@ -220,7 +220,10 @@ def paired_ratios(results: pd.DataFrame, algorithm: str, reference: str) -> pd.S
 def win_rate(results: pd.DataFrame, algorithm: str, reference: str) -> float:
     """The share of the paired tasks (see paired_ratios) where `algorithm` costs less than `reference`;
     a tie counts one half. NaN when no task has both."""
-    ratios = paired_ratios(results, algorithm, reference)
+    return _win_rate(paired_ratios(results, algorithm, reference))
+
+
+def _win_rate(ratios: pd.Series) -> float:
     if ratios.empty:
         return float("nan")
     return float(((ratios < 1).sum() + 0.5 * (ratios == 1).sum()) / len(ratios))
@@ -232,16 +235,24 @@ def compare(results: pd.DataFrame, algorithm: str, reference: str, seed: int) ->
     that share tables where `results` has a `table_group` column, else over tasks), the win rate, the number of
     tasks and of groups, and whether the whole interval lies below 1 ("better") or above ("worse"). Raises
     ValueError when no task has both."""
+    compared = _compared(results, algorithm, reference, seed)
+    if compared is None:
+        raise ValueError(f"compare: no task has both {algorithm} and {reference}")
+    return compared
+
+
+def _compared(results: pd.DataFrame, algorithm: str, reference: str, seed: int) -> dict[str, Any] | None:
+    """compare's answer, None when no task has both (the pairing made once)."""
     ratios = paired_ratios(results, algorithm, reference)
     if ratios.empty:
-        raise ValueError(f"compare: no task has both {algorithm} and {reference}")
+        return None
     groups = None
     if TABLE_GROUP in results.columns:
         group_of = results.drop_duplicates("task").set_index("task")[TABLE_GROUP]
         groups = group_of.loc[ratios.index].to_numpy()
     low, high = bootstrap_ci(ratios.to_numpy(), seed, groups=groups)
     return {"mean_ratio": float(ratios.mean()), "ci_low": low, "ci_high": high,
-            "win_rate": win_rate(results, algorithm, reference), "tasks": int(len(ratios)),
+            "win_rate": _win_rate(ratios), "tasks": int(len(ratios)),
             "groups": int(len(set(groups))) if groups is not None else int(len(ratios)),
             "better": bool(high < 1), "worse": bool(low > 1)}
 
@@ -287,8 +298,8 @@ def family_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
                 [(r, f"vs_{r}") for r in REFERENCES if r in algos]
             for algo, v in algos.items():
                 for reference, key in references:
-                    if not paired_ratios(rows, algo, reference).empty:
-                        v[key] = compare(rows, algo, reference, seed)
+                    if (compared := _compared(rows, algo, reference, seed)) is not None:
+                        v[key] = compared
         if best:
             algos["best_heuristic"] = best
         if peer:
@@ -304,8 +315,8 @@ def pooled_summary(results: pd.DataFrame, seed: int = 0) -> dict[str, dict[str, 
     for algo in results["algorithm"].unique():
         entry = {}
         for reference, key in ((BEST_HEURISTIC, "vs_best_heuristic"), (TORCHREC_PEER, "vs_torchrec_peer")):
-            if not paired_ratios(results, algo, reference).empty:
-                entry[key] = compare(results, algo, reference, seed)
+            if (compared := _compared(results, algo, reference, seed)) is not None:
+                entry[key] = compared
         out[str(algo)] = entry
     return out
 

@@ -57,6 +57,58 @@ def _softplus(x: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class CostHeads:
+    """A CostNet's device heads (fwd, bwd, comm: the first `count` of them) in NumPy. Their first layer is linear,
+    so each piece's encoding is projected once (`project`) and a device's projections sum to that layer's input;
+    `costs` finishes the heads on such sums, as CostNet.head_costs does (by kind, only the groups a device holds)."""
+
+    first: np.ndarray  # [embed, K*H] the heads' first-layer weights side by side
+    bias: np.ndarray  # [K, H] their biases
+    out: np.ndarray  # [K, H] their output weights
+    out_bias: np.ndarray  # [K]
+    scale_ms: float
+    group_count: int  # lookup groups (CostNetConfig.group_count)
+
+    @classmethod
+    def of(cls, cost_net: CostNet, count: int | None = None) -> CostHeads:
+        heads = [_two_layers(cast(nn.Sequential, h), f"cost head {i}")
+                 for i, h in enumerate(list(cost_net.device_heads)[:count])]
+        return cls(first=np.concatenate([w for (w, _), _ in heads], axis=1),
+                   bias=np.stack([b for (_, b), _ in heads]),
+                   out=np.stack([w[:, 0] for _, (w, _) in heads]),
+                   out_bias=np.array([b[0] for _, (_, b) in heads]),
+                   scale_ms=float(cost_net.scale_ms), group_count=cost_net.config.group_count)
+
+    @property
+    def width(self) -> int:
+        """Projected columns: `group_count` blocks of K x H (by kind, each group's piece count follows them)."""
+        return self.group_count * self.first.shape[1]
+
+    @property
+    def masked(self) -> bool:
+        return self.group_count > 1
+
+    def project(self, enc: np.ndarray) -> np.ndarray:
+        """[n, CostNet.width] encodings -> [n, width] (by kind: + [n, group_count] piece counts)."""
+        if self.masked:  # each group's block [embed, count] (CostNet.encode)
+            blocks = enc.reshape(len(enc), self.group_count, -1)
+            return np.concatenate([(blocks[:, :, :-1] @ self.first).reshape(len(enc), -1), blocks[:, :, -1]], axis=1)
+        return enc @ self.first
+
+    def costs(self, load: np.ndarray) -> np.ndarray:
+        """[..., k] summed projections (columns from 0, counts after `width` by kind) -> [..., K] ms of a device at
+        the reference speed."""
+        shape = load.shape[:-1]
+        hidden = np.maximum(load[..., :self.width].reshape(*shape, self.group_count, len(self.out_bias), -1)
+                            + self.bias, 0.0)
+        per_group = _softplus((hidden * self.out).sum(axis=-1) + self.out_bias) * self.scale_ms
+        if self.masked:  # only the groups the device holds run (CostNet.head_costs)
+            counts = load[..., self.width:self.width + self.group_count]
+            per_group = np.where(counts[..., None] > 0.5, per_group, 0.0)
+        return per_group.sum(axis=-2)
+
+
+@dataclass(frozen=True)
 class StepScorer:
     """The logits of one task's placement steps. `weights` [T, k]: what `place_tables` sums per device for
     each table (the cost heads' first-layer input per lookup group, with lookup groups by kind each group's piece
@@ -64,10 +116,7 @@ class StepScorer:
     scores every device for table t from those sums."""
 
     weights: np.ndarray
-    head_bias: np.ndarray  # [3, H] cost heads' first-layer biases
-    head_out: np.ndarray  # [3, H] their output weights
-    head_out_bias: np.ndarray  # [3]
-    scale_ms: float
+    heads: CostHeads  # the cost network's three device heads
     speed: np.ndarray  # [D]
     comm_model: bool  # False: the comm head's estimate
     block_per_dim: float  # bytes a device sends each other device per column of its dim sum
@@ -78,44 +127,32 @@ class StepScorer:
     table_part: np.ndarray  # [T, Hp] the policy head's first layer on the table's encoding, plus its bias
     cost_part: np.ndarray  # [E, Hp] the policy head's first layer on the projected costs
     out: tuple[np.ndarray, np.ndarray]  # the policy head's output layer
-    cost_width: int  # columns of `weights` that feed the cost heads: `group_count` blocks of 3 x H
     policy_width: int  # columns for the policy head's device sum, from column policy_start
-    group_count: int = 1  # lookup groups (CostNetConfig.group_count); by kind, a group's heads count where it has pieces
 
     @property
-    def masked(self) -> bool:
-        """By kind: the `group_count` columns after the cost heads' count each group's pieces."""
-        return self.group_count > 1
+    def cost_width(self) -> int:
+        """Columns of `weights` that feed the cost heads (CostHeads.width); by kind, the groups' counts follow."""
+        return self.heads.width
 
     @property
     def policy_start(self) -> int:
-        return self.cost_width + (self.group_count if self.masked else 0)
+        return self.cost_width + (self.heads.group_count if self.heads.masked else 0)
 
     @classmethod
     def build(cls, cost_net: CostNet, policy: PolicyNet, ctx: TaskContext) -> StepScorer:
         cfg = cost_net.config
-        heads = [_two_layers(cast(nn.Sequential, h), f"cost head {i}") for i, h in enumerate(cost_net.device_heads)]
-        first = np.concatenate([w for (w, _), _ in heads], axis=1)  # [E, 3H]
+        heads = CostHeads.of(cost_net)
         enc = ctx.cost_enc.double().numpy()
         with torch.no_grad():
             penc = policy.encode(ctx.x).double().numpy()
         (w1, b1), out = _two_layers(policy.head, "policy head")
         e = penc.shape[1]
         w_sum, w_cost, w_table = w1[:e], w1[e:2 * e], w1[2 * e:]
-        count = cfg.group_count
-        if count > 1:  # each group's block [embed, count] (CostNet.encode): its heads' input, then the counts
-            blocks = enc.reshape(len(enc), count, -1)
-            cost_in = [(blocks[:, :, :-1] @ first).reshape(len(enc), -1), blocks[:, :, -1]]
-        else:
-            cost_in = [enc @ first]
-        weights = np.concatenate([*cost_in, penc @ w_sum, ctx.widths.double().numpy()], axis=1)
+        weights = np.concatenate([heads.project(enc), penc @ w_sum, ctx.widths.double().numpy()], axis=1)
         n = ctx.task.num_devices
         return cls(
             weights=weights,
-            head_bias=np.stack([b for (_, b), _ in heads]),
-            head_out=np.stack([w[:, 0] for _, (w, _) in heads]),
-            head_out_bias=np.array([b[0] for _, (_, b) in heads]),
-            scale_ms=float(cost_net.scale_ms),
+            heads=heads,
             speed=ctx.cluster.speed.double().numpy(),
             comm_model=cfg.comm == "model",
             block_per_dim=cfg.batch_size / n * cfg.topology.output_bytes,
@@ -126,21 +163,14 @@ class StepScorer:
             table_part=penc @ w_table + b1,
             cost_part=w_cost,
             out=out,
-            cost_width=count * first.shape[1],
             policy_width=w_sum.shape[1],
-            group_count=count,
         )
 
     def device_costs(self, load: np.ndarray) -> np.ndarray:
         """[..., D, k] summed weights -> [..., D, 3] (fwd, bwd, comm) ms, as `CostNet.device_costs` with the task's
         cluster; leading dimensions rate several loads at once."""
         shape = load.shape[:-1]
-        hidden = np.maximum(load[..., :self.cost_width].reshape(*shape, self.group_count, 3, -1) + self.head_bias, 0.0)
-        per_group = _softplus((hidden * self.head_out).sum(axis=-1) + self.head_out_bias) * self.scale_ms
-        if self.masked:  # only the groups the device holds run (CostNet.head_costs)
-            counts = load[..., self.cost_width:self.cost_width + self.group_count]
-            per_group = np.where(counts[..., None] > 0.5, per_group, 0.0)
-        costs = per_group.sum(axis=-2)
+        costs = self.heads.costs(load)
         costs[..., :2] /= self.speed[:, None]
         if not self.comm_model:
             return costs
@@ -157,8 +187,8 @@ class StepScorer:
         """[..., D, k] -> [..., 1] ms of the dists' latencies beyond `_exchange`'s, both ways (CostNet.dist_latency_ms):
         by kind, a set per lookup group with pieces on any device."""
         groups = np.ones((*load.shape[:-2], 1))
-        if self.masked:
-            counts = load[..., self.cost_width:self.cost_width + self.group_count].sum(axis=-2)
+        if self.heads.masked:
+            counts = load[..., self.cost_width:self.cost_width + self.heads.group_count].sum(axis=-2)
             groups = np.maximum(((counts > 0.5) & DIST_GROUP_MASK).sum(axis=-1, keepdims=True), 1)
         return sum(dist_latencies(groups, self.latency_s * 1e3))
 

@@ -17,6 +17,7 @@ import torch
 from dreamshard.data.bins import BinEstimator
 from dreamshard.hardware.comm import dist_group_count, dist_latency_ms, shard_traffic
 from dreamshard.learning.cost_model import folded_encodings
+from dreamshard.learning.decoding import CostHeads
 from dreamshard.learning.features import shard_features
 from dreamshard.learning.neuroshard import NeuroShardModel
 from dreamshard.placement import PlacementState, Rooms, Rules, place_tables
@@ -95,11 +96,13 @@ def block_table(task: Task, b: Block) -> Table:
 
 
 class _Evaluator:
-    """The cost models as numpy-friendly batched functions for one task."""
+    """The cost models as numpy-friendly batched functions for one task. A piece's encoding is the compute
+    model's, projected through its fwd and bwd heads' first layer (decoding.CostHeads): devices sum those."""
 
     def __init__(self, model: NeuroShardModel, task: Task) -> None:
         self.model, self.task = model, task
-        self.cache: dict[tuple[int, int, int], np.ndarray] = {}  # (table, rows, width) -> encoding
+        self.heads = CostHeads.of(model.compute, count=2)  # fwd, bwd
+        self.cache: dict[tuple[int, int, int], np.ndarray] = {}  # (table, rows, width) -> projected encoding
         self.rules = Rules.of_task(task)  # capacity, pins, avoid lists and groups of the tables
         self.speed = np.asarray(task.speeds(), dtype=np.float64)  # compute on device d = reference / speed[d]
 
@@ -110,8 +113,8 @@ class _Evaluator:
         if missing:
             by_key = {(b.table, b.rows, b.width): b for b in blocks}
             raw = np.stack([shard_features(block_table(self.task, by_key[k]), k[2], self.task.memory) for k in missing])
-            enc = folded_encodings(self.model.compute, self.model.scaler, raw)[1].numpy()
-            self.cache.update(zip(missing, enc))
+            enc = folded_encodings(self.model.compute, self.model.scaler, raw)[1].double().numpy()
+            self.cache.update(zip(missing, self.heads.project(enc)))
         return np.stack([self.cache[k] for k in keys])
 
     def sizes(self, shards: ShardSet) -> np.ndarray:
@@ -119,9 +122,8 @@ class _Evaluator:
                         dtype=np.float64)
 
     def compute_ms(self, device_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[..., E] -> (fwd, fwd + bwd) predicted ms on the reference device (speed 1)."""
-        with torch.no_grad():
-            c = self.model.compute.device_costs(torch.from_numpy(device_sums).float()).numpy()
+        """[..., E] summed encodings -> (fwd, fwd + bwd) predicted ms on the reference device (speed 1)."""
+        c = self.heads.costs(device_sums)
         return c[..., 0], c[..., 0] + c[..., 1]
 
     def device_compute_ms(self, device_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

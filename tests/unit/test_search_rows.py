@@ -99,6 +99,18 @@ def search(model: NeuroShardModel, **options) -> NeuroShardSharder:
     return NeuroShardSharder(model, SearchConfig(**{**SEARCH, **options}))
 
 
+_PLANNED: dict[tuple, Plan] = {}
+
+
+def planned(model: NeuroShardModel, task: Task, **options) -> Plan:
+    """search(model, **options).shard(task), searched once per test module: several tests read the same plans
+    of the same tasks, and the search is deterministic (a fresh search gives the kept plan: the hot-table test)."""
+    key = (id(model), task, tuple(sorted(options.items())))
+    if key not in _PLANNED:
+        _PLANNED[key] = search(model, **options).shard(task)
+    return _PLANNED[key]
+
+
 def row_ranges_of(plan: Plan, task: Task) -> dict[str, set[tuple[int, int]]]:
     rows = {t.name: t.rows for t in task.tables}
     out: dict[str, set[tuple[int, int]]] = {}
@@ -113,8 +125,8 @@ def row_ranges_of(plan: Plan, task: Task) -> dict[str, set[tuple[int, int]]]:
 
 def test_a_hot_narrow_table_is_cut_into_row_halves_on_both_devices(neuro, backend):
     task = hot_task()
-    off = search(neuro).shard(task)
-    on = search(neuro, row_splits=True).shard(task)
+    off = planned(neuro, task)
+    on = planned(neuro, task, row_splits=True)
     validate_plan(task, on)
     assert not row_ranges_of(off, task)  # whole: nothing else can spread its lookups
     hot = sorted((s.rows(80_000), s.device) for s in on.shards if s.table == "hot")
@@ -129,7 +141,7 @@ def test_without_a_row_range_limit_the_search_overcuts_the_hot_table(neuro, back
     """Why max_row_ranges defaults to the device count: the compute model, fitted on whole tables fused a few
     at a time, prices many small pieces on one device far too low, and the search follows it."""
     task = hot_task()
-    bounded = search(neuro, row_splits=True).shard(task)
+    bounded = planned(neuro, task, row_splits=True)
     unbounded = search(neuro, row_splits=True, max_row_ranges=64).shard(task)
     validate_plan(task, unbounded)
     assert len(row_ranges_of(unbounded, task)["hot"]) > 2  # observed 8 pieces
@@ -155,8 +167,8 @@ def test_row_moves_never_leave_the_predicted_cost_above_the_column_search(neuro,
     the start ended up to 1.3 times above it (row moves crowding out column moves that paid later)."""
     lower = 0
     for task in test_tasks:
-        off = predicted_ms(neuro, task, search(neuro).shard(task))
-        on = predicted_ms(neuro, task, search(neuro, row_splits=True).shard(task))
+        off = predicted_ms(neuro, task, planned(neuro, task))
+        on = predicted_ms(neuro, task, planned(neuro, task, row_splits=True))
         assert on <= off * (1 + 1e-6), (task.name, on, off)
         lower += on < off * 0.99
     assert lower >= 2  # and row moves do lower it at times
@@ -167,7 +179,7 @@ def test_row_moves_never_leave_the_predicted_cost_above_the_column_search(neuro,
 
 def test_row_splits_off_never_makes_row_ranges(neuro, test_tasks):
     for task in [*test_tasks, hot_task()]:
-        plan = search(neuro).shard(task)
+        plan = planned(neuro, task)
         validate_plan(task, plan)
         assert not any(s.is_row_range for s in plan.shards), task.name
 
@@ -248,11 +260,30 @@ def test_a_row_piece_is_given_to_the_cost_model_as_the_table_of_its_rows(neuro):
     ev = _Evaluator(neuro, task)
     raw = shard_features(piece, 4, task.memory)
     with torch.no_grad():
-        expected = neuro.compute.encode(torch.from_numpy(neuro.scaler.transform(raw[None]))).numpy()[0]
+        expected = neuro.compute.encode(torch.from_numpy(neuro.scaler.transform(raw[None]))).double().numpy()
+    expected = ev.heads.project(expected)[0]  # as the search sums it: through the heads' first layer
     np.testing.assert_allclose(ev.encode([Block(0, 20_000, 60_000, 0, 4)])[0], expected, rtol=1e-6)
     # where its rows start does not matter; how many does
     np.testing.assert_array_equal(ev.encode([Block(0, 0, 40_000, 0, 4)]), ev.encode([Block(0, 40_000, 80_000, 0, 4)]))
     assert not np.allclose(ev.encode([Block(0, 0, 40_000, 0, 4)]), ev.encode([Block(0, 0, 80_000, 0, 4)]))
+
+
+def test_the_search_rates_devices_as_the_compute_model_does(neuro, test_tasks):
+    """The search sums projected encodings and finishes the heads in NumPy (decoding.CostHeads): the same
+    (fwd, fwd + bwd) as the compute model on the summed encodings."""
+    task = test_tasks[0]
+    ev = _Evaluator(neuro, task)
+    blocks = [Block(i, 0, t.rows, 0, t.dim) for i, t in enumerate(task.tables)]
+    device = np.arange(len(blocks)) % 2
+    raw = np.stack([shard_features(t, t.dim, task.memory) for t in task.tables])
+    with torch.no_grad():
+        enc = neuro.compute.encode(torch.from_numpy(neuro.scaler.transform(raw)))
+        sums = torch.stack([enc[torch.from_numpy(device == d)].sum(dim=0) for d in (0, 1)])
+        torch_costs = neuro.compute.device_costs(sums).numpy()
+    projected = ev.encode(blocks)
+    fwd, total = ev.compute_ms(np.stack([projected[device == d].sum(axis=0) for d in (0, 1)]))
+    np.testing.assert_allclose(fwd, torch_costs[:, 0], rtol=1e-5)
+    np.testing.assert_allclose(total, torch_costs[:, 0] + torch_costs[:, 1], rtol=1e-5)
 
 
 def test_shard_sets_before_row_splits_still_read_as_all_rows(neuro):
@@ -287,5 +318,6 @@ def test_table_wise_neuroshard_keeps_tables_whole_and_is_the_grid_search_alone(n
         validate_plan(task, plan)
         assert len(plan.shards) == len(task.tables)  # every table whole, on one device
         assert plan == search(neuro, depth=0).shard(task)
-        cut += len(full.shard(task).shards) > len(task.tables)
+        cut += len(planned(neuro, task, row_splits=True).shards) > len(task.tables)
     assert cut > 0  # where the full search cuts tables, the table-wise one does not
+    assert full.shard(test_tasks[0]) == planned(neuro, test_tasks[0], row_splits=True)  # `full` is that search
