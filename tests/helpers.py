@@ -61,6 +61,9 @@ def tiny_params(paths_root: Path | None = None) -> dict:
                                      "max_neighbours": 4},
                          exhaustive={"num_tasks": 0, "num_tables": 4, "num_devices": 2, "top_plans": 2,
                                                                "rounds": 1})
+    # planned in the stage's own process: spawning planning processes takes longer than planning a tiny task
+    # (test_eval_journal runs two)
+    p["orchestration"]["evaluate"].update(planning_workers=1)
     return p
 
 

@@ -41,7 +41,7 @@ from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
 from dreamshard.sharders import Sharder, load_model, make_sharder, spec
 from dreamshard.sharders.cuts import CutConfig
-from dreamshard.sharders.search import SearchConfig
+from dreamshard.sharders.search import DEVICE_RATING, SearchConfig
 from dreamshard.tasks import Task, read_tasks
 
 __all__ = [
@@ -159,7 +159,7 @@ FALLBACK_RULE = "none where every feature beyond the range is folded, else judge
 def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
     settings), how readings reduce to a cost, which features the learned models fold, the evaluation settings, both
-    searches' settings (NeuroShard's, dreamshard_cut's) and the bytes of every model the sharders load."""
+    searches' settings (NeuroShard's, dreamshard_cut's), how NeuroShard's rates a device and the bytes of every model the sharders load."""
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
@@ -173,6 +173,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
         "fold": list(FOLDED),
         "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),
+        "neuroshard_rating": DEVICE_RATING,
         "cut_search": section(params, "cut_search"),
         "models": {s.name: file_digest(models[s.name]) for s in sharders if spec(s.name).needs_model},
     }, sort_keys=True, default=str)

@@ -27,6 +27,9 @@ from dreamshard.sharders.learned import LearnedSharder
 from dreamshard.tables import Table
 from dreamshard.tasks import Task
 
+# how the search rates a device (_Evaluator): part of the evaluate journal's fingerprint, since it decides plans
+DEVICE_RATING = "compute heads in NumPy float64 on summed first-layer projections"
+
 
 @dataclass(frozen=True)
 class SearchConfig:
