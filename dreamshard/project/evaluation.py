@@ -159,7 +159,8 @@ FALLBACK_RULE = "none where every feature beyond the range is folded, else judge
 def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
     settings), how readings reduce to a cost, which features the learned models fold, the evaluation settings, both
-    searches' settings (NeuroShard's, dreamshard_cut's), how NeuroShard's rates a device and the bytes of every model the sharders load."""
+    searches' settings (NeuroShard's, dreamshard_cut's), how NeuroShard's rates a device and the bytes of every
+    model the sharders load."""
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
