@@ -28,11 +28,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # The files that take the longest, longest first (pytest --durations, summed per file): collected first. With
 # `make test`'s two workers (pytest-xdist, a file per worker at a time, --no-loadscope-reorder: xdist would
 # otherwise queue files by their number of tests) the longest start at once and the short files fill in.
-LONGEST_FILES = ("integration/test_orchestration.py", "unit/test_learning.py", "unit/test_search_rows.py",
-                 "integration/test_pipeline_integration.py", "integration/test_torchrec.py", "unit/test_improve.py",
-                 "integration/test_torchrec_model.py", "integration/test_torchrec_planner.py",
-                 "unit/test_sharders_property.py", "unit/test_bounds_rows.py", "unit/test_figures.py",
-                 "integration/test_dmp_fidelity.py", "integration/test_mlperf_benchmark.py")
+LONGEST_FILES = ("integration/test_orchestration.py", "unit/test_learning.py", "integration/test_torchrec.py",
+                 "integration/test_pipeline_integration.py", "unit/test_improve.py", "integration/test_torchrec_model.py",
+                 "integration/test_torchrec_planner.py", "unit/test_sharders_property.py", "unit/test_figures.py",
+                 "unit/test_bounds_rows.py", "unit/test_search_rows.py", "integration/test_dmp_fidelity.py",
+                 "integration/test_mlperf_benchmark.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
