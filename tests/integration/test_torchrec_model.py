@@ -160,9 +160,9 @@ def test_the_mlperf_model_on_2_hosts_of_8_ahead_of_torchrecs_plan_and_at_or_abov
         theirs = min(mlperf.torchrec_row(mlperf.topology(16, 16.0, 8), BATCH, usable, m)["max_rank_perf_ms"]
                      for m in (None, 64))
         ours = mlperf.ours_row(mlperf.topology(16, 16.0, 8), BATCH, usable, "torchrec_model", None)
-    # planning's CPU time (the other test worker shares the cores: wall time stretched to 13 s once). Issue 50's
-    # target is 10 s (benchmarks/mlperf_dcnv2.py, a quiet machine); here a guard: 8.8 s on a quiet 2-core AMD EPYC,
-    # 9.5 s beside two busy processes
+    # planning's CPU time (the other test worker shares the cores and stretches wall time). Issue 50's 10 s target
+    # is the benchmark's (benchmarks/mlperf_dcnv2.py, a quiet machine); here a guard with room for slower processors
+    # (what it reads: results/make-test-time/)
     assert ours["fits_usable"] and ours["cpu_seconds"] < 15
     assert "table_row_wise/fused" in ours["kinds"]
     assert ours["bound_ms"] <= ours["max_rank_perf_ms"] and theirs / ours["max_rank_perf_ms"] >= 1.15, (ours, theirs)
