@@ -13,6 +13,7 @@ import platform
 import statistics
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -48,6 +49,7 @@ CPU_SUPPORTED = frozenset(
     (p, o) for p in PRECISIONS for o in ("exact_sgd", "exact_row_wise_adagrad", "exact_adagrad")
 )
 INIT_RANGE = 0.01  # the rows lookups read start uniform in [-INIT_RANGE, INIT_RANGE] (FBGEMM's own start: zeros)
+SHARD_INPUT_CACHE_BYTES = 512 << 20  # FbgemmBackend.shard_inputs keeps at most this much, the latest used
 INIT_BLOCK = 1 << 20  # values drawn once from the seeded generator, then repeated over the rows read
 
 
@@ -88,6 +90,28 @@ class FbgemmConfig:
                 raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
         if not isinstance(self.topology, Topology):
             raise ValueError(f"topology: expected a dreamshard.hardware.comm.Topology, got {type(self.topology).__name__}")
+
+
+@dataclass(eq=False)
+class ShardInputs:
+    """One shard's lookups (FbgemmBackend.shard_inputs): ids rebased to its first row and per-sample lengths, both
+    read-only, and the sorted distinct rows they read (the rows a CPU build fills), found when first asked for."""
+
+    indices: np.ndarray
+    lengths: np.ndarray
+    _read_rows: np.ndarray | None = None
+
+    @property
+    def read_rows(self) -> np.ndarray:
+        if self._read_rows is None:
+            self._read_rows = np.unique(self.indices)
+            self._read_rows.setflags(write=False)
+        return self._read_rows
+
+    @property
+    def nbytes(self) -> int:
+        """What it holds once its rows read are found: at most its ids twice and its lengths."""
+        return 2 * self.indices.nbytes + self.lengths.nbytes
 
 
 @dataclass(frozen=True)
@@ -178,6 +202,10 @@ class FbgemmBackend:
         self.config = config
         self._init_block: Any = None  # INIT_BLOCK seeded values (fill_read_rows), drawn on the first build
         self._weight_pool: Any = None  # weight_memory "reused": bytes that every CPU build's weights view
+        # a shard's lookups and the rows they read, by (table, row range, batch): a table's lookups are the same
+        # in every build (LookupSource), and np.unique of heavily pooled tables' ids was a tenth of evaluate's time
+        self._shard_inputs: OrderedDict[tuple, ShardInputs] = OrderedDict()
+        self._shard_input_bytes = 0
 
     @property
     def batch_size(self) -> int:
@@ -297,8 +325,10 @@ class FbgemmBackend:
             raise DreamShardError(f"fbgemm backend: {shards[0].label()} is UVM-cached (fused_uvm_caching), a CUDA "
                                   "kernel: FBGEMM's CPU kernels keep every table in host memory, so a CPU timing would "
                                   "not be of it; measure on CUDA, or price it with the analytic backend")
-        indices, offsets = self._inputs(shards, specs, self.config.batch_size)
-        return self._build(task, specs, indices, offsets, reuse_memory, factor)
+        batch = self.config.batch_size
+        indices, offsets = self._inputs(shards, specs, batch)
+        read = [self.shard_inputs(table, start, end, batch).read_rows for table, _, start, end in specs]
+        return self._build(task, specs, indices, offsets, read, reuse_memory, factor)
 
     # ---------------------------------------------------------------- checks and inputs
 
@@ -349,38 +379,58 @@ class FbgemmBackend:
         A row shard [start, end) is its own table of end - start rows: it gets the lookups of
         its table that fall in its range, rebased to start at 0, so hot rows land where they are.
         """
-        cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column slices of one table share its lookups
-        all_indices, all_lengths = [], []
-        for table, _, start, end in specs:
-            if table.name not in cache:
-                req = self.lookups.lookups(table, batch)
-                idx = np.asarray(req.indices, dtype=np.int64)
-                lengths = np.asarray(req.lengths, dtype=np.int64)
-                if lengths.shape != (batch,):
-                    raise DreamShardError(
-                        f"table {table.name!r}: lookups have {lengths.shape[0] if lengths.ndim else 0} samples, "
-                        f"expected the batch size {batch}"
-                    )
-                if (lengths < 0).any() or int(lengths.sum()) != idx.shape[0]:
-                    raise DreamShardError(
-                        f"table {table.name!r}: lookup lengths sum to {int(lengths.sum())} for {idx.shape[0]} indices"
-                    )
-                if idx.size and (idx.min() < 0 or idx.max() >= table.rows):
-                    raise DreamShardError(
-                        f"table {table.name!r}: lookup row ids span [{idx.min()}, {idx.max()}], "
-                        f"outside the table's {table.rows} rows"
-                    )
-                cache[table.name] = (idx, lengths)
-            idx, lengths = cache[table.name]
-            if (start, end) != (0, table.rows):
-                sample = np.repeat(np.arange(batch), lengths)
-                inside = (idx >= start) & (idx < end)
-                idx, lengths = idx[inside] - start, np.bincount(sample[inside], minlength=batch).astype(np.int64)
-            all_indices.append(idx)
-            all_lengths.append(lengths)
-        indices = np.concatenate(all_indices)
-        offsets = np.concatenate([[0], np.cumsum(np.concatenate(all_lengths))]).astype(np.int64)
+        parts = [self.shard_inputs(table, start, end, batch) for table, _, start, end in specs]
+        indices = np.concatenate([p.indices for p in parts])
+        offsets = np.concatenate([[0], np.cumsum(np.concatenate([p.lengths for p in parts]))]).astype(np.int64)
         return indices, offsets
+
+    def shard_inputs(self, table: Table, start: int, end: int, batch: int) -> ShardInputs:
+        """The lookups of rows [start, end) of `table` at `batch` samples (rebased to start), and the sorted rows
+        they read: computed once and kept (read-only arrays; the least recently used dropped beyond
+        SHARD_INPUT_CACHE_BYTES)."""
+        key = (table, start, end, batch)
+        hit = self._shard_inputs.get(key)
+        if hit is not None:
+            self._shard_inputs.move_to_end(key)
+            return hit
+        if (start, end) != (0, table.rows):
+            whole = self.shard_inputs(table, 0, table.rows, batch)
+            idx, lengths = whole.indices, whole.lengths
+            sample = np.repeat(np.arange(batch), lengths)
+            inside = (idx >= start) & (idx < end)
+            idx, lengths = idx[inside] - start, np.bincount(sample[inside], minlength=batch).astype(np.int64)
+        else:
+            idx, lengths = self._table_lookups(table, batch)
+        part = ShardInputs(idx, lengths)
+        idx.setflags(write=False)
+        lengths.setflags(write=False)
+        self._shard_inputs[key] = part
+        self._shard_input_bytes += part.nbytes
+        while self._shard_input_bytes > SHARD_INPUT_CACHE_BYTES and len(self._shard_inputs) > 1:
+            _, dropped = self._shard_inputs.popitem(last=False)
+            self._shard_input_bytes -= dropped.nbytes
+        return part
+
+    def _table_lookups(self, table: Table, batch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The lookup source's (indices, lengths) of `table` at `batch` samples, checked."""
+        req = self.lookups.lookups(table, batch)
+        idx = np.array(req.indices, dtype=np.int64)  # copies: the kept arrays are made read-only, not the source's
+        lengths = np.array(req.lengths, dtype=np.int64)
+        if lengths.shape != (batch,):
+            raise DreamShardError(
+                f"table {table.name!r}: lookups have {lengths.shape[0] if lengths.ndim else 0} samples, "
+                f"expected the batch size {batch}"
+            )
+        if (lengths < 0).any() or int(lengths.sum()) != idx.shape[0]:
+            raise DreamShardError(
+                f"table {table.name!r}: lookup lengths sum to {int(lengths.sum())} for {idx.shape[0]} indices"
+            )
+        if idx.size and (idx.min() < 0 or idx.max() >= table.rows):
+            raise DreamShardError(
+                f"table {table.name!r}: lookup row ids span [{idx.min()}, {idx.max()}], "
+                f"outside the table's {table.rows} rows"
+            )
+        return idx, lengths
 
     # ---------------------------------------------------------------- the measurement
 
@@ -404,7 +454,7 @@ class FbgemmBackend:
             self._weight_pool = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return {"weights": self._weight_pool[:nbytes].view(dtype)}
 
-    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray,
+    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray, read_rows: list[np.ndarray],
                reuse_memory: bool, cache_load_factor: float | None = None) -> FusedOperator:
         import torch
 
@@ -462,9 +512,8 @@ class FbgemmBackend:
             for t, w in enumerate(op.split_embedding_weights()):
                 lo, hi = int(offsets_np[t * batch]), int(offsets_np[(t + 1) * batch])
                 # the same sorted row ids either way; on CUDA the device finds them (np.unique of a table's
-                # lookups at batch 65536 took most of a build's host time there)
-                read = torch.unique(indices[lo:hi]) if device.type == "cuda" else \
-                    torch.from_numpy(np.unique(indices_np[lo:hi]))
+                # lookups at batch 65536 took most of a build's host time there), on CPU shard_inputs kept them
+                read = torch.unique(indices[lo:hi]) if device.type == "cuda" else torch.tensor(read_rows[t])
                 fill_read_rows(w, read, self._init_block)
         offsets = torch.from_numpy(offsets_np).to(device)
         # the output: a row per sample of the widths side by side, or without pooling a row per id of the one width

@@ -549,3 +549,43 @@ def test_torchrecs_lookup_groups_one_operator_per_sharding_kind(backend, monkeyp
     assert built == [["a", "b", "c", "d"]]
     with pytest.raises(ValueError, match="lookup_groups"):
         replace(backend.config, lookup_groups="table")
+
+
+class CountingLookups(GeneratedLookups):
+    """Real generated lookups that count what the backend asks for."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.asked: list[str] = []
+
+    def lookups(self, table, batch_size):
+        self.asked.append(table.name)
+        return super().lookups(table, batch_size)
+
+
+def test_a_shards_lookups_are_drawn_once_kept_read_only_and_the_same_as_fresh(monkeypatch):
+    """Builds reuse a shard's lookups and rows read (FbgemmBackend.shard_inputs): the source is asked once per
+    table, the operator's inputs equal a fresh backend's, and past the cache's budget they are found again."""
+    from dreamshard.hardware import fbgemm
+
+    task = tiny_task()
+    shards = [Shard("c", 0, 0, 32, 0, 700), Shard("a", 0, 0, 16), Shard("c", 0, 0, 32, 700, 2000)]
+    source = CountingLookups()
+    kept = FbgemmBackend(source, FAST)
+    first, again = (kept.build_operator(task, shards) for _ in range(2))
+    assert sorted(source.asked) == ["a", "c"]  # c's two row ranges both come from its one draw
+    fresh = FbgemmBackend(GeneratedLookups(seed=0), FAST).build_operator(task, shards)
+    for op in (first, again):
+        assert torch.equal(op.indices, fresh.indices) and torch.equal(op.offsets, fresh.offsets)
+    part = kept.shard_inputs(task.tables[2], 700, 2000, FAST.batch_size)
+    assert np.array_equal(part.read_rows, np.unique(part.indices)) and part.indices.max() < 1300
+    for array in (part.indices, part.lengths, part.read_rows):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1
+    monkeypatch.setattr(fbgemm, "SHARD_INPUT_CACHE_BYTES", 1)  # room for one shard's inputs only
+    tight = FbgemmBackend(source, FAST)
+    source.asked.clear()
+    for _ in range(2):
+        op = tight.build_operator(task, shards)
+        assert torch.equal(op.indices, fresh.indices) and torch.equal(op.offsets, fresh.offsets)
+    assert len(tight._shard_inputs) == 1 and len(source.asked) > 2  # dropped, then drawn again
