@@ -447,12 +447,12 @@ class FbgemmBackend:
         size = construct_split_state(embedding_specs, rowwise=False, cacheable=True, precision=precision).host_size
         dtype = precision.as_dtype()
         if not reuse:
-            return {"weights": torch.empty(size, dtype=dtype, device=device)}
+            return HostBuffers(weights=torch.empty(size, dtype=dtype, device=device))
         nbytes = size * torch.empty(0, dtype=dtype).element_size()
         if self._weight_pool is None or self._weight_pool.numel() < nbytes:
             self._weight_pool = None  # freed before the larger one is taken
             self._weight_pool = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        return {"weights": self._weight_pool[:nbytes].view(dtype)}
+        return HostBuffers(weights=self._weight_pool[:nbytes].view(dtype))
 
     def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray, read_rows: list[np.ndarray],
                reuse_memory: bool, cache_load_factor: float | None = None) -> FusedOperator:
@@ -549,6 +549,14 @@ class FbgemmBackend:
                              grad, device, dense_lr=self.config.learning_rate)
 
 
+class HostBuffers(dict):
+    """FBGEMM's `preallocated_host_buffers`, printed by name only: its constructor logs the text of all its
+    arguments, and formatting the weights tensor took a fifth of a CPU build."""
+
+    def __repr__(self) -> str:
+        return f"HostBuffers({', '.join(self)})"
+
+
 def fill_read_rows(weights, rows, block) -> None:
     """Fill the `rows` (int64 row ids) of `weights` (rows x width) with `block` repeated in order: seeded,
     uniform, and as many values as the rows read hold."""
@@ -556,7 +564,8 @@ def fill_read_rows(weights, rows, block) -> None:
         return
     count = rows.numel() * weights.shape[1]
     values = block.repeat(-(-count // block.numel()))[:count] if count > block.numel() else block[:count]
-    weights[rows] = values.view(rows.numel(), weights.shape[1]).to(weights.dtype)
+    # row copies: 1.5x faster than `weights[rows] = ...` (an element-wise scatter) on CPU, the same result
+    weights.index_copy_(0, rows, values.view(rows.numel(), weights.shape[1]).to(weights.dtype))
 
 
 @dataclass
