@@ -388,7 +388,10 @@ class FbgemmBackend:
         """The lookups of rows [start, end) of `table` at `batch` samples (rebased to start), and the sorted rows
         they read: computed once and kept (read-only arrays; the least recently used dropped beyond
         SHARD_INPUT_CACHE_BYTES)."""
-        key = (table, start, end, batch)
+        # what the lookups depend on (LookupSource: a table's name, rows, pooling and bins), hashable whatever
+        # sequence the bins came in
+        bins = None if table.bins is None else tuple(float(b) for b in table.bins)
+        key = (table.name, table.rows, float(table.pooling_factor), bins, start, end, batch)
         hit = self._shard_inputs.get(key)
         if hit is not None:
             self._shard_inputs.move_to_end(key)

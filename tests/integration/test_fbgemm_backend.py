@@ -589,3 +589,7 @@ def test_a_shards_lookups_are_drawn_once_kept_read_only_and_the_same_as_fresh(mo
         op = tight.build_operator(task, shards)
         assert torch.equal(op.indices, fresh.indices) and torch.equal(op.offsets, fresh.offsets)
     assert len(tight._shard_inputs) == 1 and len(source.asked) > 2  # dropped, then drawn again
+    from dreamshard.tables import NUM_BINS
+
+    listed = Task.uniform("listed", [Table("e", 800, 8, 3.0, bins=[1.0 / NUM_BINS] * NUM_BINS)], 1, 1.0)
+    assert positive_finite(kept.compute_cost(listed, [Shard("e", 0, 0, 8)]).total_ms)  # bins given as a list
