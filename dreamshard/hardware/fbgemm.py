@@ -318,7 +318,7 @@ class FbgemmBackend:
             if any(t.sequence for t, _, _, _ in specs):
                 raise DreamShardError("fbgemm backend: data-parallel sequence tables are not measured")
             batch = max(1, self.config.batch_size // task.num_devices)
-            indices, offsets = self._inputs(shards, specs, batch)
+            indices, offsets, _ = self._inputs(specs, batch)
             return self._build_dense(task, specs, indices, offsets, batch)
         factor = shards[0].load_factor(specs[0][0])
         if factor is not None and self.config.device == "cpu":
@@ -326,9 +326,8 @@ class FbgemmBackend:
                                   "kernel: FBGEMM's CPU kernels keep every table in host memory, so a CPU timing would "
                                   "not be of it; measure on CUDA, or price it with the analytic backend")
         batch = self.config.batch_size
-        indices, offsets = self._inputs(shards, specs, batch)
-        read = [self.shard_inputs(table, start, end, batch).read_rows for table, _, start, end in specs]
-        return self._build(task, specs, indices, offsets, read, reuse_memory, factor)
+        indices, offsets, parts = self._inputs(specs, batch)
+        return self._build(task, specs, indices, offsets, parts, reuse_memory, factor)
 
     # ---------------------------------------------------------------- checks and inputs
 
@@ -373,8 +372,9 @@ class FbgemmBackend:
                 f"{task.memory.optimizer} state, over the measurement budget of {self.config.memory_budget_gb} GB "
                 "(FbgemmConfig.memory_budget_gb); nothing was allocated", needed, int(budget))
 
-    def _inputs(self, shards: Sequence[Shard], specs, batch: int):
-        """Table-major int64 indices and offsets (T*B+1) over the shards at `batch` samples, as in the DLRM format.
+    def _inputs(self, specs, batch: int) -> tuple[np.ndarray, np.ndarray, list[ShardInputs]]:
+        """Table-major int64 indices and offsets (T*B+1) over the shards at `batch` samples, as in the DLRM format,
+        and each shard's ShardInputs.
 
         A row shard [start, end) is its own table of end - start rows: it gets the lookups of
         its table that fall in its range, rebased to start at 0, so hot rows land where they are.
@@ -382,7 +382,7 @@ class FbgemmBackend:
         parts = [self.shard_inputs(table, start, end, batch) for table, _, start, end in specs]
         indices = np.concatenate([p.indices for p in parts])
         offsets = np.concatenate([[0], np.cumsum(np.concatenate([p.lengths for p in parts]))]).astype(np.int64)
-        return indices, offsets
+        return indices, offsets, parts
 
     def shard_inputs(self, table: Table, start: int, end: int, batch: int) -> ShardInputs:
         """The lookups of rows [start, end) of `table` at `batch` samples (rebased to start), and the sorted rows
@@ -457,7 +457,7 @@ class FbgemmBackend:
             self._weight_pool = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return HostBuffers(weights=self._weight_pool[:nbytes].view(dtype))
 
-    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray, read_rows: list[np.ndarray],
+    def _build(self, task: Task, specs, indices_np: np.ndarray, offsets_np: np.ndarray, parts: list[ShardInputs],
                reuse_memory: bool, cache_load_factor: float | None = None) -> FusedOperator:
         import torch
 
@@ -516,7 +516,7 @@ class FbgemmBackend:
                 lo, hi = int(offsets_np[t * batch]), int(offsets_np[(t + 1) * batch])
                 # the same sorted row ids either way; on CUDA the device finds them (np.unique of a table's
                 # lookups at batch 65536 took most of a build's host time there), on CPU shard_inputs kept them
-                read = torch.unique(indices[lo:hi]) if device.type == "cuda" else torch.tensor(read_rows[t])
+                read = torch.unique(indices[lo:hi]) if device.type == "cuda" else torch.tensor(parts[t].read_rows)
                 fill_read_rows(w, read, self._init_block)
         offsets = torch.from_numpy(offsets_np).to(device)
         # the output: a row per sample of the widths side by side, or without pooling a row per id of the one width
