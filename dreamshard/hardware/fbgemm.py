@@ -203,7 +203,7 @@ class FbgemmBackend:
         self._init_block: Any = None  # INIT_BLOCK seeded values (fill_read_rows), drawn on the first build
         self._weight_pool: Any = None  # weight_memory "reused": bytes that every CPU build's weights view
         # a shard's lookups and the rows they read, by (table, row range, batch): a table's lookups are the same
-        # in every build (LookupSource), and np.unique of heavily pooled tables' ids was a tenth of evaluate's time
+        # in every build (LookupSource), so neither is found again (results/make-run-time/)
         self._shard_inputs: OrderedDict[tuple, ShardInputs] = OrderedDict()
         self._shard_input_bytes = 0
 
@@ -554,7 +554,7 @@ class FbgemmBackend:
 
 class HostBuffers(dict):
     """FBGEMM's `preallocated_host_buffers`, printed by name only: its constructor logs the text of all its
-    arguments, and formatting the weights tensor took a fifth of a CPU build."""
+    arguments, and formatting the weights tensor is costly work in every CPU build (results/make-run-time/)."""
 
     def __repr__(self) -> str:
         return f"HostBuffers({', '.join(self)})"
@@ -567,7 +567,7 @@ def fill_read_rows(weights, rows, block) -> None:
         return
     count = rows.numel() * weights.shape[1]
     values = block.repeat(-(-count // block.numel()))[:count] if count > block.numel() else block[:count]
-    # row copies: 1.5x faster than `weights[rows] = ...` (an element-wise scatter) on CPU, the same result
+    # row copies: faster than `weights[rows] = ...` (an element-wise scatter) on CPU, the same result
     weights.index_copy_(0, rows, values.view(rows.numel(), weights.shape[1]).to(weights.dtype))
 
 
