@@ -8,6 +8,7 @@ docs/torchrec.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -68,6 +69,38 @@ def quiet_torchrec() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, saved):
             lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def planner_copies() -> Iterator[None]:
+    """TorchRec's planner deep-copies its devices, shards and their Perf and Storage records many times per
+    proposal (its partitioner, its proposers, its best plan); Python's generic deepcopy of those dataclasses is
+    most of `torchrec_full`'s planning time on our tasks (results/make-run-time/). Within this block they copy
+    themselves field by field: the same copies (their fields are numbers, lists of numbers and those records; a record met
+    twice in one copy is copied once, as deepcopy's memo does), so TorchRec plans the same, sooner."""
+    from torchrec.distributed.planner import types as tt
+
+    def record(self, memo):  # Perf, Storage: numbers only
+        copied = self.__class__.__new__(self.__class__)
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def device(self, memo):
+        return tt.DeviceHardware(self.rank, copy.deepcopy(self.storage, memo), copy.deepcopy(self.perf, memo))
+
+    def shard(self, memo):
+        return tt.Shard(copy.deepcopy(self.size, memo), copy.deepcopy(self.offset, memo),
+                        copy.deepcopy(self.storage, memo), copy.deepcopy(self.perf, memo), self.rank)
+
+    copiers = {tt.Perf: record, tt.Storage: record, tt.DeviceHardware: device, tt.Shard: shard}
+    installed = [cls for cls in copiers if "__deepcopy__" not in vars(cls)]  # an enclosing block's stay
+    for cls in installed:
+        cls.__deepcopy__ = copiers[cls]
+    try:
+        yield
+    finally:
+        for cls in installed:
+            del cls.__deepcopy__
 
 
 # ------------------------------------------------------------------ the module

@@ -127,7 +127,7 @@ class TorchRecSharder:
         if whole and TABLE_WISE not in types:
             raise DreamShardError(f"sharder {self.name!r}: tables {sorted(whole)} must stay whole, but table_wise is "
                                   "not among the sharding types offered")
-        with tx.quiet_torchrec():
+        with tx.quiet_torchrec(), tx.planner_copies():
             topo = self._topology(task, to_plan=True)
             constraints = tx.table_constraints(task, per_table, min_partition=self.min_partition)
             batch = tx.torchrec_batch(task, self.batch_size)

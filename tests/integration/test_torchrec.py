@@ -684,3 +684,38 @@ def test_the_training_script_run_here_is_the_one_in_the_docs():
     text = (PROJECT_ROOT / "docs" / "torchrec.md").read_text()
     block = next(b.split("```", 1)[0] for b in text.split("```python\n")[1:] if "train_sharded.py" in b.split("```")[0])
     assert block == TRAIN_SCRIPT
+
+
+def test_planner_copies_are_deepcopys_and_torchrec_plans_the_same_with_them(monkeypatch):
+    """interop.torchrec.planner_copies: TorchRec's records copy field by field within the block, as deepcopy would
+    (equal, not the same objects, a record met twice copied once), the classes are as before after it, and TorchRec's
+    full search plans the same tasks (cuts, row blocks, a grid over one host, two hosts) with and without it."""
+    import contextlib
+    import copy
+
+    from torchrec.distributed.planner import types as tt
+
+    from dreamshard.hardware.topology import Topology as Links
+    from dreamshard.interop import torchrec as tx
+
+    storage, perf = tt.Storage(10, 2), tt.Perf(1.0, 2.0, 3.0, 4.0)
+    records = [tt.Shard([8, 4], [0, 4], storage, perf, 3), tt.Shard([8, 4], [8, 0], storage, None),
+               tt.DeviceHardware(1, storage, perf)]
+    with tx.planner_copies(), tx.planner_copies():  # nested: the outer block's copiers stay until it ends
+        copied = copy.deepcopy(records)
+        assert "__deepcopy__" in vars(tt.Shard)
+    assert all("__deepcopy__" not in vars(c) for c in (tt.Perf, tt.Storage, tt.DeviceHardware, tt.Shard))
+    assert copied == records and copied == copy.deepcopy(records)
+    assert copied[0] is not records[0] and copied[0].size is not records[0].size
+    assert copied[0].storage is copied[1].storage is copied[2].storage is not storage
+    assert copied[0].perf is copied[2].perf is not perf
+
+    links = Links(devices_per_host=4, intra_host_gbps=150.0, inter_host_gbps=12.5)
+    tasks = [replace(random_task(14, 8, memory_gb=0.6, seed=5), sharding=("table", "column", "row")),
+             replace(random_task(12, 8, memory_gb=0.6, seed=6), sharding=("table", "column", "row", "host"))]
+    tasks[1] = replace(tasks[1], devices=tuple(replace(d, host=host_name(i, 4)) for i, d in enumerate(tasks[1].devices)))
+    sharders = [make_sharder("torchrec_full_min"), make_sharder("torchrec_full_min", links=links)]
+    fast = [s.shard(t) for s, t in zip(sharders, tasks)]
+    monkeypatch.setattr(tx, "planner_copies", contextlib.nullcontext)
+    assert fast == [s.shard(t) for s, t in zip(sharders, tasks)]
+    assert all(len(p.shards) > len(t.tables) for p, t in zip(fast, tasks))  # TorchRec cut tables
