@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from dreamshard.errors import InfeasibleTaskError
 from dreamshard.evaluation.bounds import ROW_PROBE_RATIO, LowerBound, column_splits_in, lower_bound, row_splits_of
-from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, least_compute, measure_rounds, median_cost
+from dreamshard.hardware.base import ComputeCost, CostBackend, PlanCost, least_reading, measure_rounds, median_cost
 from dreamshard.hardware.comm import Topology
 from dreamshard.placement import Rules
 from dreamshard.plan import Plan, Shard, device_memory_bytes, validate_plan
@@ -70,7 +70,8 @@ class ProbeCache:
     A bound is only as low as its probes' readings, and a reading is never below what the operator costs but
     can be well above it: a machine in a noisy spell can read every single table of a task high, and the bound
     then lies above the exhaustive optimum (docs/cost-backends.md). So each probe
-    is measured `rounds` times and its least reading kept (the least total; a bound's term wants the least).
+    is read `rounds` times and its least reading kept (the least total; a bound's term wants the least), from
+    one build of its operator where the backend can (the fbgemm backend's compute_readings).
     A bound probes every table of a task on its own (and its 4-column slice, and row pieces): one operator
     holding one shard, whose cost depends on the table's statistics and lookups, the shard's width and
     rows and the memory model, not on the task. Tasks of one evaluation draw their tables from one pool,
@@ -99,9 +100,8 @@ class ProbeCache:
         return self.backend.topology
 
     def least(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
-        """The least of `rounds` readings of the operator holding `shards` (on the task's first device)."""
-        probe = Plan(task.num_devices, tuple(replace(s, device=0) for s in shards))
-        return measure_rounds(self.backend, task, [probe], self.rounds, least_compute)[0]
+        """The least of `rounds` readings of the operator holding `shards` (hardware.base.least_reading)."""
+        return least_reading(self.backend, task, shards, self.rounds)
 
     def compute_cost(self, task: Task, shards: Sequence[Shard]) -> ComputeCost:
         if len(shards) != 1:

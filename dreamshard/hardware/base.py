@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -24,6 +24,8 @@ R = TypeVar("R")
 
 # how measure_rounds' readings become a plan's cost (median_cost); in the evaluation journal's fingerprint
 REDUCTION = "device medians"
+# how a bound's probe is read (least_reading); in the journal's fingerprint too: the bounds are journaled
+PROBE_READING = "least of the rounds' readings, one build where the backend offers compute_readings"
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,19 @@ def least_compute(readings: Sequence[Reading]) -> ComputeCost:
     """The least reading of the operator on the plan's first device (a lower bound's probe: one operator, read
     several times, wants the least any reading showed)."""
     return min((r.compute[0] for r in readings), key=lambda c: c.total_ms)
+
+
+def least_reading(backend: CostBackend, task: Task, shards: Sequence[Shard], readings: int) -> ComputeCost:
+    """The least of `readings` readings of the operator holding `shards` (on the task's first device): from one
+    build where the backend offers `compute_readings` (the fbgemm backend), else measured that many times over
+    (measure_rounds); a lower bound's probe."""
+    if isinstance(readings, bool) or not isinstance(readings, int) or readings < 1:
+        raise ValueError(f"rounds: expected an integer >= 1, got {readings!r}")
+    read = getattr(backend, "compute_readings", None)
+    if read is not None:
+        return min(read(task, list(shards), readings), key=lambda c: c.total_ms)
+    probe = Plan(task.num_devices, tuple(replace(s, device=0) for s in shards))
+    return measure_rounds(backend, task, [probe], readings, least_compute)[0]
 
 
 @dataclass

@@ -269,6 +269,21 @@ class FbgemmBackend:
         """Every timed iteration of one device's fused operator (compute_cost takes their medians)."""
         if not shards:
             return Samples((0.0,), (0.0,))
+        return self._sample_sets(task, shards, 1)[0]
+
+    def compute_readings(self, task: Task, shards: Sequence[Shard], readings: int) -> list[ComputeCost]:
+        """`readings` readings of one device's operator from one build: warmed up once, then timed `readings`
+        times over (`iterations` steps each, their medians). For the bounds' probes (evaluation.ProbeCache),
+        which keep the least reading: a rebuilt operator would add a build's time to each reading, and the probes
+        are most of a bound's time (results/make-run-time/)."""
+        if isinstance(readings, bool) or not isinstance(readings, int) or readings < 1:
+            raise ValueError(f"readings: expected an integer >= 1, got {readings!r}")
+        if not shards:
+            return [ComputeCost(0.0, 0.0)] * readings
+        return [s.median() for s in self._sample_sets(task, shards, readings)]
+
+    def _sample_sets(self, task: Task, shards: Sequence[Shard], sets: int) -> list[Samples]:
+        """`sets` runs of `iterations` timed steps of each operator of a device's shards, built and warmed up once."""
         import torch
 
         if self.config.device == "cpu" and torch.get_num_threads() != self.config.threads:
@@ -285,15 +300,15 @@ class FbgemmBackend:
         groups = operator_groups(task, shards, by_kind=self.config.lookup_groups == "kind")
         if len(groups) > 1:  # pooled and sequence tables, or sequences of several widths: timed one after another
             self._check_budget(task, shards, self._shard_specs(task, shards))
-            samples = [self.compute_samples(task, group) for group in groups]
-            return sum(samples[1:], start=samples[0])
+            per_group = [self._sample_sets(task, group, sets) for group in groups]
+            return [sum(runs[1:], start=runs[0]) for runs in zip(*per_group)]
         fused = None
         try:
             # the operator lives only until it is timed: it may take the buffer kept across builds
             fused = self.build_operator(task, shards, reuse_memory=self.config.weight_memory == "reused")
             fused.warm_up(self.config.warmup)
-            return fused.time_cuda(self.config.iterations) if fused.device.type == "cuda" \
-                else fused.time_cpu(self.config.iterations)
+            timed = fused.time_cuda if fused.device.type == "cuda" else fused.time_cpu
+            return [timed(self.config.iterations) for _ in range(sets)]
         finally:
             del fused  # free the operator (and its weights) before anything else is built
             if self.config.device == "cuda":

@@ -33,7 +33,7 @@ from dreamshard.evaluation.summary import (
     with_ratios,
     with_table_groups,
 )
-from dreamshard.hardware.base import REDUCTION, CostBackend
+from dreamshard.hardware.base import PROBE_READING, REDUCTION, CostBackend
 from dreamshard.hardware.comm import MODEL_VERSION as COMM_MODEL_VERSION
 from dreamshard.hardware.topology import Topology
 from dreamshard.learning.features import FOLDED
@@ -171,6 +171,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
         "backend": [backend.name, backend.device_name(), backend.versions(), section(params, "backend")],
         "comm_model": COMM_MODEL_VERSION,
         "reduction": REDUCTION,
+        "probe_reading": PROBE_READING,
         "fold": list(FOLDED),
         "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),

@@ -593,3 +593,49 @@ def test_a_shards_lookups_are_drawn_once_kept_read_only_and_the_same_as_fresh(mo
 
     listed = Task.uniform("listed", [Table("e", 800, 8, 3.0, bins=[1.0 / NUM_BINS] * NUM_BINS)], 1, 1.0)
     assert positive_finite(kept.compute_cost(listed, [Shard("e", 0, 0, 8)]).total_ms)  # bins given as a list
+
+
+def test_a_probes_readings_come_from_one_build_of_each_operator(backend, monkeypatch):
+    """compute_readings (the bounds' probes, via hardware.base.least_reading): `readings` readings of a device's
+    operators, each built and warmed up once, each reading `iterations` timed steps per operator; ProbeCache keeps
+    the least. A device of two lookup groups builds two operators and sums their timings reading by reading."""
+    from dreamshard.evaluation.evaluate import ProbeCache
+    from dreamshard.hardware.fbgemm import FbgemmBackend, FusedOperator
+
+    task = tiny_task(1)
+    by_name = {t.name: t for t in task.tables}
+    built, timed, readings = [], [], []
+    original_build, original_time = FbgemmBackend.build_operator, FusedOperator.time_cpu
+
+    def counting(self, task, shards, reuse_memory=False):
+        built.append(sorted(s.table for s in shards))
+        return original_build(self, task, shards, reuse_memory)
+
+    def timing(self, iterations):
+        timed.append(iterations)
+        return original_time(self, iterations)
+
+    monkeypatch.setattr(FbgemmBackend, "build_operator", counting)
+    monkeypatch.setattr(FusedOperator, "time_cpu", timing)
+    got = backend.compute_readings(task, whole(task)[:1], 3)
+    assert len(got) == 3 and all(positive_finite(c.total_ms) for c in got)
+    assert len(built) == 1 and timed == [backend.config.iterations] * 3
+    built.clear()
+    two_kinds = [Shard("a", 0, 0, 16), Shard("b", 0, 0, 8, 0, by_name["b"].rows // 2)]  # table- and row-wise
+    assert len(backend.compute_readings(task, two_kinds, 2)) == 2 and sorted(built) == [["a"], ["b"]]
+    assert backend.compute_readings(task, [], 2) == [type(got[0])(0.0, 0.0)] * 2
+    with pytest.raises(ValueError, match="readings"):
+        backend.compute_readings(task, whole(task), 0)
+
+    original_read = FbgemmBackend.compute_readings
+
+    def recording(self, task, shards, n):
+        readings.append(original_read(self, task, shards, n))
+        return readings[-1]
+
+    monkeypatch.setattr(FbgemmBackend, "compute_readings", recording)
+    built.clear()
+    probes = ProbeCache(backend, rounds=3)
+    least = probes.compute_cost(task, whole(task)[:1])
+    assert len(built) == 1 and least == min(readings[0], key=lambda c: c.total_ms)
+    assert probes.compute_cost(task, whole(task)[:1]) == least and len(built) == 1  # kept for later tasks
