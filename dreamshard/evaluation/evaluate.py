@@ -159,16 +159,20 @@ def estimated_bins_check(backend: CostBackend, tasks: Sequence[Task], sharders: 
                          rounds: int) -> list[BinsComparison]:
     """What planning without access-count histograms costs: each sharder plans each task twice, once with
     the measured bins and once with every table's bins removed (its model's estimator fills them in,
-    dreamshard.data.bins); both plans are measured on the real tables in `rounds` interleaved rounds."""
+    dreamshard.data.bins); a task's plans, every sharder's both, are measured on the real tables in `rounds`
+    interleaved rounds (measure_rounds: a plan two sharders made is measured once)."""
     out = []
     for task in tasks:
         blind = replace(task, tables=tuple(replace(t, bins=None) for t in task.tables))
+        pairs = []
         for sharder in sharders:
             with_bins, without = sharder.shard(task), sharder.shard(blind)
             validate_plan(task, with_bins)
             validate_plan(task, without)
-            a, b = measure_rounds(backend, task, [with_bins, without], rounds, median_cost)
-            out.append(BinsComparison(task, sharder.name, a, b, with_bins.key() == without.key()))
+            pairs.append((sharder.name, with_bins, without))
+        costs = measure_rounds(backend, task, [plan for _, a, b in pairs for plan in (a, b)], rounds, median_cost)
+        out += [BinsComparison(task, name, costs[2 * i], costs[2 * i + 1], a.key() == b.key())
+                for i, (name, a, b) in enumerate(pairs)]
     return out
 
 

@@ -298,6 +298,21 @@ def test_estimated_bins_check_plans_twice_and_measures_both_plans():
     assert summary["tasks"] == 2 and set(summary["per_family"]) == {"f0", "f1"}
     ratios = [c.estimated_bins.cost_ms / c.measured_bins.cost_ms for c in comparisons]
     assert summary["estimated_over_measured_mean"] == pytest.approx(sum(ratios) / 2)
+    # several sharders: a task's plans are measured together, a plan two sharders made once (a round's operators)
+    class Counting(AnalyticBackend):
+        operators = 0
+
+        def compute_cost(self, task, shards):
+            Counting.operators += 1
+            return super().compute_cost(task, shards)
+
+    counting = Counting(AnalyticConfig(regime=SUPER_ADDITIVE, batch_size=1024))
+    twins = estimated_bins_check(counting, tasks[:1], [sharder, PolicySharder("dreamshard_twin", model,
+                                                                              bins=sharder.bins)], rounds=2)
+    assert [c.algorithm for c in twins] == ["dreamshard", "dreamshard_twin"]
+    assert twins[0].measured_bins == twins[1].measured_bins and twins[0].estimated_bins == twins[1].estimated_bins
+    plans = 1 if comparisons[0].same_plan else 2
+    assert Counting.operators <= 2 * plans * tasks[0].num_devices  # 2 rounds, each distinct plan's devices once
     # without an estimator the bin-less copy is refused, naming a table
     with pytest.raises(Exception, match=r"table 'a0'.*bin_0\.\.bin_16"):
         estimated_bins_check(backend, tasks, [PolicySharder("dreamshard", model)], rounds=1)
