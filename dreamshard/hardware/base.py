@@ -160,9 +160,7 @@ def least_compute(readings: Sequence[Reading]) -> ComputeCost:
 def least_reading(backend: CostBackend, task: Task, shards: Sequence[Shard], readings: int) -> ComputeCost:
     """The least of `readings` readings of the operator holding `shards` (on the task's first device): from one
     build where the backend offers `compute_readings` (the fbgemm backend), else measured that many times over
-    (measure_rounds); a lower bound's probe."""
-    if isinstance(readings, bool) or not isinstance(readings, int) or readings < 1:
-        raise ValueError(f"rounds: expected an integer >= 1, got {readings!r}")
+    (measure_rounds); a lower bound's probe. Each path checks `readings` itself."""
     read = getattr(backend, "compute_readings", None)
     if read is not None:
         return min(read(task, list(shards), readings), key=lambda c: c.total_ms)
