@@ -36,6 +36,7 @@ ROW_WISE = "row_wise"
 TABLE_ROW_WISE = "table_row_wise"  # row-wise over the ranks of one host (plan.host_blocks)
 DATA_PARALLEL = "data_parallel"  # replicas (Shard.replica), run by TorchRec's dense kernel
 DENSE_KERNEL = "dense"
+ENUMERATION_ORDER = "the sharder's"  # of a table's sharding types and kernels when TorchRec plans (OrderedEnumerator)
 UVM_KERNEL = "fused_uvm_caching"  # dreamshard.caching: weights in host memory, a share of the rows cached in HBM
 HOST_KERNEL = "fused_uvm"  # weights in host memory, no cache (a cache load factor of 0)
 # TorchRec sharding types made of blocks of a table, each on one rank: what converts to a DreamShard plan
@@ -308,14 +309,32 @@ def enumerator(task: Task, topo, constraints: dict, batch_size: int, torchrec_st
     """TorchRec's enumerator with its perf estimator and DreamShard's storage estimator (TorchRec's own with
     `torchrec_storage`: to judge a plan by TorchRec's count); `calibration` (interop.calibration.PerfCalibration):
     its perf estimator with compute fitted to our measurements."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
     storage = EmbeddingStorageEstimator(topo, constraints) if torchrec_storage else _storage_estimator_class()(task)
     perf = EmbeddingPerfEstimator(topo, constraints) if calibration is None else \
         calibrated_perf_estimator(topo, constraints, calibration)
     estimators = [perf, storage]
-    return EmbeddingEnumerator(topology=topo, batch_size=batch_size, constraints=constraints, estimator=estimators)
+    return _ordered_enumerator_class()(topology=topo, batch_size=batch_size, constraints=constraints,
+                                       estimator=estimators)
+
+
+def _ordered_enumerator_class():
+    """TorchRec's EmbeddingEnumerator with a table's sharding types and compute kernels in the order its sharder
+    lists them. Stock TorchRec intersects them with the constraints through sets, so their order, and with it the
+    planner's tie-breaks and plans, changes with PYTHONHASHSEED from one process to the next."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    class OrderedEnumerator(EmbeddingEnumerator):
+        def _filter_sharding_types(self, name, allowed_sharding_types, *args, **kwargs):
+            kept = super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
+            return sorted(kept, key=list(allowed_sharding_types).index)
+
+        def _filter_compute_kernels(self, name, allowed_compute_kernels, *args, **kwargs):
+            kept = super()._filter_compute_kernels(name, allowed_compute_kernels, *args, **kwargs)
+            return sorted(kept, key=list(allowed_compute_kernels).index)
+
+    return OrderedEnumerator
 
 
 def calibrated_perf_estimator(topo, constraints: dict | None, calibration: Any):

@@ -36,6 +36,7 @@ from dreamshard.evaluation.summary import (
 from dreamshard.hardware.base import PROBE_READING, REDUCTION, CostBackend
 from dreamshard.hardware.comm import MODEL_VERSION as COMM_MODEL_VERSION
 from dreamshard.hardware.topology import Topology
+from dreamshard.interop.torchrec import ENUMERATION_ORDER
 from dreamshard.learning.features import FOLDED
 from dreamshard.project.backend import backend_of
 from dreamshard.project.params import ParamsError, build, section
@@ -158,9 +159,9 @@ FALLBACK_RULE = "none where every feature beyond the range is folded, else judge
 
 def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]) -> str:
     """Everything that decides an evaluated task's rows besides the task: the backend (kind, device, versions,
-    settings), how readings reduce to a cost, which features the learned models fold, the evaluation settings, both
-    searches' settings (NeuroShard's, dreamshard_cut's), how NeuroShard's rates a device and the bytes of every
-    model the sharders load."""
+    settings), how readings reduce to a cost, which features the learned models fold, the evaluation settings, the
+    order TorchRec's planner enumerates in, both searches' settings (NeuroShard's, dreamshard_cut's), how
+    NeuroShard's rates a device and the bytes of every model the sharders load."""
     cfg = section(params, "evaluate")
     models = model_paths_of(params)
     evaluate = {k: cfg[k] for k in ("seed", "sharders", "rounds", "additivity_probes", "row_probe_ratio")}
@@ -172,6 +173,7 @@ def journal_fingerprint(params: dict[str, Any], backend, sharders: list[Sharder]
         "comm_model": COMM_MODEL_VERSION,
         "reduction": REDUCTION,
         "probe_reading": PROBE_READING,
+        "torchrec_enumeration": ENUMERATION_ORDER,
         "fold": list(FOLDED),
         "evaluate": evaluate,
         "neuroshard": section(params, "neuroshard"),

@@ -719,3 +719,45 @@ def test_planner_copies_are_deepcopys_and_torchrec_plans_the_same_with_them(monk
     monkeypatch.setattr(tx, "planner_copies", contextlib.nullcontext)
     assert fast == [s.shard(t) for s, t in zip(sharders, tasks)]
     assert all(len(p.shards) > len(t.tables) for p, t in zip(fast, tasks))  # TorchRec cut tables
+
+
+ENUMERATION_ORDER_SCRIPT = """
+import json
+from dataclasses import replace
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from dreamshard.interop import torchrec as tx
+from dreamshard.sharders import make_sharder
+from dreamshard.tables import Table
+from dreamshard.tasks import Task
+
+task = replace(Task.uniform("order", [Table("a", 4000, 64, 3.0), Table("b", 900, 16, 1.0)], 4, 1.0),
+               sharding=("table", "column", "row"))
+sharder = make_sharder("torchrec_full")
+types = sharder.types_for(task)
+constraints = tx.table_constraints(task, {t.name: types for t in task.tables})
+enum = tx.enumerator(task, sharder._topology(task, to_plan=True), constraints, tx.torchrec_batch(task, None))
+options = enum.enumerate(tx.meta_ebc(task), [EmbeddingBagCollectionSharder()])
+offered = EmbeddingBagCollectionSharder().sharding_types("cuda")
+print(json.dumps({"offered": [x for x in offered if x in types], "through_sets": list(set(types) & set(offered)),
+                  "enumerated": {t.name: list(dict.fromkeys(o.sharding_type for o in options if o.name == t.name))
+                                 for t in task.tables}}))
+"""
+
+
+def test_torchrecs_planner_enumerates_in_the_sharders_order_whatever_the_hash_seed():
+    """Stock TorchRec intersects a table's sharding types with its constraints through sets, so the order it
+    enumerates them in (and with it its tie-breaks and plans) changes with PYTHONHASHSEED; interop.torchrec's
+    enumerator keeps the EBC sharder's order. Run under a hash seed whose set order differs from that order."""
+    import json
+    import os
+
+    from dreamshard.interop.torchrec import TABLE_WISE
+
+    env = {**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    proc = subprocess.run([sys.executable, "-c", ENUMERATION_ORDER_SCRIPT], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(seen["offered"]) >= 4 and seen["offered"][0] == TABLE_WISE
+    assert seen["through_sets"] != seen["offered"], "this hash seed keeps the sharder's order: pick another"
+    assert seen["enumerated"] == {"a": seen["offered"], "b": seen["offered"]}
