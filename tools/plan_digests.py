@@ -13,6 +13,7 @@ planner does (interop.torchrec's keeps its sharder's order). Nothing is measured
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -35,22 +36,22 @@ def compare(a: dict, b: dict) -> tuple[Counter, Counter]:
 def digests(params_file: Path, families: list[str] | None, num_tasks: int, stock: bool) -> dict:
     from dreamshard.project.evaluation import make_sharders
     from dreamshard.project.params import load_params, section
-    from dreamshard.tasks import read_tasks
+    from dreamshard.project.tasks import read_split
 
-    if stock:
-        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-
-        from dreamshard.interop import torchrec as tx
-
-        tx._ordered_enumerator_class = lambda: EmbeddingEnumerator
     params = load_params(params_file)
-    tasks = read_tasks(Path(section(params, "paths.tasks")) / "validation.parquet", section(params, "paths.tables"))
+    tasks = read_split(params, "validation")
     sharders = make_sharders(params, int(section(params, "backend.batch_size")))
     plans = {}
-    for family in families or list(dict.fromkeys(t.family for t in tasks)):
-        for task in [t for t in tasks if t.family == family][:num_tasks]:
-            for sharder in sharders:
-                plans[f"{task.name} {sharder.name}"] = hashlib.sha1(repr(sharder.shard(task).key()).encode()).hexdigest()
+    with contextlib.ExitStack() as stack:
+        if stock:
+            from dreamshard.project.torchrec import stock_enumeration
+
+            stack.enter_context(stock_enumeration())
+        for family in families or list(dict.fromkeys(t.family for t in tasks)):
+            for task in [t for t in tasks if t.family == family][:num_tasks]:
+                for sharder in sharders:
+                    plan = sharder.shard(task)
+                    plans[f"{task.name} {sharder.name}"] = hashlib.sha1(repr(plan.key()).encode()).hexdigest()
     return {"python_hash_seed": os.environ.get("PYTHONHASHSEED"), "stock_enumeration": stock, "plans": plans}
 
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if sum(differ.values()) else 0
     if args.out is None:
         ap.error("give OUT.json, or --compare A.json B.json")
-    from dreamshard.io import write_text
+    from dreamshard.project.domain import write_text
 
     families = args.families.split(",") if args.families else None
     write_text(json.dumps(digests(args.params, families, args.tasks, args.stock_enumeration), indent=1), args.out)

@@ -334,7 +334,21 @@ def _ordered_enumerator_class():
             kept = super()._filter_compute_kernels(name, allowed_compute_kernels, *args, **kwargs)
             return sorted(kept, key=list(allowed_compute_kernels).index)
 
-    return OrderedEnumerator
+    return OrderedEnumerator if not _STOCK_ENUMERATION else EmbeddingEnumerator
+
+
+_STOCK_ENUMERATION: list[bool] = []  # within stock_enumeration blocks: TorchRec's own enumerator
+
+
+@contextlib.contextmanager
+def stock_enumeration() -> Iterator[None]:
+    """Within the block our TorchRec sharders enumerate through TorchRec's own EmbeddingEnumerator, its order of
+    sharding types following the process's string hashes, as a TorchRec user's planner does (tools.plan_digests)."""
+    _STOCK_ENUMERATION.append(True)
+    try:
+        yield
+    finally:
+        _STOCK_ENUMERATION.pop()
 
 
 def calibrated_perf_estimator(topo, constraints: dict | None, calibration: Any):

@@ -8,6 +8,7 @@ from dreamshard.interop.torchrec import (
     meta_ebc,
     plan_caches,
     quiet_torchrec,
+    stock_enumeration,
     table_layout,
     to_torchrec_plan,
     topology_from,
@@ -15,5 +16,5 @@ from dreamshard.interop.torchrec import (
 )
 from dreamshard.planner import DreamShardPlanner
 
-__all__ = ["DreamShardPlanner", "meta_ebc", "plan_caches", "quiet_torchrec", "table_layout", "to_torchrec_plan",
-           "topology_from", "torchrec_perf_estimate"]
+__all__ = ["DreamShardPlanner", "meta_ebc", "plan_caches", "quiet_torchrec", "stock_enumeration", "table_layout",
+           "to_torchrec_plan", "topology_from", "torchrec_perf_estimate"]

@@ -735,12 +735,19 @@ task = replace(Task.uniform("order", [Table("a", 4000, 64, 3.0), Table("b", 900,
 sharder = make_sharder("torchrec_full")
 types = sharder.types_for(task)
 constraints = tx.table_constraints(task, {t.name: types for t in task.tables})
-enum = tx.enumerator(task, sharder._topology(task, to_plan=True), constraints, tx.torchrec_batch(task, None))
-options = enum.enumerate(tx.meta_ebc(task), [EmbeddingBagCollectionSharder()])
+
+
+def enumerated():
+    enum = tx.enumerator(task, sharder._topology(task, to_plan=True), constraints, tx.torchrec_batch(task, None))
+    options = enum.enumerate(tx.meta_ebc(task), [EmbeddingBagCollectionSharder()])
+    return {t.name: list(dict.fromkeys(o.sharding_type for o in options if o.name == t.name)) for t in task.tables}
+
+
 offered = EmbeddingBagCollectionSharder().sharding_types("cuda")
+with tx.stock_enumeration():
+    stock = enumerated()
 print(json.dumps({"offered": [x for x in offered if x in types], "through_sets": list(set(types) & set(offered)),
-                  "enumerated": {t.name: list(dict.fromkeys(o.sharding_type for o in options if o.name == t.name))
-                                 for t in task.tables}}))
+                  "enumerated": enumerated(), "stock": stock}))
 """
 
 
@@ -761,3 +768,4 @@ def test_torchrecs_planner_enumerates_in_the_sharders_order_whatever_the_hash_se
     assert len(seen["offered"]) >= 4 and seen["offered"][0] == TABLE_WISE
     assert seen["through_sets"] != seen["offered"], "this hash seed keeps the sharder's order: pick another"
     assert seen["enumerated"] == {"a": seen["offered"], "b": seen["offered"]}
+    assert seen["stock"] == {"a": seen["through_sets"], "b": seen["through_sets"]}  # what a TorchRec user's does
