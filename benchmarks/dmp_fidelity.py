@@ -1,7 +1,7 @@
 """Does our cost order plans as TorchRec's DistributedModelParallel runs them? (issue 52, item 4)
 
     python -m benchmarks.dmp_fidelity --out results/dmp-fidelity [--tasks 10] [--rounds 5] [--models DIR]
-                                      [--seed 0] [--tables 8-30] [--root .] [--smoke]
+                                      [--iterations N] [--seed 0] [--tables 8-30] [--root .] [--smoke]
 
 Tasks: 2 devices, 8-30 tables (--tables) drawn from the training pool of the pipeline's synthetic tables (params
 `data.synthetic`, split as stage `tasks` splits them: `tasks.*_fraction`, `tasks.seed`; never a test-pool
@@ -32,7 +32,8 @@ turns, right after DMP's readings of the task (never at the same time), with the
 to the gloo link: before each task the ranks time all_to_all_single of 1 KB - 4 MB a peer, and latency_us and
 intra_host_gbps are the least-squares line through those times (2 devices on one host).
 
-Reported: Kendall tau of our cost against DMP's time over each task's plans, pooled over the tasks' pairs; per
+Reported: Kendall tau of our cost against DMP's time over each task's plans, pooled over the tasks' pairs, beside
+DMP against itself (its even rounds' medians against its odd rounds': how far its own readings repeat); per
 task our best plan (the cheapest by our cost among ours: every sharder but random and TorchRec's) over
 TorchRec's (torchrec_full, or torchrec where it failed) in both worlds; the pairs the two order differently.
 Writes summary.json, README.md (its first line the answer) and dmp_fidelity.png to --out. --smoke: 2 tiny
@@ -129,6 +130,14 @@ def pooled_tau(tasks: list[tuple[list[float], list[float]]]) -> float:
     if sum(pairs) == 0:
         return float("nan")
     return float(sum(task_tau(o, d) * n for (o, d), n in zip(tasks, pairs) if n) / sum(pairs))
+
+
+def split_tau(readings: list[list[float]]) -> float:
+    """DMP against itself: tau between the plans' medians of their even rounds and of their odd rounds (nan with
+    fewer than 2 rounds or 2 plans). How well DMP's own readings repeat bounds how well any cost can order them."""
+    if len(readings) < 2 or min(len(r) for r in readings) < 2:
+        return float("nan")
+    return task_tau([lower_median(r[0::2]) for r in readings], [lower_median(r[1::2]) for r in readings])
 
 
 def best_vs_torchrec(names: list[str], ours: list[float], dmp: list[float]) -> dict[str, Any] | None:
@@ -587,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--models", type=Path, default=None,
                     help="folder of dreamshard.pt and neuroshard.pt: adds dreamshard, dreamshard_cut, neuroshard")
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="timed steps a reading, DMP's and our backend's (default: backend.fbgemm.iterations)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tables", type=parse_range, default=(8, 30), metavar="LOW-HIGH")
     ap.add_argument("--max-rows", type=int, default=200_000, help="pool tables of at most this many rows")
@@ -614,6 +625,10 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.rounds, args.tables, args.max_rows, names = 2, 1, (4, 6), 20_000, SMOKE_SHARDERS
         params["backend"]["batch_size"] = 32
         params["backend"]["fbgemm"] = {**params["backend"]["fbgemm"], "warmup": 1, "iterations": 2}
+    if args.iterations is not None:
+        if args.iterations < 1:
+            ap.error("--iterations: expected at least 1")
+        params["backend"]["fbgemm"] = {**params["backend"]["fbgemm"], "iterations": args.iterations}
     fbgemm = section(params, "backend.fbgemm")
     settings = Settings(batch=int(section(params, "backend.batch_size")), warmup=int(fbgemm["warmup"]),
                         iterations=int(fbgemm["iterations"]), rounds=args.rounds,
@@ -685,7 +700,8 @@ def task_row(task, names: list[str], plans: list, failed: dict, planning_s: dict
             "memory_gb_per_device": task.devices[0].memory_bytes / GB, "plans": plan_rows, "failed": failed,
             "planning_s": planning_s, "link": {**fit, "bytes": dmp["link_bytes"], "ms": dmp["link_ms"]},
             "models_kept": dmp["models_kept"], "dmp_build_s_median": dmp["build_s_median"],
-            "tau": task_tau(ours, times), "vs_torchrec": best_vs_torchrec(names, ours, times),
+            "tau": task_tau(ours, times), "dmp_split_tau": split_tau([[r["ms"] for r in rd] for rd in dmp["readings"]]),
+            "vs_torchrec": best_vs_torchrec(names, ours, times),
             "disagreements": disagreements(names, ours, times)}
 
 
@@ -697,11 +713,15 @@ def summarise(rows: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     all_ours = [c for o, _ in pairs for c in o]
     all_dmp = [t for _, d in pairs for t in d]
     pooled = pooled_tau(pairs)
+    halves = [([lower_median(p["dmp_ms_rounds"][0::2]) for p in r["plans"]],
+               [lower_median(p["dmp_ms_rounds"][1::2]) for p in r["plans"]])
+              for r in rows if min((len(p["dmp_ms_rounds"]) for p in r["plans"]), default=0) >= 2]
     criteria = {"tasks": len(rows), "min_plans": min((len(r["plans"]) for r in rows), default=0),
                 "pooled_tau": pooled, "claims": len(claims), "claims_dmp_agrees": sum(v["dmp_agrees"] for v in claims)}
     criteria["met"] = bool(criteria["tasks"] >= MIN_TASKS and criteria["min_plans"] >= MIN_PLANS
                            and pooled >= TAU_GOAL and criteria["claims_dmp_agrees"] == len(claims))
-    return {"run": run, "tasks": rows, "pooled_tau": pooled, "mean_task_tau": statistics.fmean(taus) if taus else None,
+    return {"run": run, "tasks": rows, "pooled_tau": pooled,
+            "dmp_split_tau": pooled_tau(halves) if halves else float("nan"), "mean_task_tau": statistics.fmean(taus) if taus else None,
             "min_task_tau": min(taus, default=None), "all_plans_tau": task_tau(all_ours, all_dmp),
             "best_over_torchrec": {"tasks": len(versus),
                                    "our_cost_geomean": geomean([v["ratio_our_cost"] for v in versus]),
@@ -717,7 +737,8 @@ def readme(summary: dict[str, Any]) -> str:
                                      "not settled (fewer tasks or plans than the issue's bar)")
     answer = (f"**Answer: {verdict}: Kendall tau of our cost against DMP's measured time {c['pooled_tau']:.2f} over "
               f"{c['tasks']} tasks' pairs of plans (per task " + ", ".join(f"{r['tau']:.2f}" for r in rows)
-              + f"; bar {TAU_GOAL}); our best plan over TorchRec's: {bt['our_cost_geomean']:.3f} by our cost, "
+              + f"; bar {TAU_GOAL}); DMP's even rounds against its odd ones: tau "
+              f"{nan_if_none(summary.get('dmp_split_tau')):.2f}; our best plan over TorchRec's: {bt['our_cost_geomean']:.3f} by our cost, "
               f"{bt['dmp_geomean']:.3f} in DMP (geometric means over {bt['tasks']} tasks); where our cost has ours "
               f"{MARGIN:.0%} or more cheaper ({c['claims']} tasks), DMP agrees on {c['claims_dmp_agrees']}; "
               f"{len(clear)} pairs of plans ordered the other way by both 5% or more.**")
@@ -737,13 +758,14 @@ def readme(summary: dict[str, Any]) -> str:
              f"task {nan_if_none(summary['mean_task_tau']):.2f}, least {nan_if_none(summary['min_task_tau']):.2f}; "
              f"over all plans of all tasks {summary['all_plans_tau']:.2f}); sign agreed on "
              f"{c['claims_dmp_agrees']} of {c['claims']} claimed wins: {'met' if c['met'] else 'not met'}.", "",
-             "| task | tables | fill | plans | tau | our best | TorchRec's | ours / TorchRec's: our cost | DMP | "
-             "link (us + GB/s, r2) |", "|---|---:|---:|---:|---:|---|---|---:|---:|---|"]
+             "| task | tables | fill | plans | tau | DMP self | our best | TorchRec's | ours / TorchRec's: our cost | "
+             "DMP | link (us + GB/s, r2) |", "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
     for r in rows:
         v, lk = r["vs_torchrec"], r["link"]
         cells = ([v["ours"], v["torchrec"], f"{v['ratio_our_cost']:.3f}", f"{v['ratio_dmp']:.3f}"] if v
                  else ["", "", "", ""])
         lines.append(f"| {r['task']} | {r['tables']} | {r['fill']:.0%} | {len(r['plans'])} | {r['tau']:.2f} | "
+                     f"{nan_if_none(r.get('dmp_split_tau')):.2f} | "
                      + " | ".join(cells) + f" | {lk['latency_us']:.0f} + {lk['gbps']:.2f} ({lk['r2']:.2f}) |")
     lines += ["", "## Where the two disagree", "",
               "Pairs of plans of one task that our cost and DMP order the other way, both by 5% or more, the "

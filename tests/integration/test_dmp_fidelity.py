@@ -38,6 +38,15 @@ def test_tau_is_that_of_the_two_orderings_and_pooled_by_pairs():
     assert dmpf.pooled_tau([([1, 2, 3], [1, 2, 3]), ([1], [1])]) == 1.0  # a task of one plan has no pairs
 
 
+def test_dmps_split_tau_orders_its_even_rounds_against_its_odd_ones():
+    # plan a's even rounds 1, 1 and odd rounds 5; b's 2, 2 and 1; c's 3 and 3: evens order a < b < c, odds b < c < a
+    readings = [[1.0, 5.0, 1.0], [2.0, 1.0, 2.0], [3.0, 3.0]]
+    assert dmpf.split_tau(readings) == pytest.approx(dmpf.task_tau([1, 2, 3], [5, 1, 3]))
+    assert dmpf.split_tau([[1.0, 1.0], [2.0, 2.0]]) == 1.0
+    assert math.isnan(dmpf.split_tau([[1.0], [2.0]]))  # one round: no halves
+    assert math.isnan(dmpf.split_tau([[1.0, 2.0]]))  # one plan: no pairs
+
+
 def test_our_best_plan_against_torchrecs_in_both_worlds():
     names = ["size_greedy", "random", "lookup_greedy=dim_greedy", "torchrec_full"]
     ours = [8.0, 1.0, 9.0, 10.0]  # random is cheapest but not ours: size_greedy is our best
@@ -80,10 +89,11 @@ def test_smoke_run_times_every_plan_in_dmp_and_by_our_cost(tmp_path):
     # the link given, not fitted: a loaded machine's all-to-all times need not grow with the bytes (fit_link is
     # tested on its own above)
     res = subprocess.run([sys.executable, "-m", "benchmarks.dmp_fidelity", "--smoke", "--out", str(out),
-                          "--link", "100,2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--link", "100,2", "--iterations", "3"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"]["smoke"] and summary["run"]["settings"]["batch"] == 32
+    assert summary["run"]["settings"]["iterations"] == 3 and math.isnan(summary["dmp_split_tau"])  # 1 round
     assert len(summary["tasks"]) == 2
     for row in summary["tasks"]:
         assert row["task"].startswith("train/")  # the training pool's tables only
