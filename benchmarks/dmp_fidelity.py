@@ -721,7 +721,8 @@ def summarise(rows: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     criteria["met"] = bool(criteria["tasks"] >= MIN_TASKS and criteria["min_plans"] >= MIN_PLANS
                            and pooled >= TAU_GOAL and criteria["claims_dmp_agrees"] == len(claims))
     return {"run": run, "tasks": rows, "pooled_tau": pooled,
-            "dmp_split_tau": pooled_tau(halves) if halves else float("nan"), "mean_task_tau": statistics.fmean(taus) if taus else None,
+            "dmp_split_tau": pooled_tau(halves) if halves else float("nan"),
+            "mean_task_tau": statistics.fmean(taus) if taus else None,
             "min_task_tau": min(taus, default=None), "all_plans_tau": task_tau(all_ours, all_dmp),
             "best_over_torchrec": {"tasks": len(versus),
                                    "our_cost_geomean": geomean([v["ratio_our_cost"] for v in versus]),
@@ -738,7 +739,8 @@ def readme(summary: dict[str, Any]) -> str:
     answer = (f"**Answer: {verdict}: Kendall tau of our cost against DMP's measured time {c['pooled_tau']:.2f} over "
               f"{c['tasks']} tasks' pairs of plans (per task " + ", ".join(f"{r['tau']:.2f}" for r in rows)
               + f"; bar {TAU_GOAL}); DMP's even rounds against its odd ones: tau "
-              f"{nan_if_none(summary.get('dmp_split_tau')):.2f}; our best plan over TorchRec's: {bt['our_cost_geomean']:.3f} by our cost, "
+              f"{nan_if_none(summary.get('dmp_split_tau')):.2f}; our best plan over TorchRec's: "
+              f"{bt['our_cost_geomean']:.3f} by our cost, "
               f"{bt['dmp_geomean']:.3f} in DMP (geometric means over {bt['tasks']} tasks); where our cost has ours "
               f"{MARGIN:.0%} or more cheaper ({c['claims']} tasks), DMP agrees on {c['claims_dmp_agrees']}; "
               f"{len(clear)} pairs of plans ordered the other way by both 5% or more.**")
