@@ -1,6 +1,7 @@
 """Does planning repeat from one process to the next? Digests of every evaluated sharder's plans of validation tasks.
 
-    PYTHONHASHSEED=1 python -m tools.plan_digests A.json [--families F,G] [--tasks N] [--stock-enumeration]
+    PYTHONHASHSEED=1 python -m tools.plan_digests A.json [--families F,G] [--tasks N] [--sharders S,T]
+                                                         [--stock-enumeration]
     PYTHONHASHSEED=2 python -m tools.plan_digests B.json [the same options]
     python -m tools.plan_digests --compare A.json B.json
 
@@ -33,14 +34,15 @@ def compare(a: dict, b: dict) -> tuple[Counter, Counter]:
     return both, differ
 
 
-def digests(params_file: Path, families: list[str] | None, num_tasks: int, stock: bool) -> dict:
+def digests(params_file: Path, families: list[str] | None, num_tasks: int, stock: bool,
+            names: list[str] | None = None) -> dict:
     from dreamshard.project.evaluation import make_sharders
     from dreamshard.project.params import load_params, section
     from dreamshard.project.tasks import read_split
 
     params = load_params(params_file)
     tasks = read_split(params, "validation")
-    sharders = make_sharders(params, int(section(params, "backend.batch_size")))
+    sharders = make_sharders(params, int(section(params, "backend.batch_size")), names=names)
     plans = {}
     with contextlib.ExitStack() as stack:
         if stock:
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--families", help="comma-separated validation families (default: all)")
     ap.add_argument("--tasks", type=int, default=2, help="the first N validation tasks of each family")
+    ap.add_argument("--sharders", help="comma-separated sharders (default: evaluate.sharders)")
     ap.add_argument("--stock-enumeration", action="store_true", help="TorchRec's own EmbeddingEnumerator")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"))
     args = ap.parse_args(argv)
@@ -77,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     from dreamshard.project.domain import write_text
 
     families = args.families.split(",") if args.families else None
-    write_text(json.dumps(digests(args.params, families, args.tasks, args.stock_enumeration), indent=1), args.out)
+    names = args.sharders.split(",") if args.sharders else None
+    result = digests(args.params, families, args.tasks, args.stock_enumeration, names)
+    write_text(json.dumps(result, indent=1), args.out)
     return 0
 
 
