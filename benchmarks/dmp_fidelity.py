@@ -132,12 +132,18 @@ def pooled_tau(tasks: list[tuple[list[float], list[float]]]) -> float:
     return float(sum(task_tau(o, d) * n for (o, d), n in zip(tasks, pairs) if n) / sum(pairs))
 
 
+def round_halves(readings: list[list[float]]) -> tuple[list[float], list[float]] | None:
+    """Each plan's median of its even rounds and of its odd rounds (None where a plan has fewer than 2 rounds)."""
+    if not readings or min(len(r) for r in readings) < 2:
+        return None
+    return [lower_median(r[0::2]) for r in readings], [lower_median(r[1::2]) for r in readings]
+
+
 def split_tau(readings: list[list[float]]) -> float:
     """DMP against itself: tau between the plans' medians of their even rounds and of their odd rounds (nan with
     fewer than 2 rounds or 2 plans). How well DMP's own readings repeat bounds how well any cost can order them."""
-    if len(readings) < 2 or min(len(r) for r in readings) < 2:
-        return float("nan")
-    return task_tau([lower_median(r[0::2]) for r in readings], [lower_median(r[1::2]) for r in readings])
+    halves = round_halves(readings)
+    return task_tau(*halves) if halves is not None and len(readings) >= 2 else float("nan")
 
 
 def best_vs_torchrec(names: list[str], ours: list[float], dmp: list[float]) -> dict[str, Any] | None:
@@ -713,9 +719,7 @@ def summarise(rows: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     all_ours = [c for o, _ in pairs for c in o]
     all_dmp = [t for _, d in pairs for t in d]
     pooled = pooled_tau(pairs)
-    halves = [([lower_median(p["dmp_ms_rounds"][0::2]) for p in r["plans"]],
-               [lower_median(p["dmp_ms_rounds"][1::2]) for p in r["plans"]])
-              for r in rows if min((len(p["dmp_ms_rounds"]) for p in r["plans"]), default=0) >= 2]
+    halves = [h for r in rows if (h := round_halves([p["dmp_ms_rounds"] for p in r["plans"]])) is not None]
     criteria = {"tasks": len(rows), "min_plans": min((len(r["plans"]) for r in rows), default=0),
                 "pooled_tau": pooled, "claims": len(claims), "claims_dmp_agrees": sum(v["dmp_agrees"] for v in claims)}
     criteria["met"] = bool(criteria["tasks"] >= MIN_TASKS and criteria["min_plans"] >= MIN_PLANS
