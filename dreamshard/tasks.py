@@ -371,6 +371,13 @@ def table_pool(tasks: Sequence[Task]) -> list[Table]:
     return list({t.name: t for task in tasks for t in task.tables}.values())
 
 
+def table_dims(tasks: Sequence[Task]) -> list[int]:
+    """The dims the tables of `tasks` take, sorted: for the training tasks, the dims collect_devices and
+    NeuroShard's augmentation draw tables at. Read off the tasks rather than the families in params.yaml, so that
+    a family with no training tasks (a test family added) changes neither stage."""
+    return sorted({t.dim for task in tasks for t in task.tables})
+
+
 def stats_table(row, dim: int) -> Table:
     """A `Table` from a row of data/tables.parquet, at dimension `dim`."""
     return Table(

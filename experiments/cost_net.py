@@ -284,7 +284,7 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
     import pyarrow as pa
 
     from dreamshard.project.backend import backend_of
-    from dreamshard.project.domain import DreamShardError, read_tasks, table_pool, write_parquet
+    from dreamshard.project.domain import DreamShardError, read_tasks, table_dims, table_pool, write_parquet
     from dreamshard.project.learning import (
         DeviceSample,
         cost_data_from_device_rows,
@@ -292,13 +292,12 @@ def device_error(args: argparse.Namespace) -> dict[str, Any] | None:
         load_cost_net,
         measure_samples,
     )
-    from dreamshard.project.tasks import family_dims
 
     params = load_params("params.yaml")
     folder, tables = Path(section(params, "paths.tasks")), section(params, "paths.tables")
     tasks = {split: read_tasks(folder / f"{split}.parquet", tables) for split in ("train", "validation")}
     if args.action == "measure":
-        dims = family_dims(params, training=True)
+        dims = table_dims(tasks["train"])  # as collect_devices draws
         samples, pool_of = [], {}
         for k, name in enumerate(pools):  # sample ids kept apart per pool
             for s in device_samples(table_pool(tasks[name]), args.samples, args.max_tables, args.memory_cap_gb,

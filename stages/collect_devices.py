@@ -23,10 +23,9 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from dreamshard.project.backend import backend_of
-from dreamshard.project.domain import DreamShardError, read_tasks, table_pool, write_parquet
+from dreamshard.project.domain import DreamShardError, read_tasks, table_dims, table_pool, write_parquet
 from dreamshard.project.learning import DeviceJournal, device_samples, measure_samples, pending
 from dreamshard.project.params import ParamsError, section
-from dreamshard.project.tasks import family_dims
 
 KEYS = {"seed": 0, "samples": 1, "max_tables": 1, "chunk_size": 1, "rounds": 1}  # integer params and their least values
 
@@ -42,7 +41,7 @@ def run(params: dict[str, Any]) -> None:
         raise ParamsError(f"params.yaml: collect_devices.memory_cap_gb: expected a number > 0, got {cap!r}")
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
     pool = table_pool(tasks)
-    dims = family_dims(params, training=True)
+    dims = table_dims(tasks)
     samples = device_samples(pool, cfg["samples"], cfg["max_tables"], float(cap), dims, tasks[0], cfg["seed"])
     backend = backend_of(params)
     extra = {"batch_size": int(section(params, "backend.batch_size")), "seed": cfg["seed"]}

@@ -16,7 +16,7 @@ import pandas as pd
 
 from dreamshard.project.backend import backend_of
 from dreamshard.project.data import META_KEY, fit_tables_file
-from dreamshard.project.domain import read_tasks, table_pool, write_text
+from dreamshard.project.domain import read_tasks, table_dims, table_pool, write_text
 from dreamshard.project.learning import (
     AugmentConfig,
     FeatureScaler,
@@ -30,7 +30,6 @@ from dreamshard.project.learning import (
     table_features,
 )
 from dreamshard.project.params import ParamsError, build, section
-from dreamshard.project.tasks import family_dims
 
 
 def run(params: dict[str, Any]) -> None:
@@ -40,8 +39,8 @@ def run(params: dict[str, Any]) -> None:
     cfg.pop("holdout_fraction")
     if not 0 < holdout < 1:
         raise ParamsError(f"params.yaml: train_neuroshard.holdout_fraction: expected in (0, 1), got {holdout}")
-    augment = build(AugmentConfig, {**cfg, "dims": tuple(family_dims(params, training=True))}, "train_neuroshard")
     tasks = read_tasks(Path(section(params, "paths.tasks")) / "train.parquet", section(params, "paths.tables"))
+    augment = build(AugmentConfig, {**cfg, "dims": tuple(table_dims(tasks))}, "train_neuroshard")
     pool = table_pool(tasks)
     scaler = FeatureScaler.fit(np.concatenate([table_features(t.tables, t.memory) for t in tasks]))
     backend = backend_of(params)

@@ -8,7 +8,6 @@ from the tiny project share one, built once per session (the `tiny_project` fixt
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # `make test`'s two workers (pytest-xdist, a file per worker at a time, --no-loadscope-reorder: xdist would
 # otherwise queue files by their number of tests) the longest start at once and the short files fill in.
 LONGEST_FILES = ("integration/test_orchestration.py", "unit/test_learning.py", "integration/test_torchrec.py",
-                 "integration/test_pipeline_integration.py", "unit/test_improve.py", "integration/test_torchrec_model.py",
+                 "unit/test_improve.py", "integration/test_torchrec_model.py",
                  "integration/test_torchrec_planner.py", "unit/test_sharders_property.py", "unit/test_figures.py",
                  "unit/test_bounds_rows.py", "unit/test_search_rows.py", "integration/test_dmp_fidelity.py",
                  "integration/test_mlperf_benchmark.py")
@@ -56,45 +55,6 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return PROJECT_ROOT
-
-
-@pytest.fixture(scope="session")
-def prefect_env(tmp_path_factory: pytest.TempPathFactory):
-    """Environment for subprocesses that run Prefect flows against ONE shared test server.
-
-    Without it every `python -m pipeline STAGE` would start its own temporary Prefect
-    server (about 10 s each). The server is Prefect's own test harness (a temporary
-    SQLite database); its URL is handed to the subprocesses as PREFECT_API_URL.
-    """
-    home = tmp_path_factory.mktemp("prefect_home")
-    settings = {
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "DVC_NO_ANALYTICS": "1",
-    }
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update(settings)  # before Prefect is imported: it reads its settings then
-    try:
-        import prefect.settings
-        from prefect.testing.utilities import prefect_test_harness
-
-        with prefect_test_harness(server_startup_timeout=120):
-            api_url = prefect.settings.PREFECT_API_URL.value()
-            assert api_url, "the Prefect test harness did not set PREFECT_API_URL"
-            env = dict(os.environ)
-            env.update(settings)
-            env["PREFECT_API_URL"] = api_url
-            env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-            # the temporary repo's own copies of dreamshard/stages/pipeline must be imported
-            env.pop("PYTHONPATH", None)
-            yield env
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture

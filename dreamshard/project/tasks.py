@@ -85,16 +85,12 @@ def base_dims(params: dict[str, Any]) -> list[int]:
     return [int(d) for d in dims]
 
 
-def family_dims(params: dict[str, Any], training: bool = False) -> list[int]:
-    """The dims tables take in the profile's (non-holdout) families, sorted: tasks.dims and the families' own;
-    `training`: only those of families with training tasks (what collect_devices and NeuroShard's augmentation
-    draw at)."""
+def family_dims(params: dict[str, Any]) -> list[int]:
+    """The dims tables take in the profile's (non-holdout) families, sorted: tasks.dims and the families' own
+    (what the holdout dims must exceed). What training draws at is read off the training tasks (table_dims)."""
     base = base_dims(params)
-    families = [f for f in task_families(params) if not f.holdout and (f.num_train or not training)]
-    dims = {d for f in families for d in (f.dims or base)}
-    if not training:
-        dims |= set(base)
-    return sorted(dims or base)
+    families = [f for f in task_families(params) if not f.holdout]
+    return sorted({d for f in families for d in (f.dims or base)} | set(base))
 
 
 def sampling_inputs(params: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[int]], list[int], MemoryModel, int]:

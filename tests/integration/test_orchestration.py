@@ -5,12 +5,14 @@
 - the collect flow on a Dask LocalCluster of two workers (prefect-dask) against the
   single-process run: byte-identical costs (analytic backend);
 - a chunk that keeps failing is retried, then reported, and the finished chunks stay journaled;
-- a DVC local-directory remote: push, then pull into a fresh clone;
-- `dvc exp run -S` of a policy parameter reruns only the stages that depend on it.
+- a DVC local-directory remote: push, then pull into a fresh clone, where nothing reruns, a test-only family
+  reruns only the tasks and evaluate stages, and a tasks parameter only the tasks stage;
+- `dvc exp run -S` of a policy parameter (the deployment's run) reruns only the stages that depend on it.
 
 One tiny pipeline (analytic backend, a few tables, tasks and steps) is reproduced once
 per module in a temporary git repo with a DVC remote, and shared by the DVC and
-deployment tests.
+deployment tests: each stage is a process of its own (imports alone take seconds), so
+the tests run as few of them as what they check allows.
 """
 from __future__ import annotations
 
@@ -28,11 +30,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 import helpers
-from helpers import FAMILIES, PROJECT_ROOT, out, ran, sh, skipped
+from dreamshard.data.requests import read_requests
+from dreamshard.placement import find_feasible_assignment
+from dreamshard.plan import Plan, validate_plan
+from dreamshard.tables import TABLE_STATS_SCHEMA
+from dreamshard.tasks import read_tasks
+from helpers import FAMILIES, PROJECT_ROOT, TINY_TABLES, out, ran, sh, skipped
 
 VENV_BIN = Path(sys.executable).parent
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
@@ -180,6 +188,35 @@ def pipeline_repo(tmp_path_factory, prefect_server):
 
 
 @pytest.mark.integration
+def test_the_foundation_stages_write_what_the_others_read_as_flow_runs_of_the_server(pipeline_repo, prefect_server):
+    """download -> process -> tasks: the tables' statistics, the requests and the task files, every table in one
+    pool only; and every stage of the reproduction ran as a Prefect flow against the server."""
+    repo = pipeline_repo["repo"]
+    tables_path = repo / "data/tables.parquet"
+    stats = pd.read_parquet(tables_path)
+    assert pq.read_schema(tables_path).remove_metadata().equals(TABLE_STATS_SCHEMA)
+    assert len(stats) == TINY_TABLES
+    assert set(stats["source"]) == {"synthetic"}
+    assert set(stats["source_file"]) == {f"synthetic_t{TINY_TABLES}_bs256.pt.gz"}
+    assert stats["rows"].between(100, 5000).all()
+    requests = read_requests(repo / "data/requests.parquet")
+    assert sorted(requests) == stats["table_id"].tolist()
+    assert {r.batch_size for r in requests.values()} == {64}
+    tasks = {split: read_tasks(repo / f"data/tasks/{split}.parquet", tables_path) for split in ("train", "test")}
+    assert len(tasks["train"]) == sum(f["num_train"] for f in FAMILIES)
+    assert len(tasks["test"]) == sum(f["num_test"] for f in FAMILIES)
+    used = {split: {t.name for task in ts for t in task.tables} for split, ts in tasks.items()}
+    assert not used["train"] & used["test"]
+    for task in tasks["train"] + tasks["test"]:
+        assert {t.dim for t in task.tables} <= {4, 8, 16}
+        validate_plan(task, Plan.from_assignment(task, find_feasible_assignment(task)))
+    with prefect_client(prefect_server) as client:
+        names = {client.read_flow(r.flow_id).name for r in client.read_flow_runs()
+                 if r.state and r.state.is_completed()}
+    assert ALL_STAGES <= names, names
+
+
+@pytest.mark.integration
 def test_dvc_remote_push_pull_round_trip(pipeline_repo, prefect_server, tmp_path):
     env, repo = prefect_server, pipeline_repo["repo"]
     assert any(pipeline_repo["remote"].rglob("*")), "dvc push wrote nothing to the remote"
@@ -193,27 +230,37 @@ def test_dvc_remote_push_pull_round_trip(pipeline_repo, prefect_server, tmp_path
     # what was pulled makes a rerun unnecessary: nothing runs
     assert ran(out(sh(["dvc", "repro"], clone, env))) == set()
 
+    # a test-only family: the tasks stage reruns and the training tasks file keeps its bytes, so of the stages
+    # after it only evaluate, which reads the test tasks, runs again: nothing is collected or trained anew
+    tables_path = clone / "data/tables.parquet"
+    first_train = (clone / "data/tasks/train.parquet").read_bytes()
+    num_test = len(read_tasks(clone / "data/tasks/test.parquet", tables_path))
+    params_file = clone / "params.yaml"
+    params = yaml.safe_load(params_file.read_text())
+    params["tasks"]["profiles"]["tiny"].append({"name": "tiny-8-8", "num_tables": 8, "num_devices": 8,
+                                                "memory_gb": 0.01, "num_train": 0, "num_test": 1})
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    output = out(sh(["dvc", "repro"], clone, env))
+    assert ran(output) == {"tasks", "evaluate"}, output
+    assert "Traceback" not in output
+    assert (clone / "data/tasks/train.parquet").read_bytes() == first_train
+    assert len(read_tasks(clone / "data/tasks/test.parquet", tables_path)) == num_test + 1
+    assert "tiny-8-8" in json.loads((clone / "metrics/eval.json").read_text())["families"]
+
+    # a tasks parameter: the tasks stage reruns, the stages before it are kept
+    params["tasks"]["seed"] = 1
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    output = out(sh(["dvc", "repro", "tasks"], clone, env))
+    assert ran(output) == {"tasks"} and skipped(output) == {"download", "process"}, output
+    assert (clone / "data/tasks/train.parquet").read_bytes() != first_train
+    assert len(read_tasks(clone / "data/tasks/train.parquet", tables_path)) == sum(f["num_train"] for f in FAMILIES)
+
 
 @pytest.mark.integration
-def test_exp_run_policy_param_reruns_only_its_stages(pipeline_repo, prefect_server):
+def test_a_key_of_one_algorithms_group_changes_only_the_stages_that_read_it(pipeline_repo, prefect_server):
+    """dvc.yaml lists params per key: the RNN baseline trains under AutoShard's measurement budget, so a change of
+    that key makes those two stages out of date and no other. `dvc status` names them without running them."""
     env, repo = prefect_server, pipeline_repo["repo"]
-    proc = sh(["dvc", "exp", "run", "-n", "lr-0.005", "-S", "train_policy.common.policy_lr=0.005"], repo, env)
-    assert ran(out(proc)) == POLICY_STAGES, out(proc)
-    assert skipped(out(proc)) == ALL_STAGES - POLICY_STAGES, out(proc)
-    shown = json.loads(sh(["dvc", "exp", "show", "--json"], repo, env).stdout)
-    exps = {r["name"]: r for base in shown for e in (base.get("experiments") or []) for r in e["revs"]}
-    assert "lr-0.005" in exps, shown
-    data = exps["lr-0.005"]["data"]
-    assert data["params"]["params.yaml"]["data"]["train_policy"]["common"]["policy_lr"] == 0.005
-    eval_metrics = data["metrics"]["metrics/eval.json"]["data"]
-    assert set(eval_metrics["families"]) == {f["name"] for f in FAMILIES}
-    assert "dreamshard" in eval_metrics["families"]["tiny-6-2"]
-    # the experiment's lock differs from the baseline only in the policy stages
-    exp_lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    base_lock = yaml.safe_load(pipeline_repo["lock"])["stages"]
-    assert {s for s in base_lock if exp_lock[s] != base_lock[s]} == POLICY_STAGES
-    # a key of one algorithm's group changes the stages that read it only (dvc.yaml lists params per key): the
-    # RNN baseline trains under AutoShard's measurement budget. `dvc status` names them without running them.
     params_file = repo / "params.yaml"
     before = params_file.read_text()
     changed = yaml.safe_load(before)
@@ -322,6 +369,19 @@ def test_retrain_deployment_runs_on_a_process_worker(retrain_deployment, pipelin
     assert yaml.safe_load((check / "params.yaml").read_text())["train_policy"]["common"]["policy_lr"] == 0.002
     status = out(sh(["dvc", "status"], check, env))
     assert "Data and pipelines are up to date" in status, status  # every output present, as locked
+    # the experiment as `dvc exp show` lists it: its parameter and its metrics; its lock differs from the
+    # baseline's only in the stages the policy parameter reaches
+    shown = json.loads(sh(["dvc", "exp", "show", "--json"], check, env).stdout)
+    exps = {r["name"]: r for base in shown for e in (base.get("experiments") or []) for r in e["revs"]}
+    assert "deployed-lr" in exps, shown
+    data = exps["deployed-lr"]["data"]
+    assert data["params"]["params.yaml"]["data"]["train_policy"]["common"]["policy_lr"] == 0.002
+    eval_metrics = data["metrics"]["metrics/eval.json"]["data"]
+    assert set(eval_metrics["families"]) == {f["name"] for f in FAMILIES}
+    assert "dreamshard" in eval_metrics["families"]["tiny-6-2"]
+    exp_lock = yaml.safe_load((check / "dvc.lock").read_text())["stages"]
+    base_lock = yaml.safe_load(pipeline_repo["lock"])["stages"]
+    assert {s for s in base_lock if exp_lock[s] != base_lock[s]} == POLICY_STAGES
     for path in ("models/dreamshard.pt", "models/autoshard.pt", "data/eval/results.parquet"):
         assert (check / path).is_file(), path
     from dreamshard.evaluation.report import eval_markdown
