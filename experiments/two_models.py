@@ -1,6 +1,7 @@
 """Can two cost models pick between `dreamshard_cut`'s plan and NeuroShard's? Each task's two plans are rated by
 DreamShard's cost network and by NeuroShard's models; the plan both rate cheaper on balance (the geometric mean of
-the two models' ratios of NeuroShard's plan over `dreamshard_cut`'s below 1) is kept. No new measurement: the
+the two models' ratios of NeuroShard's plan over `dreamshard_cut`'s below 1) is kept; beside it, the pick of TorchRec's
+perf model (`torchrec_full`'s rating, the fallback's judge). No new measurement: the
 measured costs come from a `benchmarks.cut_designs --peer` pass over the same tasks (its tasks.csv, the `params`
 variant being `dreamshard_cut` as the project plans).
 
@@ -33,6 +34,7 @@ def main() -> None:
     import torch
 
     from benchmarks.cut_designs import project_at
+    from dreamshard.project.evaluation import make_sharders
     from dreamshard.project.learning import kendall_tau
     from dreamshard.project.params import build
     from dreamshard.project.sharders import SearchConfig, load_model, make_sharder
@@ -43,6 +45,7 @@ def main() -> None:
     cut = make_sharder("dreamshard_cut", model=model, cuts=base)
     ns = make_sharder("neuroshard", model=load_model("neuroshard", params["paths"]["neuroshard_model"]),
                       search=build(SearchConfig, params["neuroshard"], "neuroshard"))
+    judge = make_sharders(params, int(params["backend"]["batch_size"]), names=["torchrec_full"])[0]
     measured = pd.read_csv(args.measured).pivot_table(index="task", columns="sharder", values="cost_ms")
     missing = {"params", "neuroshard", *PEERS} - set(measured.columns)
     if missing:
@@ -57,24 +60,28 @@ def main() -> None:
         plans = {"cut": cut.shard(task), "ns": ns.shard(task)}
         by_cut = cut.own_ms(task, plans["ns"]) / cut.own_ms(task, plans["cut"])
         by_ns = ns.own_ms(task, plans["ns"]) / ns.own_ms(task, plans["cut"])
+        by_torchrec = judge.rating_ms(task, plans["ns"]) / judge.rating_ms(task, plans["cut"])
         cost = measured.loc[task.name]
-        rows.append({"family": task.family, "cut": cost["params"], "ns": cost["neuroshard"],
-                     "by_cut": by_cut, "by_ns": by_ns, "keep_ns": np.sqrt(by_cut * by_ns) < 1})
+        rows.append({"family": task.family, "cut": cost["params"], "ns": cost["neuroshard"], "by_cut": by_cut,
+                     "by_ns": by_ns, "by_torchrec": by_torchrec, "keep_ns": np.sqrt(by_cut * by_ns) < 1})
     table = pd.DataFrame(rows)
     peer = {f: min(PEERS, key=lambda p: measured.loc[[t.name for t in tasks if t.family == f], p].mean())
             for f in families}
     table["peer"] = [measured.loc[t.name, peer[t.family]] for t in tasks]
     table["kept"] = np.where(table["keep_ns"], table["ns"], table["cut"])
+    table["torchrec_kept"] = np.where(table["by_torchrec"] < 1, table["ns"], table["cut"])
     table["better"] = np.minimum(table["cut"], table["ns"])
-    ratios = table[["cut", "ns", "kept", "better"]].div(table["peer"], axis=0).assign(family=table["family"])
+    columns = ["cut", "ns", "kept", "torchrec_kept", "better"]
+    ratios = table[columns].div(table["peer"], axis=0).assign(family=table["family"])
     print("mean ratio to the TorchRec peer (`cut`: dreamshard_cut, `ns`: neuroshard, `kept`: the two models' pick, "
-          "`better`: the cheaper as measured)")
+          "`torchrec_kept`: TorchRec's perf model's pick, `better`: the cheaper as measured)")
     print(ratios.groupby("family", sort=False).mean().round(3).to_string())
-    print("all tasks:", ratios[["cut", "ns", "kept", "better"]].mean().round(3).to_dict())
+    print("all tasks:", ratios[columns].mean().round(3).to_dict())
     print("NeuroShard's plan kept, by family:", table.groupby("family", sort=False)["keep_ns"].sum().to_dict())
     true = (table["ns"] / table["cut"]).to_numpy()
     print(f"Kendall tau against the measured ratio: cost network {kendall_tau(table['by_cut'].to_numpy(), true):.2f}, "
-          f"NeuroShard's models {kendall_tau(table['by_ns'].to_numpy(), true):.2f}")
+          f"NeuroShard's models {kendall_tau(table['by_ns'].to_numpy(), true):.2f}, "
+          f"TorchRec's perf model {kendall_tau(table['by_torchrec'].to_numpy(), true):.2f}")
 
 
 if __name__ == "__main__":
