@@ -3,20 +3,19 @@ DreamShard's cost network and by NeuroShard's models; the plan both rate cheaper
 the two models' ratios of NeuroShard's plan over `dreamshard_cut`'s below 1) is kept; beside it, the pick of TorchRec's
 perf model (`torchrec_full`'s rating, the fallback's judge). No new measurement: the
 measured costs come from a `benchmarks.cut_designs --peer` pass over the same tasks (its tasks.csv, the `params`
-variant being `dreamshard_cut` as the project plans).
+variant being `dreamshard_cut` as the project plans; its summary.json beside it names the peer of each family).
 
     python -m experiments.two_models --root ROOT --measured DIR/tasks.csv [--families ...] [--tasks 12]
 
 Validation tasks only (the tasks cut_designs measured). Prints per family the mean ratio to the TorchRec peer (the
-better of its planners by family mean, as cut_designs picks it) of each plan, of the kept one and of the better of
+pass's own choice) of each plan, of the kept one and of the better of
 the two as measured, and the Kendall tau of each model's ratio against the measured one.
 """
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
-
-PEERS = ("torchrec", "torchrec_full")
 
 
 def main() -> None:
@@ -33,7 +32,7 @@ def main() -> None:
     import pandas as pd
     import torch
 
-    from benchmarks.cut_designs import project_at
+    from benchmarks.cut_designs import PEER, project_at
     from dreamshard.project.evaluation import make_sharders
     from dreamshard.project.learning import kendall_tau
     from dreamshard.project.params import build
@@ -47,11 +46,15 @@ def main() -> None:
                       search=build(SearchConfig, params["neuroshard"], "neuroshard"))
     judge = make_sharders(params, int(params["backend"]["batch_size"]), names=["torchrec_full"])[0]
     measured = pd.read_csv(args.measured).pivot_table(index="task", columns="sharder", values="cost_ms")
-    missing = {"params", "neuroshard", *PEERS} - set(measured.columns)
+    missing = {"params", "neuroshard", *PEER} - set(measured.columns)
     if missing:
         raise SystemExit(f"{args.measured}: column sharder: expected rows of {sorted(missing)} (a cut_designs --peer "
                          "pass whose variants include params)")
+    summary = args.measured.parent / "summary.json"
+    peer = json.loads(summary.read_text()).get("peer", {})
     families = args.families.split(",")
+    if set(families) - set(peer):
+        raise SystemExit(f"{summary}: peer: expected a TorchRec peer for each of {families}, got {peer}")
     tasks = [t for f in families for t in [t for t in read_split(params, "validation") if t.family == f][:args.tasks]]
     rows = []
     for task in tasks:
@@ -65,8 +68,6 @@ def main() -> None:
         rows.append({"family": task.family, "cut": cost["params"], "ns": cost["neuroshard"], "by_cut": by_cut,
                      "by_ns": by_ns, "by_torchrec": by_torchrec, "keep_ns": np.sqrt(by_cut * by_ns) < 1})
     table = pd.DataFrame(rows)
-    peer = {f: min(PEERS, key=lambda p: measured.loc[[t.name for t in tasks if t.family == f], p].mean())
-            for f in families}
     table["peer"] = [measured.loc[t.name, peer[t.family]] for t in tasks]
     table["kept"] = np.where(table["keep_ns"], table["ns"], table["cut"])
     table["torchrec_kept"] = np.where(table["by_torchrec"] < 1, table["ns"], table["cut"])

@@ -8,13 +8,11 @@ from the tiny project share one, built once per session (the `tiny_project` fixt
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
