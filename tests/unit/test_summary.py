@@ -386,3 +386,50 @@ def test_best_known_check_seeds_the_search_with_every_sharders_plan():
     assert summary["budget"] == 40
     with pytest.raises(ValueError, match="no evaluated plans of task 'other'"):
         best_known_check(backend, [Task.uniform("other", tables, 3, 1.0)], rows, config)
+
+
+def test_best_known_check_compares_fresh_paired_readings_not_the_search_against_evaluate():
+    """The machine speeds up while the search runs (each reading 1% faster than the one before): the search's own
+    best median and the evaluated costs were read at different speeds, so a sharder's distance must come from
+    readings taken side by side. Break the recheck (compare evaluated costs with the search's median) and a
+    sharder's plan reads far from a best plan no cheaper than it."""
+    from dreamshard.evaluation.evaluate import evaluate_task
+    from dreamshard.evaluation.improve import ImproveConfig
+    from dreamshard.evaluation.summary import best_known_check, result_row
+    from dreamshard.hardware.base import ComputeCost
+
+    class SpeedingUp:
+        def __init__(self, inner):
+            self.inner, self.name, self.measured, self.calls = inner, inner.name, inner.measured, 0
+            self.batch_size, self.topology = inner.batch_size, inner.topology
+
+        def device_name(self):
+            return self.inner.device_name()
+
+        def compute_cost(self, task, shards):
+            c = self.inner.compute_cost(task, shards)
+            self.calls += 1
+            f = 0.99 ** self.calls
+            return ComputeCost(c.fwd_ms * f, c.bwd_ms * f)
+
+        def plan_cost(self, task, plan):
+            return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
+                                                    for d in range(plan.num_devices)])
+
+        def plan_cost_from(self, task, plan, compute):
+            return self.inner.plan_cost_from(task, plan, compute)
+
+    tables = [Table(f"e{i}", 20_000 * (i + 1), 16 * (1 + i % 3), 2.0 + 3 * i) for i in range(10)]
+    task = Task.uniform("big/0", tables, 3, 1.0, family="fam")
+    exact = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
+    sharders = [make_sharder(n) for n in ("size_greedy", "dim_greedy", "lookup_greedy")]
+    rows = pd.DataFrame([result_row(r) for r in evaluate_task(exact, task, sharders, "either")])
+    config = ImproveConfig(budget=30, rounds=3, min_gain=0.0)
+    truth = best_known_check(exact, [task], rows, config)[0]
+    drifting = best_known_check(SpeedingUp(exact), [task], rows, config)[0]
+    assert drifting["search_best_ms"] < 0.85 * truth["search_best_ms"]  # the search read a faster machine
+    for name, ratio in truth["over_best_known"].items():
+        assert ratio >= 1 - 1e-12 and drifting["over_best_known"][name] >= 1 - 1e-12
+        # side by side: within the drift of one round of readings (the 4 plans of a round, 3 devices each)
+        assert drifting["over_best_known"][name] == pytest.approx(ratio, rel=0.12)
+    assert drifting["evaluated_ms"] == truth["evaluated_ms"] and drifting["recheck_rounds"] == 3
