@@ -304,23 +304,59 @@ class _MeasuredSearch:
             self.plans[key] = plan
         return key
 
-    def confirm(self, keys: Sequence[PlanKey], origin: int) -> None:
-        """Measure `keys` to `rounds` measurements each, in interleaved turns; record their medians.
-        Plans the budget cannot complete stay unconfirmed."""
-        need = {k: self.config.rounds - len(self.samples.get(k, [])) for k in keys}
-        todo = [k for k in keys if k not in self.confirmed]
-        affordable: list[PlanKey] = []
-        left = self.config.budget - self.used
-        for k in todo:
-            if need[k] <= left:
-                affordable.append(k)
-                left -= max(need[k], 0)
-        short = [k for k in affordable if need[k] > 0]
-        if short:
-            self._measure(short, [need[k] for k in short])
+    def references(self, incumbent: PlanKey) -> list[PlanKey]:
+        """The plans a candidate is read beside on a measured backend: the incumbent and the best plan so far."""
+        return list(dict.fromkeys(k for k in (incumbent, self.best) if k is not None))
+
+    def screen(self, keys: Sequence[PlanKey], incumbent: PlanKey) -> float:
+        """One reading of each of `keys` in one round: on a measured backend with the references read in that round
+        too (the devices they share with `keys` read once), else only of keys never read. The incumbent's cost to
+        beat: its reading of the round, or its confirmed median where the backend reads the same every time."""
+        if self.backend.measured:  # every reading of this round, read afresh: older ones are of another machine
+            todo = list(dict.fromkeys([*keys, *self.references(incumbent)]))
+        else:  # the same reading every time: a plan is read once
+            todo = [k for k in keys if k not in self.single]
+        if todo:
+            if self.used + len(todo) > self.config.budget:
+                raise _BudgetSpent
+            self._measure(todo, [1] * len(todo))
+        if self.backend.measured:
+            return self.samples[incumbent][-1].cost.cost_ms
+        return self.confirmed[incumbent].cost_ms
+
+    def confirm(self, keys: Sequence[PlanKey], origin: int, incumbent: PlanKey) -> list[PlanKey]:
+        """Measure `keys` to `rounds` readings, in interleaved turns, and return those that beat the incumbent by
+        `min_gain`. On a measured backend the machine drifts, so the incumbent (and the best plan) are read in the
+        same turns and only readings of the same rounds are compared: each plan's last `rounds` readings (the
+        screening round's and `rounds - 1` fresh ones). Plans the budget cannot complete stay unconfirmed."""
+        refs = [k for k in self.references(incumbent) if k not in keys] if self.backend.measured else []
+        todo = [k for k in keys if k not in self.confirmed or self.backend.measured]
+        if self.backend.measured:
+            extra = self.config.rounds - 1
+            left = self.config.budget - self.used - extra * len(refs)
+            affordable = todo[:max(left // extra, 0)] if extra else list(todo)
+            if not affordable:
+                raise _BudgetSpent
+            if extra:
+                self._measure(affordable + refs, [extra] * (len(affordable) + len(refs)))
+            for k in [*affordable, *refs]:
+                self.confirmed[k] = median_cost(self.samples[k][-self.config.rounds:])
+        else:
+            need = {k: self.config.rounds - len(self.samples.get(k, [])) for k in todo}
+            affordable, left = [], self.config.budget - self.used
+            for k in todo:
+                if need[k] <= left:
+                    affordable.append(k)
+                    left -= max(need[k], 0)
+            short = [k for k in affordable if need[k] > 0]
+            if short:
+                self._measure(short, [need[k] for k in short])
+            for k in affordable:
+                self.confirmed[k] = median_cost(self.samples[k][:self.config.rounds])
         for k in affordable:
-            self.confirmed[k] = median_cost(self.samples[k][:self.config.rounds])
             self._offer(k, origin)
+        bar = self.confirmed[incumbent].cost_ms * (1.0 - self.config.min_gain)
+        return [k for k in affordable if self.confirmed[k].cost_ms < bar]
 
     def _offer(self, key: PlanKey, origin: int) -> None:
         cost = self.confirmed[key].cost_ms
@@ -347,7 +383,6 @@ class _MeasuredSearch:
     def descend(self, start: PlanKey, origin: int) -> None:
         """Local search from a confirmed plan until no neighbour improves (or the budget ends)."""
         incumbent = start
-        gain = 1.0 - self.config.min_gain
         while incumbent not in self.local_optima:
             inc_cost = self.confirmed[incumbent]
             hood = _Neighbourhood(self.task, self.plans[incumbent], self.config.moves)
@@ -359,7 +394,7 @@ class _MeasuredSearch:
             step = None
             for tier in TIERS:  # whole-table moves first; a larger neighbourhood only when they are exhausted
                 tier_neighbours = [nb for _, _, nb in keyed if nb[0] in tier]
-                step = self._scan(tier_neighbours, hood, inc_cost.cost_ms * gain, origin)
+                step = self._scan(tier_neighbours, hood, incumbent, origin)
                 if step is not None:
                     break
             if step is None:
@@ -367,29 +402,27 @@ class _MeasuredSearch:
                 return
             incumbent = step
 
-    def _scan(self, neighbours: Sequence[Neighbour], hood: _Neighbourhood, threshold: float,
+    def _scan(self, neighbours: Sequence[Neighbour], hood: _Neighbourhood, incumbent: PlanKey,
               origin: int) -> PlanKey | None:
-        """The first chunk's best confirmed improvement below `threshold` ms, or None if no neighbour has one."""
+        """The first chunk's best confirmed improvement on the incumbent, or None if no neighbour has one."""
         size = self.config.max_neighbours
+        gain = 1.0 - self.config.min_gain
         for start in range(0, len(neighbours), size):
             chunk = list(dict.fromkeys(self._register(hood.build(nb)) for nb in neighbours[start:start + size]))
-            new = [k for k in chunk if k not in self.single]
-            affordable = new[:max(self.config.budget - self.used, 0)]
-            if affordable:  # one round: the devices neighbours share are read once
-                self._measure(affordable, [1] * len(affordable))
-            if len(affordable) < len(new):
-                raise _BudgetSpent
-            done = [k for k in chunk if k in self.confirmed and self.confirmed[k].cost_ms < threshold]
-            if done:  # confirmed before (from another incumbent) and better than this one
+            threshold = self.screen(chunk, incumbent) * gain
+            done = [k for k in chunk if k in self.confirmed and k != incumbent
+                    and self.confirmed[k].cost_ms < self.confirmed[incumbent].cost_ms * gain]
+            if done and not self.backend.measured:  # confirmed before (from another incumbent) and better
                 return min(done, key=lambda k: self.confirmed[k].cost_ms)
-            promising = sorted((k for k in chunk if k not in self.confirmed and self.single[k].cost_ms < threshold),
-                               key=lambda k: self.single[k].cost_ms)
+            reading = {k: (self.samples[k][-1].cost if self.backend.measured else self.single[k]).cost_ms
+                       for k in chunk}
+            promising = sorted((k for k in chunk if k != incumbent and reading[k] < threshold
+                                and (self.backend.measured or k not in self.confirmed)), key=lambda k: reading[k])
             while promising:
                 batch, promising = promising[:self.config.confirm], promising[self.config.confirm:]
-                self.confirm(batch, origin)
+                won = self.confirm(batch, origin, incumbent)
                 if not any(k in self.confirmed for k in batch):
                     raise _BudgetSpent  # not even one candidate can be confirmed
-                won = [k for k in batch if k in self.confirmed and self.confirmed[k].cost_ms < threshold]
                 if won:
                     return min(won, key=lambda k: self.confirmed[k].cost_ms)
         return None
@@ -407,9 +440,8 @@ class _MeasuredSearch:
             key = self._register(plan)
             if key in self.confirmed:
                 continue
-            if key not in self.single:
-                self._measure([key], [1])
-            self.confirm([key], self.best_origin)
+            self.screen([key], self.best)
+            self.confirm([key], self.best_origin, self.best)
             if key in self.confirmed:
                 return key
             raise _BudgetSpent
@@ -443,8 +475,8 @@ def improve(backend: CostBackend, task: Task, seeds: Sequence[Plan], config: Imp
         pass
     assert search.best is not None
     best_cost = search.confirmed[search.best]
-    # never worse than the best seed, by the medians measured
-    assert best_cost.cost_ms <= min(c.cost_ms for c in seed_costs)
+    if not backend.measured:  # never worse than the best seed (a measured backend's medians are of other rounds)
+        assert best_cost.cost_ms <= min(c.cost_ms for c in seed_costs)
     assert search.used <= config.budget
     return ImproveResult(search.plans[search.best], best_cost, seed_costs, search.used, tuple(search.history),
                          start_seed, search.best_origin, descents)

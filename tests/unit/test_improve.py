@@ -1,5 +1,6 @@
 """The measured local search (dreamshard.evaluation.improve): never worse than its seeds, always valid plans,
-reaches the exhaustive optimum of small tasks, keeps its budget, and is not fooled by a lucky measurement."""
+reaches the exhaustive optimum of small tasks, keeps its budget, and is not fooled by a lucky measurement or a
+machine that changes speed."""
 from __future__ import annotations
 
 import itertools
@@ -355,3 +356,40 @@ def test_random_noise_does_not_make_it_accept_a_worse_plan_than_the_noise_allows
         seed_keys = {p.key() for p in seeds}
         assert any(n == 3 for k, n in backend.per_plan.items() if k not in seed_keys)  # candidates re-measured
         assert set(backend.per_plan.values()) <= {1, 3}
+
+
+class SpeedingUp(Checked):
+    """A shared machine's shift: after its first 40 operator readings every reading is 40% faster (a neighbour's
+    load gone), so a plan read later beats an earlier reading of the same plan. `measured` says whether the search
+    is told the backend is measured (readings that change) or reads the same every time."""
+
+    def __init__(self, inner, measured: bool):
+        super().__init__(inner)
+        self.measured, self.readings = measured, 0
+
+    def operator(self, task, shards):
+        self.readings += 1
+        return times(super().operator(task, shards), 1.0 if self.readings <= 40 else 0.6)
+
+
+def test_on_a_drifting_machine_a_candidate_is_judged_beside_the_incumbent_in_the_same_rounds():
+    """Told the backend is measured, the search reads the incumbent in every round it reads candidates, so a
+    step it takes is truly cheaper (the medians of rounds that straddle no shift): from the optimum it ends on a plan as
+    cheap. Trusting old medians instead, it takes the drift for gains and leaves the optimum for dearer plans."""
+    truth = analytic()
+    fooled = 0
+    for i in range(6):
+        rng = random.Random(120 + i)
+        task, _ = random_task(rng, 6, 2 + i % 2, hetero=i % 2 == 0)
+        seed = min((Plan.from_assignment(task, a) for a in itertools.product(range(task.num_devices), repeat=6)
+                    if fits(task, Plan.from_assignment(task, a))), key=lambda p: truth.plan_cost(task, p).cost_ms)
+        config = ImproveConfig(budget=120, rounds=3, seed=i, min_gain=0.1)
+        paired = SpeedingUp(truth, measured=True)
+        result = improve(paired, task, [seed], config)
+        validate_plan(task, result.best_plan)
+        assert truth.plan_cost(task, result.best_plan).cost_ms <= truth.plan_cost(task, seed).cost_ms * (1 + 1e-9)
+        assert paired.per_plan[seed.key()] > config.rounds  # the incumbent read again beside its neighbours
+        assert paired.calls == result.measurements <= config.budget
+        blind = improve(SpeedingUp(truth, measured=False), task, [seed], config)
+        fooled += truth.plan_cost(task, blind.best_plan).cost_ms > truth.plan_cost(task, seed).cost_ms * 1.05
+    assert fooled >= 1

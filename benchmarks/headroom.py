@@ -1,0 +1,118 @@
+"""How much faster than the TorchRec peer can a plan be? The room issue 50's bar asks for, on validation tasks.
+
+    python -m benchmarks.headroom [--families dlrm-20-4,...] [--tasks 3] [--budget 120] [--rounds 5]
+                                  [--out results/headroom]
+
+On the first --tasks validation tasks of each family (the validation pool's tables: no model learned from them;
+the test pool is evaluate's alone), every sharder of params `evaluate.sharders` plans as evaluate builds it
+(TorchRec's planners told the cluster), each plan is measured in --rounds interleaved rounds, and the measured
+search of `best_known` (dreamshard.evaluation.improve, the pipeline's backend) starts from all of them with
+--budget measurements. Then every plan and the one found are measured again side by side, --rounds fresh
+rounds (best_known_check): only those medians are compared. The search is local and its budget finite, so the
+plan it finds bounds the best plan from above: "best found / peer" is how much room at least there is.
+Reported per family, over the TorchRec peer (per family the better of TorchRec's planners by mean rechecked
+cost): the best plan found, `dreamshard_cut`, and the best heuristic, with 95% bootstrap intervals over tasks.
+Writes summary.json, tasks.csv and README.md to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from benchmarks.run_info import commit, machine
+
+PEERS = ("torchrec", "torchrec_full", "torchrec_calibrated")  # TorchRec's planners, when evaluate runs them
+HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+
+
+def family_table(rows: pd.DataFrame, seed: int = 0) -> dict[str, dict]:
+    """Per family: the peer (TorchRec planner of least mean rechecked cost) and, over it per task, the best plan
+    found, each sharder and the best heuristic (by family mean), with bootstrap intervals over tasks."""
+    from dreamshard.project.evaluation import bootstrap_ci
+
+    out = {}
+    for family, part in rows.groupby("family", sort=False):
+        wide = part.pivot(index="task", columns="sharder", values="rechecked_ms")
+        peer = min((p for p in PEERS if p in wide), key=lambda p: wide[p].mean())
+        heuristic = min((h for h in HEURISTICS if h in wide), key=lambda h: wide[h].mean())
+        entry: dict = {"peer": peer, "best_heuristic": heuristic, "tasks": len(wide), "over_peer": {}}
+        for name in ["best found", *[c for c in wide if c != "best found"]]:
+            ratios = (wide[name] / wide[peer]).to_numpy()
+            low, high = bootstrap_ci(ratios, seed=seed)
+            entry["over_peer"][name] = {"mean": float(ratios.mean()), "ci_low": low, "ci_high": high}
+        out[str(family)] = entry
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, default=Path("."), help="project with data/ and models/ from make run")
+    parser.add_argument("--families", default="dlrm-20-4,dlrm-40-4,dlrm-40-8,dlrm-80-8,dlrm-80-16")
+    parser.add_argument("--tasks", type=int, default=3, help="validation tasks per family (the first ones)")
+    parser.add_argument("--budget", type=int, default=120, help="measurements of the search per task")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds: the plans, the search, the recheck")
+    parser.add_argument("--min-gain", type=float, default=0.03, help="the search's min_gain (params best_known's)")
+    parser.add_argument("--out", type=Path, default=Path("results/headroom"))
+    args = parser.parse_args()
+    from dreamshard.project.backend import huge_pages_from_params
+
+    huge_pages_from_params(str(args.root / "params.yaml"))  # before torch is imported
+
+    import torch
+
+    from benchmarks.cut_designs import project_at
+    from dreamshard.project.backend import backend_of
+    from dreamshard.project.evaluation import ImproveConfig, best_known_check, make_sharders
+    from dreamshard.project.hardware import measure_rounds, median_cost
+    from dreamshard.project.tasks import read_split
+
+    torch.set_num_threads(1)
+    started = time.time()
+    params, _, _ = project_at(args.root)
+    sharders = make_sharders(params, int(params["backend"]["batch_size"]))
+    backend = backend_of(params)
+    config = ImproveConfig(budget=args.budget, rounds=args.rounds, min_gain=args.min_gain,
+                           seed=int(params["evaluate"]["seed"]))
+    tasks = read_split(params, "validation")
+    rows = []
+    for family in args.families.split(","):
+        for task in [t for t in tasks if t.family == family][:args.tasks]:
+            plans = [s.shard(task) for s in sharders]
+            costs = measure_rounds(backend, task, plans, args.rounds, median_cost)
+            evaluated = pd.DataFrame({"task": task.name, "algorithm": [s.name for s in sharders],
+                                      "shards": [json.dumps(p.to_dict()["shards"]) for p in plans],
+                                      "cost_ms": [c.cost_ms for c in costs]})
+            found = best_known_check(backend, [task], evaluated, config)[0]
+            for name in [*found["rechecked_ms"], "best found"]:
+                rows.append({"family": family, "task": task.name, "sharder": name,
+                             "evaluated_ms": found["evaluated_ms"].get(name, found["search_best_ms"]),
+                             "rechecked_ms": found["rechecked_ms"].get(name, found["search_best_rechecked_ms"]),
+                             "measurements": found["measurements"]})
+            print(task.name, f"search {found['search_best_ms']:.3f} -> rechecked "
+                  f"{found['search_best_rechecked_ms']:.3f}; best sharder {found['best_sharder_ms']:.3f}", flush=True)
+    frame = pd.DataFrame(rows)
+    families = family_table(frame)
+    summary = {"command": f"python -m benchmarks.headroom --families {args.families} --tasks {args.tasks} "
+                          f"--budget {args.budget} --rounds {args.rounds} --min-gain {args.min_gain}",
+               "commit": commit(), "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "device": backend.device_name(), "versions": backend.versions(), "split": "validation",
+               "seconds": round(time.time() - started), "families": families}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    frame.to_csv(args.out / "tasks.csv", index=False)
+    lines = ["| family | peer | tasks | best found / peer | dreamshard_cut / peer | best heuristic / peer |",
+             "|---|---|---:|---:|---:|---:|"]
+    for family, e in families.items():
+        cell = [e["over_peer"][n] for n in ("best found", "dreamshard_cut", e["best_heuristic"])]
+        lines.append(f"| {family} | {e['peer']} | {e['tasks']} | " + " | ".join(
+            f"{c['mean']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" for c in cell) + " |")
+    print("\n".join(lines))
+    print(json.dumps({k: summary[k] for k in ("command", "commit", "machine", "date", "seconds")}))
+
+
+if __name__ == "__main__":
+    main()
