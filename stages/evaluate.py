@@ -27,6 +27,7 @@ from dreamshard.project.domain import Task, write_parquet, write_text
 from dreamshard.project.evaluation import (
     BOUND_USED,
     FusionProbe,
+    SEARCH,
     ImproveConfig,
     PlannedTask,
     ProbeCache,
@@ -177,9 +178,9 @@ def run(params: dict[str, Any]) -> None:
     improve_config = build(ImproveConfig, {**search, "seed": int(cfg["seed"])}, "evaluate.best_known")
     searched = first_per_family(tasks, int(bk["tasks_per_family"]))
     test_results = results[results["split"] == "test"]
-    # journaled per task and search settings: a changed budget or seed count searches again (and, from when the
-    # found plan and the sharders' were first measured again side by side, a journal's older searches do too)
-    settings = hashlib.sha1(json.dumps([bk, "rechecked"], sort_keys=True).encode()).hexdigest()[:12]
+    # journaled per task and search settings: a changed budget or seed count searches again, as do a journal's
+    # searches from before candidates were read beside the incumbent and the found plan rechecked (SEARCH)
+    settings = hashlib.sha1(json.dumps([bk, SEARCH], sort_keys=True).encode()).hexdigest()[:12]
     best_known = [journal.once(f"best_known-{settings}-{journal.key('test', t)}",
                                lambda t=t: best_known_check(backend, [t], test_results, improve_config,
                                                             bk["seeds"])[0])

@@ -16,6 +16,9 @@ from dreamshard.plan import Plan, PlanKey, Shard, device_memory_bytes, validate_
 from dreamshard.tasks import Task
 
 MOVE_KINDS = ("move", "swap", "exchange", "split", "merge")
+# how a candidate is judged, for journals of past searches: beside the incumbent in the same rounds on a measured
+# backend, and the found plan measured again beside the sharders' (summary.best_known_check)
+SEARCH = "paired-rechecked"
 # neighbourhoods in the order a descent tries them: the next only when the previous has no improvement
 TIERS = (("move", "exchange"), ("swap",), ("split", "merge"))
 

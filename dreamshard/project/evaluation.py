@@ -14,7 +14,7 @@ from dreamshard.data.lookups import RecordedLookups
 from dreamshard.evaluation.bounds import BOUND_USED, FusionProbe, bound_regime, fusion_probe, regime_of, whole_shards
 from dreamshard.evaluation.evaluate import PlannedTask, ProbeCache, estimated_bins_check, evaluate_task, plan_with
 from dreamshard.evaluation.figures import cost_ratio_figure, cost_ratio_table
-from dreamshard.evaluation.improve import ImproveConfig
+from dreamshard.evaluation.improve import SEARCH, ImproveConfig
 from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.report import eval_markdown, replace_block, summary_markdown
 from dreamshard.evaluation.summary import (
@@ -46,7 +46,7 @@ from dreamshard.sharders.search import DEVICE_RATING, SearchConfig
 from dreamshard.tasks import Task, read_tasks
 
 __all__ = [
-    "BOUND_USED", "EvalJournal", "Evaluation", "FusionProbe", "ImproveConfig", "PlannedTask", "ProbeCache",
+    "BOUND_USED", "SEARCH", "EvalJournal", "Evaluation", "FusionProbe", "ImproveConfig", "PlannedTask", "ProbeCache",
     "best_known_check", "best_known_summary", "bootstrap_ci", "bootstrap_meta", "bound_regime", "cost_ratio_figure",
     "cost_ratio_table", "estimated_bins_check", "estimated_bins_summary", "eval_markdown", "evaluate_task",
     "evaluated_tasks", "evaluation_setup", "exhaustive_check", "family_summary", "first_per_family", "fusion_probe",
