@@ -26,8 +26,8 @@ from tqdm import tqdm
 from dreamshard.project.domain import Task, write_parquet, write_text
 from dreamshard.project.evaluation import (
     BOUND_USED,
-    FusionProbe,
     SEARCH,
+    FusionProbe,
     ImproveConfig,
     PlannedTask,
     ProbeCache,
