@@ -71,7 +71,7 @@ def main() -> None:
     from dreamshard.project.tasks import read_split
 
     torch.set_num_threads(1)
-    started = time.time()
+    started, code = time.time(), commit()  # the code that runs: read before any later edit of the checkout
     params, _, _ = project_at(args.root)
     sharders = make_sharders(params, int(params["backend"]["batch_size"]))
     backend = backend_of(params)
@@ -98,7 +98,7 @@ def main() -> None:
     families = family_table(frame)
     summary = {"command": f"python -m benchmarks.headroom --families {args.families} --tasks {args.tasks} "
                           f"--budget {args.budget} --rounds {args.rounds} --min-gain {args.min_gain}",
-               "commit": commit(), "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "commit": code, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "device": backend.device_name(), "versions": backend.versions(), "split": "validation",
                "seconds": round(time.time() - started), "families": families}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -3,10 +3,11 @@
     python -m benchmarks.measure_protocol [--families dlrm-20-4,...] [--tasks 3] [--rounds 3] [--passes 3]
                                           [--split validation] [--in-time] [--out results/measure-protocol]
 
-A plan's readings (hardware.base.measure_rounds, `rounds` interleaved rounds) reduce to one cost two ways:
+A plan's readings (hardware.base.measure_rounds, `rounds` interleaved rounds) reduce to one cost three ways:
 `whole` takes the median of the whole-plan readings (each the max over its devices, as evaluate did up to
 2026-11-29); `device` takes each device's median operator across the readings and prices the plan from them
-(hardware.base.median_cost: collect's reduction, and evaluate's since). On the first --tasks validation
+(hardware.base.median_cost: collect's reduction, and evaluate's since); `least` each device's least
+forward and backward (a contended machine only adds time). On the first --tasks validation
 tasks of each family, the plans of `dreamshard_cut`, `dreamshard`, `neuroshard`, `size_lookup_greedy` and
 TorchRec's planners (told the cluster, as evaluate builds them) are measured in --passes passes, one task after
 another each time; both reductions read the same readings. Reported per reduction: how far a plan's cost moves
@@ -25,6 +26,16 @@ import numpy as np
 
 SHARDERS = ("dreamshard_cut", "dreamshard", "neuroshard", "size_lookup_greedy", "torchrec", "torchrec_full")
 PEERS = ("torchrec", "torchrec_full")
+
+
+def device_least(readings) -> float:
+    """The plan priced from each device's least forward and least backward across the readings: a contended
+    machine only ever adds time to a reading."""
+    from dreamshard.project.hardware import ComputeCost
+
+    least = [ComputeCost(min(r.compute[d].fwd_ms for r in readings), min(r.compute[d].bwd_ms for r in readings))
+             for d in range(len(readings[0].compute))]
+    return readings[0].assemble(least).cost_ms
 
 
 def whole_plan_median(readings) -> float:
@@ -112,13 +123,14 @@ def main() -> None:
     planned = [(task, [s.shard(task) for s in sharders]) for task in tasks]
     names = [s.name for s in sharders]
     # cost[reduction][(task, sharder)] = one cost per pass
-    cost: dict[str, dict[tuple[str, str], list[float]]] = {"whole": {}, "device": {}}
+    cost: dict[str, dict[tuple[str, str], list[float]]] = {"whole": {}, "device": {}, "least": {}}
     kept: dict[tuple[str, str], list] = {}  # every pass's readings, for --in-time
     for p in range(args.passes):
         for task, plans in planned:
             for name, readings in zip(names, measure_rounds(backend, task, plans, args.rounds, list)):
                 cost["whole"].setdefault((task.name, name), []).append(whole_plan_median(readings))
                 cost["device"].setdefault((task.name, name), []).append(median_cost(readings).cost_ms)
+                cost["least"].setdefault((task.name, name), []).append(device_least(readings))
                 kept.setdefault((task.name, name), []).append(readings)
             print(f"pass {p + 1}/{args.passes} {task.name}", flush=True)
 
@@ -144,7 +156,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_text(json.dumps(summary, separators=(",", ":")) + "\n", args.out / "summary.json")
     r = summary["reductions"]
-    lines = ["# How well a measured plan cost repeats: whole-plan medians against per-device medians\n",
+    lines = ["# How well a measured plan cost repeats: whole-plan medians, per-device medians, per-device least\n",
              f"{backend.device_name()}; {summary['versions']}; {args.tasks} {args.split} tasks per family of "
              f"{', '.join(summary['families'])}; {len(names)} sharders' plans; {args.rounds} interleaved rounds; "
              f"{args.passes} passes. Command:\n",
