@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +32,8 @@ PEERS = ("torchrec", "torchrec_full")
 def device_least(readings) -> float:
     """The plan priced from each device's least forward and least backward across the readings: a contended
     machine only ever adds time to a reading."""
-    from dreamshard.project.hardware import ComputeCost
-
-    least = [ComputeCost(min(r.compute[d].fwd_ms for r in readings), min(r.compute[d].bwd_ms for r in readings))
-             for d in range(len(readings[0].compute))]
+    least = [replace(readings[0].compute[d], fwd_ms=min(r.compute[d].fwd_ms for r in readings),
+                     bwd_ms=min(r.compute[d].bwd_ms for r in readings)) for d in range(len(readings[0].compute))]
     return readings[0].assemble(least).cost_ms
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dreamshard.caching import hit_rate
 from dreamshard.hardware.allocator import huge_pages_enabled
 from dreamshard.hardware.analytic import AnalyticBackend, AnalyticConfig
-from dreamshard.hardware.base import ComputeCost, CostBackend, measure_rounds, median_cost, turns
+from dreamshard.hardware.base import CostBackend, measure_rounds, median_cost, turns
 from dreamshard.hardware.fbgemm import (
     FbgemmBackend,
     FbgemmConfig,
@@ -17,7 +17,7 @@ from dreamshard.hardware.fbgemm import (
 )
 
 __all__ = [
-    "AnalyticBackend", "AnalyticConfig", "ComputeCost", "CostBackend", "FbgemmBackend", "FbgemmConfig", "cpu_model_name",
+    "AnalyticBackend", "AnalyticConfig", "CostBackend", "FbgemmBackend", "FbgemmConfig", "cpu_model_name",
     "fbgemm_version", "hit_rate", "huge_pages_enabled", "measure_rounds", "median_cost", "pin_threads",
     "sharding_kind", "turns",
 ]
