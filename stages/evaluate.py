@@ -201,7 +201,8 @@ def run(params: dict[str, Any]) -> None:
                        "fused_over_costliest_single": [p.monotone for p in fusion], "bound": bound,
                        "lower_bound": BOUND_USED[bound]},
         "rounds": int(cfg["rounds"]),
-        "bound_probes": {"measured": len(probes.costs), "reused": probes.hits},
+        # this run's probes: a task read from the journal measures none ("tasks_from_journal" of them)
+        "bound_probes": {"measured": len(probes.costs), "reused": probes.hits, "tasks_from_journal": done},
         "bootstrap": bootstrap_meta(int(cfg["seed"]), grouped=True),
         "families": families,
         "train_families": train_families,
