@@ -359,16 +359,23 @@ def test_exhaustive_check_remeasures_the_top_plans_against_the_winners_curse():
     assert n["bound_holds"] and noisy["rounds"] == 3 and noisy["top_plans"] == 4
 
 
-def test_best_known_check_seeds_the_search_with_every_sharders_plan():
+def greedy_rows(backend) -> tuple[Task, pd.DataFrame, list[Table]]:
+    """A 10-table, 3-device task of family "fam", and its evaluated rows for three greedy sharders (and its tables)."""
     from dreamshard.evaluation.evaluate import evaluate_task
-    from dreamshard.evaluation.improve import ImproveConfig
-    from dreamshard.evaluation.summary import best_known_check, best_known_summary, result_row
+    from dreamshard.evaluation.summary import result_row
 
     tables = [Table(f"e{i}", 20_000 * (i + 1), 16 * (1 + i % 3), 2.0 + 3 * i) for i in range(10)]
     task = Task.uniform("big/0", tables, 3, 1.0, family="fam")
-    backend = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
     sharders = [make_sharder(n) for n in ("size_greedy", "dim_greedy", "lookup_greedy")]
-    rows = pd.DataFrame([result_row(r) for r in evaluate_task(backend, task, sharders, "either")])
+    return task, pd.DataFrame([result_row(r) for r in evaluate_task(backend, task, sharders, "either")]), tables
+
+
+def test_best_known_check_seeds_the_search_with_every_sharders_plan():
+    from dreamshard.evaluation.improve import ImproveConfig
+    from dreamshard.evaluation.summary import best_known_check, best_known_summary
+
+    backend = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
+    task, rows, tables = greedy_rows(backend)
     config = ImproveConfig(budget=40, rounds=1, min_gain=0.0)
     per_task = best_known_check(backend, [task], rows, config)
     t = per_task[0]
@@ -393,9 +400,8 @@ def test_best_known_check_compares_fresh_paired_readings_not_the_search_against_
     best median and the evaluated costs were read at different speeds, so a sharder's distance must come from
     readings taken side by side. Break the recheck (compare evaluated costs with the search's median) and a
     sharder's plan reads far from a best plan no cheaper than it."""
-    from dreamshard.evaluation.evaluate import evaluate_task
     from dreamshard.evaluation.improve import ImproveConfig
-    from dreamshard.evaluation.summary import best_known_check, result_row
+    from dreamshard.evaluation.summary import best_known_check
     from dreamshard.hardware.base import ComputeCost
 
     class SpeedingUp:
@@ -419,11 +425,8 @@ def test_best_known_check_compares_fresh_paired_readings_not_the_search_against_
         def plan_cost_from(self, task, plan, compute):
             return self.inner.plan_cost_from(task, plan, compute)
 
-    tables = [Table(f"e{i}", 20_000 * (i + 1), 16 * (1 + i % 3), 2.0 + 3 * i) for i in range(10)]
-    task = Task.uniform("big/0", tables, 3, 1.0, family="fam")
     exact = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
-    sharders = [make_sharder(n) for n in ("size_greedy", "dim_greedy", "lookup_greedy")]
-    rows = pd.DataFrame([result_row(r) for r in evaluate_task(exact, task, sharders, "either")])
+    task, rows, _ = greedy_rows(exact)
     config = ImproveConfig(budget=30, rounds=3, min_gain=0.0)
     truth = best_known_check(exact, [task], rows, config)[0]
     drifting = best_known_check(SpeedingUp(exact), [task], rows, config)[0]
