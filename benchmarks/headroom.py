@@ -25,21 +25,20 @@ import pandas as pd
 
 from benchmarks.run_info import commit, machine
 
-PEERS = ("torchrec", "torchrec_full", "torchrec_calibrated")  # TorchRec's planners, when evaluate runs them
-HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
-
 
 def family_table(rows: pd.DataFrame, seed: int = 0) -> dict[str, dict]:
-    """Per family: the peer (TorchRec planner of least mean rechecked cost) and, over it per task, the best plan
-    found, each sharder and the best heuristic (by family mean), with bootstrap intervals over tasks."""
-    from dreamshard.project.evaluation import bootstrap_ci
+    """Per family: the peer (TorchRec planner of least mean rechecked cost, as evaluate picks it) and, over it per
+    task, the best plan found, each sharder and the best heuristic (by family mean), with bootstrap intervals over
+    tasks."""
+    from dreamshard.project.evaluation import best_heuristics, bootstrap_ci, torchrec_peers
 
+    costs = rows.rename(columns={"sharder": "algorithm", "rechecked_ms": "cost_ms"})
+    peers, heuristics = torchrec_peers(costs), best_heuristics(costs)
     out = {}
     for family, part in rows.groupby("family", sort=False):
         wide = part.pivot(index="task", columns="sharder", values="rechecked_ms")
-        peer = min((p for p in PEERS if p in wide), key=lambda p: wide[p].mean())
-        heuristic = min((h for h in HEURISTICS if h in wide), key=lambda h: wide[h].mean())
-        entry: dict = {"peer": peer, "best_heuristic": heuristic, "tasks": len(wide), "over_peer": {}}
+        peer = peers[family]
+        entry: dict = {"peer": peer, "best_heuristic": heuristics[family], "tasks": len(wide), "over_peer": {}}
         for name in ["best found", *[c for c in wide if c != "best found"]]:
             ratios = (wide[name] / wide[peer]).to_numpy()
             low, high = bootstrap_ci(ratios, seed=seed)

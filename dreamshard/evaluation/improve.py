@@ -413,10 +413,11 @@ class _MeasuredSearch:
         for start in range(0, len(neighbours), size):
             chunk = list(dict.fromkeys(self._register(hood.build(nb)) for nb in neighbours[start:start + size]))
             threshold = self.screen(chunk, incumbent) * gain
-            done = [k for k in chunk if k in self.confirmed and k != incumbent
-                    and self.confirmed[k].cost_ms < self.confirmed[incumbent].cost_ms * gain]
-            if done and not self.backend.measured:  # confirmed before (from another incumbent) and better
-                return min(done, key=lambda k: self.confirmed[k].cost_ms)
+            if not self.backend.measured:  # confirmed before (from another incumbent) and better: no new reading
+                done = [k for k in chunk if k in self.confirmed and k != incumbent
+                        and self.confirmed[k].cost_ms < self.confirmed[incumbent].cost_ms * gain]
+                if done:
+                    return min(done, key=lambda k: self.confirmed[k].cost_ms)
             reading = {k: (self.samples[k][-1].cost if self.backend.measured else self.single[k]).cost_ms
                        for k in chunk}
             promising = sorted((k for k in chunk if k != incumbent and reading[k] < threshold

@@ -413,12 +413,10 @@ def best_known_check(backend: CostBackend, tasks: Sequence[Task], results: pd.Da
         if rows.empty:
             raise ValueError(f"best-known check: no evaluated plans of task {task.name!r}")
         chosen = rows.sort_values("cost_ms", kind="stable").head(seeds) if seeds is not None else rows
-        plans = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(s)}, f"{task.name}/{a}")
-                 for a, s in zip(chosen["algorithm"], chosen["shards"])]
-        found = improve(backend, task, plans, config)
         names = rows["algorithm"].tolist()
         every = [Plan.from_dict({"num_devices": task.num_devices, "shards": json.loads(s)}, f"{task.name}/{a}")
                  for a, s in zip(names, rows["shards"])]
+        found = improve(backend, task, [every[names.index(a)] for a in chosen["algorithm"]], config)
         # fresh paired readings: the same plan given twice (a sharder's plan the search kept) is measured once
         again = [c.cost_ms for c in measure_rounds(backend, task, [*every, found.best_plan], config.rounds,
                                                    median_cost)]

@@ -18,6 +18,7 @@ from dreamshard.evaluation.improve import SEARCH, ImproveConfig
 from dreamshard.evaluation.journal import EvalJournal, file_digest
 from dreamshard.evaluation.report import eval_markdown, replace_block, summary_markdown
 from dreamshard.evaluation.summary import (
+    best_heuristics,
     best_known_check,
     best_known_summary,
     bootstrap_ci,
@@ -30,6 +31,7 @@ from dreamshard.evaluation.summary import (
     interleave_families,
     pooled_summary,
     result_row,
+    torchrec_peers,
     with_ratios,
     with_table_groups,
 )
@@ -47,12 +49,13 @@ from dreamshard.tasks import Task, read_tasks
 
 __all__ = [
     "BOUND_USED", "SEARCH", "EvalJournal", "Evaluation", "FusionProbe", "ImproveConfig", "PlannedTask", "ProbeCache",
-    "best_known_check", "best_known_summary", "bootstrap_ci", "bootstrap_meta", "bound_regime", "cost_ratio_figure",
+    "best_heuristics", "best_known_check", "best_known_summary", "bootstrap_ci", "bootstrap_meta", "bound_regime",
+    "cost_ratio_figure",
     "cost_ratio_table", "estimated_bins_check", "estimated_bins_summary", "eval_markdown", "evaluate_task",
     "evaluated_tasks", "evaluation_setup", "exhaustive_check", "family_summary", "first_per_family", "fusion_probe",
     "generalisation", "journal_fingerprint", "make_sharders", "model_paths_of", "plan_with", "pooled_summary",
     "regime_of", "reported_train_tasks",
-    "replace_block", "result_row", "summary_markdown", "whole_shards", "with_ratios",
+    "replace_block", "result_row", "summary_markdown", "torchrec_peers", "whole_shards", "with_ratios",
     "with_table_groups",
 ]
 

@@ -318,33 +318,47 @@ def test_estimated_bins_check_plans_twice_and_measures_both_plans():
         estimated_bins_check(backend, tasks, [PolicySharder("dreamshard", model)], rounds=1)
 
 
-def test_exhaustive_check_remeasures_the_top_plans_against_the_winners_curse():
-    from dreamshard.hardware.base import ComputeCost
+class Disturbed:
+    """Another backend's readings, each device operator's scaled by `factor` (noise or drift of a machine)."""
 
-    class LuckyOnce:
+    def __init__(self, inner):
+        self.inner, self.name, self.measured = inner, inner.name, inner.measured
+        self.batch_size, self.topology = inner.batch_size, inner.topology
+
+    def device_name(self):
+        return self.inner.device_name()
+
+    def factor(self, shards) -> float:
+        raise NotImplementedError
+
+    def compute_cost(self, task, shards):
+        from dreamshard.hardware.base import ComputeCost
+
+        c, f = self.inner.compute_cost(task, shards), self.factor(shards)
+        return ComputeCost(c.fwd_ms * f, c.bwd_ms * f)
+
+    def plan_cost(self, task, plan):
+        return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
+                                                for d in range(plan.num_devices)])
+
+    def plan_cost_from(self, task, plan, compute):
+        return self.inner.plan_cost_from(task, plan, compute)
+
+
+def test_exhaustive_check_remeasures_the_top_plans_against_the_winners_curse():
+    class LuckyOnce(Disturbed):
         """The analytic model, but each device shard set's first measurement comes out 30% low (noise)."""
 
         def __init__(self, inner):
-            self.inner, self.name, self.measured, self.seen = inner, inner.name, inner.measured, set()
-            self.batch_size, self.topology = inner.batch_size, inner.topology
+            super().__init__(inner)
+            self.seen: set = set()
 
-        def device_name(self):
-            return self.inner.device_name()
-
-        def compute_cost(self, task, shards):
-            c = self.inner.compute_cost(task, shards)
+        def factor(self, shards):
             key = tuple(sorted(s.table for s in shards))
             if key in self.seen:
-                return c
+                return 1.0
             self.seen.add(key)
-            return ComputeCost(c.fwd_ms * 0.7, c.bwd_ms * 0.7)
-
-        def plan_cost(self, task, plan):
-            return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
-                                                    for d in range(plan.num_devices)])
-
-        def plan_cost_from(self, task, plan, compute):
-            return self.inner.plan_cost_from(task, plan, compute)
+            return 0.7
 
     tables = [Table(f"e{i}", 20_000 * (i + 1), 16 * (1 + i % 2), 2.0 + i) for i in range(6)]
     task = Task.uniform("big/0", tables, 4, 1.0)
@@ -402,28 +416,15 @@ def test_best_known_check_compares_fresh_paired_readings_not_the_search_against_
     sharder's plan reads far from a best plan no cheaper than it."""
     from dreamshard.evaluation.improve import ImproveConfig
     from dreamshard.evaluation.summary import best_known_check
-    from dreamshard.hardware.base import ComputeCost
 
-    class SpeedingUp:
+    class SpeedingUp(Disturbed):
         def __init__(self, inner):
-            self.inner, self.name, self.measured, self.calls = inner, inner.name, inner.measured, 0
-            self.batch_size, self.topology = inner.batch_size, inner.topology
+            super().__init__(inner)
+            self.calls = 0
 
-        def device_name(self):
-            return self.inner.device_name()
-
-        def compute_cost(self, task, shards):
-            c = self.inner.compute_cost(task, shards)
+        def factor(self, shards):
             self.calls += 1
-            f = 0.99 ** self.calls
-            return ComputeCost(c.fwd_ms * f, c.bwd_ms * f)
-
-        def plan_cost(self, task, plan):
-            return self.plan_cost_from(task, plan, [self.compute_cost(task, plan.device_shards(d))
-                                                    for d in range(plan.num_devices)])
-
-        def plan_cost_from(self, task, plan, compute):
-            return self.inner.plan_cost_from(task, plan, compute)
+            return 0.99 ** self.calls
 
     exact = AnalyticBackend(AnalyticConfig(regime="super_additive", batch_size=1024))
     task, rows, _ = greedy_rows(exact)
