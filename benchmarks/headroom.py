@@ -1,7 +1,7 @@
 """How much faster than the TorchRec peer can a plan be? The room issue 50's bar asks for, on validation tasks.
 
     python -m benchmarks.headroom [--families dlrm-20-4,...] [--tasks 3] [--budget 120] [--rounds 5]
-                                  [--out results/headroom]
+                                  [--holdout heavy,wide [--seed 1]] [--out results/headroom]
 
 On the first --tasks validation tasks of each family (the validation pool's tables: no model learned from them;
 the test pool is evaluate's alone), every sharder of params `evaluate.sharders` plans as evaluate builds it
@@ -12,6 +12,9 @@ rounds (best_known_check): only those medians are compared. The search is local 
 plan it finds bounds the best plan from above: "best found / peer" is how much room at least there is.
 Reported per family, over the TorchRec peer (per family the better of TorchRec's planners by mean rechecked
 cost): the best plan found, `dreamshard_cut`, and the best heuristic, with 95% bootstrap intervals over tasks.
+With --holdout, the tasks are instead fold_probe's (benchmarks.fold_probe.probe_tasks: the holdout families'
+shapes, `heavy` on fresh tables from synthetic seed --seed, `wide` on validation-pool tables at the holdout dims),
+--tasks per holdout family; a task some planner cannot place is skipped, as evaluate would not hold it.
 Writes summary.json, tasks.csv and README.md to --out.
 """
 from __future__ import annotations
@@ -55,6 +58,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=120, help="measurements of the search per task")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds: the plans, the search, the recheck")
     parser.add_argument("--min-gain", type=float, default=0.03, help="the search's min_gain (params best_known's)")
+    parser.add_argument("--holdout", default=None, help="kinds of fold_probe's tasks (heavy,wide) instead of --families")
+    parser.add_argument("--seed", type=int, default=1, help="with --holdout: synthetic seed of the fresh heavy tables")
     parser.add_argument("--out", type=Path, default=Path("results/headroom"))
     args = parser.parse_args()
     from dreamshard.project.backend import huge_pages_from_params
@@ -64,7 +69,10 @@ def main() -> None:
     import torch
 
     from benchmarks.cut_designs import project_at
-    from dreamshard.project.backend import backend_of
+    from benchmarks.fold_probe import probe_tasks
+    from dreamshard.project.backend import backend_of, recorded_lookups
+    from dreamshard.project.data import RecordedLookups
+    from dreamshard.project.domain import InfeasibleTaskError
     from dreamshard.project.evaluation import ImproveConfig, best_known_check, make_sharders
     from dreamshard.project.hardware import measure_rounds, median_cost
     from dreamshard.project.tasks import read_split
@@ -73,14 +81,24 @@ def main() -> None:
     started, code = time.time(), commit()  # the code that runs: read before any later edit of the checkout
     params, _, _ = project_at(args.root)
     sharders = make_sharders(params, int(params["backend"]["batch_size"]))
-    backend = backend_of(params)
+    if args.holdout:
+        tasks, requests = probe_tasks(params, args.seed, args.tasks, tuple(args.holdout.split(",")))
+        backend = backend_of(params, RecordedLookups({**recorded_lookups(params).by_name, **requests}))
+        families = list(dict.fromkeys(t.family for t in tasks))
+    else:
+        tasks, families = read_split(params, "validation"), args.families.split(",")
+        backend = backend_of(params)
     config = ImproveConfig(budget=args.budget, rounds=args.rounds, min_gain=args.min_gain,
                            seed=int(params["evaluate"]["seed"]))
-    tasks = read_split(params, "validation")
-    rows = []
-    for family in args.families.split(","):
+    rows, skipped = [], []
+    for family in families:
         for task in [t for t in tasks if t.family == family][:args.tasks]:
-            plans = [s.shard(task) for s in sharders]
+            try:
+                plans = [s.shard(task) for s in sharders]
+            except InfeasibleTaskError as exc:
+                skipped.append({"task": task.name, "why": str(exc)[:200]})
+                print(f"{task.name}: skipped: {str(exc)[:120]}", flush=True)
+                continue
             costs = measure_rounds(backend, task, plans, args.rounds, median_cost)
             evaluated = pd.DataFrame({"task": task.name, "algorithm": [s.name for s in sharders],
                                       "shards": [json.dumps(p.to_dict()["shards"]) for p in plans],
@@ -95,10 +113,12 @@ def main() -> None:
                   f"{found['search_best_rechecked_ms']:.3f}; best sharder {found['best_sharder_ms']:.3f}", flush=True)
     frame = pd.DataFrame(rows)
     families = family_table(frame)
-    summary = {"command": f"python -m benchmarks.headroom --families {args.families} --tasks {args.tasks} "
+    which = f"--holdout {args.holdout} --seed {args.seed}" if args.holdout else f"--families {args.families}"
+    summary = {"command": f"python -m benchmarks.headroom {which} --tasks {args.tasks} "
                           f"--budget {args.budget} --rounds {args.rounds} --min-gain {args.min_gain}",
                "commit": code, "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "device": backend.device_name(), "versions": backend.versions(), "split": "validation",
+               "device": backend.device_name(), "versions": backend.versions(),
+               "split": f"fold_probe's {args.holdout} tasks" if args.holdout else "validation", "skipped": skipped,
                "seconds": round(time.time() - started), "families": families}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
