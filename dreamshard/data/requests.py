@@ -51,18 +51,36 @@ def requests_to_arrow(table_ids: Sequence[int], requests: Sequence[TableRequests
     )
 
 
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is (combine_chunks would copy even that), or the chunks joined."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def read_requests(path: str | Path) -> dict[int, TableRequests]:
+    """Each table's lookups, by table id. A table's indices are a read-only view of the column read once (no copy
+    per table: copying a default run's 1.2 GB of ids cost most of a stage's start, in page faults)."""
     table = pq.read_table(path)
     missing = [n for n in REQUESTS_SCHEMA.names if n not in table.column_names]
     if missing:
         raise DataFormatError(f"{path}: missing column(s) {', '.join(missing)}")
-    out = {}
+    for name in ("lengths", "indices"):
+        kind = table.schema.field(name).type
+        if not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
+            raise DataFormatError(f"{path}: column {name!r} is {kind}, expected a list of integers")
     ids = table.column("table_id").to_numpy()
-    lengths = table.column("lengths").combine_chunks()
-    indices = table.column("indices").combine_chunks()
+    lengths, indices = (one_array(table.column(name)) for name in ("lengths", "indices"))
+    for name, column in (("lengths", lengths), ("indices", indices)):
+        if column.null_count or column.values.null_count:
+            raise DataFormatError(f"{path}: column {name!r} holds nulls, expected a list of integers in every row")
+    # each row's bounds in .values (absolute, a sliced array's too)
+    lo, io = lengths.offsets.to_numpy(), indices.offsets.to_numpy()
+    length_values = lengths.values.to_numpy().astype(np.int64)
+    index_values = indices.values.to_numpy().astype(np.int64, copy=False)
+    for values in (length_values, index_values):
+        values.flags.writeable = False  # a copy (from narrower ints) too: a table's recorded lookups are read-only
+    out = {}
     for row, table_id in enumerate(ids):
-        r = TableRequests(indices[row].values.to_numpy().astype(np.int64),
-                          lengths[row].values.to_numpy().astype(np.int64))
+        r = TableRequests(index_values[io[row]:io[row + 1]], length_values[lo[row]:lo[row + 1]])
         if r.lengths.sum() != len(r.indices):
             raise DataFormatError(f"{path}: table {table_id}: lengths sum to {r.lengths.sum()}, {len(r.indices)} indices")
         out[int(table_id)] = r

@@ -359,3 +359,34 @@ def test_names_are_read_in_one_spelling(tmp_path, capsys):
         s["table"] = unicodedata.normalize("NFD", s["table"])
     written_nfd = write(tmp_path / "nfd.json", json.dumps(obj))
     assert main(["measure", "--tables", str(tables), "--plan", str(written_nfd), "--backend", "analytic"]) == 0
+
+
+def test_requests_read_alike_from_one_chunk_several_chunks_and_narrower_ints(tmp_path):
+    """data/requests.parquet: each table's lookups as written, whether the file holds one row group or several, int64
+    or int32 ids; the arrays are read-only views (nothing may rewrite a table's recorded lookups); a column of
+    non-integers is an error naming the file and the column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dreamshard.data.requests import TableRequests, read_requests, requests_to_arrow
+
+    rng = np.random.default_rng(0)
+    written = {i: TableRequests(rng.integers(0, 50, size=n).astype(np.int64), np.array(lens, dtype=np.int64))
+               for i, (n, lens) in enumerate([(6, [1, 2, 3]), (0, [0, 0]), (5, [5])])}
+    table = requests_to_arrow(list(written), list(written.values()))
+    narrow = table.set_column(3, "indices", table.column("indices").cast(pa.list_(pa.int32())))
+    for name, data, row_group in (("one", table, None), ("groups", table, 1), ("narrow", narrow, None)):
+        pq.write_table(data, tmp_path / f"{name}.parquet", row_group_size=row_group)
+        read = read_requests(tmp_path / f"{name}.parquet")
+        assert sorted(read) == sorted(written)
+        for i, r in written.items():
+            assert read[i].indices.dtype == read[i].lengths.dtype == np.int64
+            np.testing.assert_array_equal(read[i].indices, r.indices)
+            np.testing.assert_array_equal(read[i].lengths, r.lengths)
+        with pytest.raises(ValueError):
+            read[0].indices[0] = 1
+    floats = table.set_column(3, "indices", table.column("indices").cast(pa.list_(pa.float64())))
+    pq.write_table(floats, tmp_path / "floats.parquet")
+    with pytest.raises(DataFormatError, match=r"floats\.parquet: column 'indices' is list<.*double>"):
+        read_requests(tmp_path / "floats.parquet")
