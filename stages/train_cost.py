@@ -28,7 +28,14 @@ from dreamshard.project.cost_network import fit_network
 from dreamshard.project.costs import load_scaler_and_data
 from dreamshard.project.domain import write_text
 from dreamshard.project.fit_data import load_single_devices, plan_split, training_plans
-from dreamshard.project.learning import cost_model_scatter, evaluate_cost_net, measurement_noise, plan_predictions, save_cost_net
+from dreamshard.project.learning import (
+    cost_model_scatter,
+    evaluate_cost_net,
+    fit_fold_exponent,
+    measurement_noise,
+    plan_predictions,
+    save_cost_net,
+)
 from dreamshard.project.params import section
 
 
@@ -78,6 +85,8 @@ def run(params: dict[str, Any]) -> None:
     if learn_from.num_plans != fit_on.num_plans:
         net, losses = fit_network(params, scaler, learn_from, single, seed)  # the checkpoint learns from every measured plan
     out = Path(section(params, "paths.cost_model"))
+    scaler = fit_fold_exponent(net, scaler, tasks)  # how a dim beyond the range folds, fitted inside it
+    metrics["fold_exponent"] = scaler.fold_exponent
     save_cost_net(net, scaler, out)
     write_text(json.dumps(metrics, indent=2) + "\n", section(params, "paths.cost_model_metrics"))
     print(f"train_cost: {data.num_plans} plans; held out: {metrics['held_out']}")

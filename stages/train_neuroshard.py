@@ -27,6 +27,7 @@ from dreamshard.project.learning import (
     evaluate_cost_net,
     fit_comm_net,
     fit_compute_net,
+    fit_fold_exponent,
     table_features,
 )
 from dreamshard.project.params import ParamsError, build, section
@@ -60,6 +61,8 @@ def run(params: dict[str, Any]) -> None:
     # the saved models learn from every sample
     compute, _ = fit_compute_net(data, scaler, steps, lr, batch, augment.seed)
     comm, _ = fit_comm_net(cases, steps, lr, comm_batch, augment.seed)
+    scaler = fit_fold_exponent(compute, scaler, tasks)  # how a dim beyond the range folds, fitted inside it
+    metrics["fold_exponent"] = scaler.fold_exponent
     # bins for users' tables without histograms: the Zipf exponent that best fits the training tables' bins
     bins = fit_tables_file(section(params, "paths.tables"), [t.name for t in pool])
     meta = {"backend": backend.name, "device": backend.device_name(), "compute_samples": data.num_plans,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -28,7 +28,7 @@ from dreamshard.hardware.comm import (
     seconds_per_byte,
     shard_traffic,
 )
-from dreamshard.learning.features import NUM_FEATURES, FeatureScaler, shard_features
+from dreamshard.learning.features import NUM_FEATURES, RANGE_FEATURES, FeatureScaler, shard_features
 from dreamshard.memory import DEFAULT_BATCH_SIZE, MemoryModel
 from dreamshard.plan import LOOKUP_KINDS, Plan, lookup_kind
 from dreamshard.tables import Table
@@ -290,6 +290,40 @@ def plan_device_sums(net: CostNet, scaler: FeatureScaler, task: Task, plan: Plan
     with torch.no_grad():
         sums = torch.zeros(plan.num_devices, enc.shape[-1]).index_add(0, torch.tensor(owner, dtype=torch.long), enc)
     return sums, plan_traffic(plan, task, net.config.topology)
+
+
+FOLD_EXPONENTS = tuple(round(0.05 * i, 2) for i in range(1, 21))  # the exponents fit_fold_exponent tries
+
+
+def fit_fold_exponent(net: CostNet, scaler: FeatureScaler, tasks: Sequence[Task]) -> FeatureScaler:
+    """`scaler` with the fold_exponent under which folding agrees with the network inside its own range.
+
+    A dim beyond the training range is priced as k in-range slices weighing k ** e (FeatureScaler.fold). Inside the
+    range both ways are defined: each task's tables, dealt to its devices in turn, are rated unfolded and with dims
+    above half and a quarter of the training high folded (k = 2, 4: as 256 and 512 fold over 128). The exponent
+    (of FOLD_EXPONENTS) whose folded device compute is off the unfolded by the least mean log ratio is kept: a
+    wider row costs less than k narrower ones, which weight k overrated (results/holdout/fold-probe)."""
+    if scaler.high is None or "dim" not in scaler.folds or not tasks:
+        return scaler
+    at = RANGE_FEATURES.index("dim")
+    plans = [(t, Plan.from_assignment(t, [i % t.num_devices for i in range(len(t.tables))])) for t in tasks]
+
+    def compute(sc: FeatureScaler) -> np.ndarray:
+        return np.array([d.fwd_ms + d.bwd_ms for t, p in plans for d in NetworkEstimate(net, sc).plan_cost(t, p).devices])
+
+    unfolded = compute(scaler)
+    caps = [replace(scaler, high=tuple(h / div if i == at else h for i, h in enumerate(scaler.high)))
+            for div in (2, 4)]
+    # the devices a fold changes (at weight k it always moves their rating); the others would only dilute the fit
+    moved = [np.abs(np.log(compute(replace(c, fold_exponent=1.0)) / unfolded)) > 1e-9 for c in caps]
+    if not any(m.any() for m in moved):
+        return scaler  # no table wide enough to fold: nothing to fit on
+
+    def off(e: float) -> float:
+        logs = [np.log(compute(replace(c, fold_exponent=e)) / unfolded)[m] for c, m in zip(caps, moved)]
+        return abs(float(np.mean(np.concatenate(logs))))
+
+    return replace(scaler, fold_exponent=min(FOLD_EXPONENTS, key=off))
 
 
 @dataclass

@@ -65,10 +65,16 @@ class FeatureScaler:
     # dims, not pooling, whose folding made them dearer on fresh heavy tables (results/holdout/fold-probe); never
     # stored: benchmarks/fold_probe sets it to compare
     folds: tuple[str, ...] = FOLDED
+    # a dim folded into k in-range slices weighs k ** fold_exponent: fitted with the network (cost_model.
+    # fit_fold_exponent) so that folding inside the range reproduces its own rating; 1 in older checkpoints
+    fold_exponent: float = 1.0
 
     def __post_init__(self) -> None:
         if not set(self.folds) <= set(FOLDABLE):
             raise ValueError(f"folds: expected features among {FOLDABLE}, got {self.folds!r}")
+        e = self.fold_exponent
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e <= 1:
+            raise ValueError(f"fold_exponent: expected a number in (0, 1], got {e!r}")
 
     @classmethod
     def fit(cls, raw: np.ndarray) -> FeatureScaler:
@@ -97,8 +103,8 @@ class FeatureScaler:
         range (as `outside` counts it) as k identical pieces inside it, whose encodings the cost network sums. A fused
         operator's work grows with lookups x width, which a sum of in-range pieces carries and a network reading
         log features beyond its range does not: pooling P is k = ceil(P / high) pieces pooled P / k; dim W is
-        ceil(W / high) column slices (their size shrinks alike). Only the features of `folds`; rows and bins stay. No
-        range known: unchanged."""
+        ceil(W / high) column slices (their size shrinks alike), weighing k ** fold_exponent. Only the features of
+        `folds`; rows and bins stay. No range known: unchanged."""
         x = np.array(raw, dtype=np.float64, copy=True).reshape(-1, NUM_FEATURES)
         weight = np.ones(len(x))
         if self.high is None:
@@ -110,7 +116,7 @@ class FeatureScaler:
             x[:, column] /= k
             if name == "dim":
                 x[:, FEATURE_NAMES.index("size_gb")] /= k
-            weight *= k
+            weight *= (k ** self.fold_exponent) if name == "dim" else k
         return x, weight
 
     def transform(self, raw: np.ndarray) -> np.ndarray:
@@ -119,7 +125,8 @@ class FeatureScaler:
     def to_dict(self) -> dict:
         d: dict = {"mean": list(self.mean), "std": list(self.std), "features": list(FEATURE_NAMES)}
         if self.low is not None and self.high is not None:
-            d["range"] = {"features": list(RANGE_FEATURES), "low": list(self.low), "high": list(self.high)}
+            d["range"] = {"features": list(RANGE_FEATURES), "low": list(self.low), "high": list(self.high),
+                          "fold_exponent": self.fold_exponent}
         return d
 
     @classmethod
@@ -134,8 +141,12 @@ class FeatureScaler:
                 or len(ranged.get("low", ())) != n or len(ranged.get("high", ())) != n):
             raise DataFormatError(f"feature scaler: range: expected features {list(RANGE_FEATURES)} with {n} low and "
                                   f"{n} high values, got {ranged!r}")
-        return cls(tuple(d["mean"]), tuple(d["std"]), tuple(map(float, ranged["low"])),
-                   tuple(map(float, ranged["high"])))
+        exponent = ranged.get("fold_exponent", 1.0)
+        try:
+            return cls(tuple(d["mean"]), tuple(d["std"]), tuple(map(float, ranged["low"])),
+                       tuple(map(float, ranged["high"])), fold_exponent=exponent)
+        except ValueError as exc:
+            raise DataFormatError(f"feature scaler: range: {exc}") from None
 
 
 def _log(raw: np.ndarray) -> np.ndarray:

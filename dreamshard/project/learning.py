@@ -9,6 +9,7 @@ from dreamshard.learning.cost_model import (
     NetworkEstimate,
     device_predictions,
     evaluate_cost_net,
+    fit_fold_exponent,
     kendall_tau,
     load_cost_net,
     measurement_noise,
@@ -38,7 +39,8 @@ __all__ = [
     "FOLDABLE", "FOLDED", "AugmentConfig", "DeviceJournal", "DeviceSample", "FeatureScaler", "NetworkEstimate",
     "NeuroShardModel", "RnnPolicyConfig",
     "RnnTrainConfig", "RnnUpdateLog", "comm_dataset", "comm_mape", "cost_data_from_device_rows", "cost_model_scatter",
-    "device_predictions", "device_samples", "evaluate_cost_net", "fit_comm_net", "fit_compute_net", "kendall_tau",
+    "device_predictions", "device_samples", "evaluate_cost_net", "fit_comm_net", "fit_compute_net", "fit_fold_exponent",
+    "kendall_tau",
     "load_cost_net", "measure_samples", "measurement_noise", "pending", "plan_predictions", "save_cost_net",
     "table_features", "train_rnn",
 ]
