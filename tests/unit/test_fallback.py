@@ -275,3 +275,58 @@ def test_the_cost_network_computes_a_wide_table_as_its_trained_width_slices_on_o
         pytest.approx([c for d in b.devices for c in (d.fwd_ms, d.bwd_ms)], rel=1e-5)
     unfolded = NetworkEstimate(net, replace(s, folds=())).plan_cost(task, whole)
     assert unfolded.devices[0].fwd_ms != pytest.approx(a.devices[0].fwd_ms)
+
+
+def test_a_folded_dim_weighs_k_to_the_scalers_exponent_pooling_k_and_checkpoints_keep_it():
+    from dreamshard.learning.features import FOLDABLE
+
+    s = scaler()
+    wide = replace(training_tables()[1], dim=int(s.high[0]) * 4)
+    heavy = replace(training_tables()[2], pooling_factor=s.high[2] * 5)
+    raw = table_features([wide, heavy], MEMORY)
+    half = replace(s, fold_exponent=0.5)
+    assert s.fold_exponent == 1.0 and s.fold(raw)[1].tolist() == [4.0, 1.0]
+    assert half.fold(raw)[1].tolist() == [2.0, 1.0]
+    assert replace(half, folds=FOLDABLE).fold(raw)[1].tolist() == [2.0, 5.0]  # pooling folds at weight k
+    assert half.fold(raw)[0].tolist() == s.fold(raw)[0].tolist()  # the same slices, only their weight differs
+    assert FeatureScaler.from_dict(half.to_dict()) == half
+    older = half.to_dict()
+    del older["range"]["fold_exponent"]  # a checkpoint written before the exponent was fitted
+    assert FeatureScaler.from_dict(older).fold_exponent == 1.0
+    for bad in (0, 1.5, True, "0.5"):
+        with pytest.raises(DataFormatError, match="fold_exponent: expected a number in"):
+            FeatureScaler.from_dict({**older, "range": {**older["range"], "fold_exponent": bad}})
+
+
+def test_the_fitted_fold_exponent_is_the_grid_one_whose_folds_inside_the_range_agree_with_the_network_best():
+    """Brute force over FOLD_EXPONENTS as the oracle: rate each device with dims above half and a quarter of the
+    training high folded, and keep the exponent of least mean log ratio to the unfolded rating."""
+    import torch
+
+    from dreamshard.learning.cost_model import FOLD_EXPONENTS, CostNetConfig, NetworkEstimate, fit_fold_exponent
+
+    s = scaler()
+    net = CostNetConfig().build(torch.Generator().manual_seed(0))
+    tables = training_tables()
+    tasks = [task_of(tables[i:i + 8], devices=2, memory_gb=4.0) for i in range(0, 40, 8)]
+    fitted = fit_fold_exponent(net, s, tasks)
+
+    def device_compute(sc, task):
+        plan = Plan.from_assignment(task, [i % 2 for i in range(len(task.tables))])
+        return np.array([d.fwd_ms + d.bwd_ms for d in NetworkEstimate(net, sc).plan_cost(task, plan).devices])
+
+    def off(e):
+        logs = []
+        for div in (2, 4):
+            capped = replace(s, high=(s.high[0] / div, *s.high[1:]))
+            for task in tasks:
+                ratio = device_compute(replace(capped, fold_exponent=e), task) / device_compute(s, task)
+                moved = device_compute(replace(capped, fold_exponent=1.0), task) != device_compute(s, task)
+                logs += np.log(ratio[moved]).tolist()
+        return abs(np.mean(logs))
+
+    assert fitted.fold_exponent in FOLD_EXPONENTS
+    assert off(fitted.fold_exponent) == pytest.approx(min(off(e) for e in FOLD_EXPONENTS))
+    assert replace(fitted, fold_exponent=1.0) == s  # only the exponent changes
+    assert fit_fold_exponent(net, replace(s, low=None, high=None), tasks).fold_exponent == 1.0  # no range: no fit
+    assert fit_fold_exponent(net, s, []) is s
