@@ -84,14 +84,14 @@ def main() -> None:
     if args.holdout:
         tasks, requests = probe_tasks(params, args.seed, args.tasks, tuple(args.holdout.split(",")))
         backend = backend_of(params, RecordedLookups({**recorded_lookups(params).by_name, **requests}))
-        families = list(dict.fromkeys(t.family for t in tasks))
+        names = list(dict.fromkeys(t.family for t in tasks))
     else:
-        tasks, families = read_split(params, "validation"), args.families.split(",")
+        tasks, names = read_split(params, "validation"), args.families.split(",")
         backend = backend_of(params)
     config = ImproveConfig(budget=args.budget, rounds=args.rounds, min_gain=args.min_gain,
                            seed=int(params["evaluate"]["seed"]))
     rows, skipped = [], []
-    for family in families:
+    for family in names:
         for task in [t for t in tasks if t.family == family][:args.tasks]:
             try:
                 plans = [s.shard(task) for s in sharders]

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from dreamshard.data.requests import list_column
 from dreamshard.errors import DataFormatError, DreamShardError
 from dreamshard.io import atomic_path, is_stdout
 from dreamshard.limits import MAX_ROWS
@@ -255,19 +256,6 @@ def _check_lookup_schema(schema: pa.Schema, path: Path) -> None:
             raise DataFormatError(f"{path}: {c}: expected a list of integers (list<int64>), got {kind}")
 
 
-def _flat(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, per-row start/end offsets) of a list column."""
-    arr: Any = column.combine_chunks()
-    if arr.null_count:
-        raise DataFormatError(f"{where}: {name}: null lists; expected a list in every row")
-    if arr.values.null_count:
-        raise DataFormatError(f"{where}: {name}: null entries; expected integers")
-    values = arr.values.to_numpy(zero_copy_only=False)
-    if values.dtype == np.uint64 and values.size and values.max() > np.iinfo(np.int64).max:
-        raise DataFormatError(f"{where}: {name}: values beyond int64")
-    return values.astype(np.int64, copy=False), arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-
-
 def _row_group_batches(data: pa.Table, where: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """(table, indices, lengths) per table of a row group, its rows of one table concatenated in order, checked."""
     tables = data.column("table")
@@ -276,8 +264,8 @@ def _row_group_batches(data: pa.Table, where: str) -> Iterator[tuple[str, np.nda
     if data.num_rows == 0:
         return
     names = tables.to_numpy()
-    idx_values, idx_pos = _flat(data.column("indices"), "indices", where)
-    off_values, off_pos = _flat(data.column("offsets"), "offsets", where)
+    idx_values, idx_pos = list_column(data.column("indices"), "indices", where)
+    off_values, off_pos = list_column(data.column("offsets"), "offsets", where)
 
     def bad_row(rows: np.ndarray, what: Callable[[int], str]) -> DataFormatError:
         r = int(np.flatnonzero(rows)[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,9 +52,19 @@ def requests_to_arrow(table_ids: Sequence[int], requests: Sequence[TableRequests
     )
 
 
-def one_array(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one array: its only chunk as it is (combine_chunks would copy even that), or the chunks joined."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+def list_column(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values as int64, per-row offsets into them) of a list-of-integers column, checked for nulls: its only chunk
+    as it is (combine_chunks would copy even that, a run's 1.2 GB of ids), or the chunks joined."""
+    arr: Any = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if arr.null_count:
+        raise DataFormatError(f"{where}: {name}: null lists; expected a list in every row")
+    if arr.values.null_count:
+        raise DataFormatError(f"{where}: {name}: null entries; expected integers")
+    values = arr.values.to_numpy(zero_copy_only=False)
+    if values.dtype == np.uint64 and values.size and values.max() > np.iinfo(np.int64).max:
+        raise DataFormatError(f"{where}: {name}: values beyond int64")
+    # each row's bounds in .values (absolute, a sliced array's too)
+    return values.astype(np.int64, copy=False), arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def read_requests(path: str | Path) -> dict[int, TableRequests]:
@@ -68,14 +79,8 @@ def read_requests(path: str | Path) -> dict[int, TableRequests]:
         if not pa.types.is_list(kind) or not pa.types.is_integer(kind.value_type):
             raise DataFormatError(f"{path}: column {name!r} is {kind}, expected a list of integers")
     ids = table.column("table_id").to_numpy()
-    lengths, indices = (one_array(table.column(name)) for name in ("lengths", "indices"))
-    for name, column in (("lengths", lengths), ("indices", indices)):
-        if column.null_count or column.values.null_count:
-            raise DataFormatError(f"{path}: column {name!r} holds nulls, expected a list of integers in every row")
-    # each row's bounds in .values (absolute, a sliced array's too)
-    lo, io = lengths.offsets.to_numpy(), indices.offsets.to_numpy()
-    length_values = lengths.values.to_numpy().astype(np.int64)
-    index_values = indices.values.to_numpy().astype(np.int64, copy=False)
+    index_values, io = list_column(table.column("indices"), "indices", str(path))
+    length_values, lo = list_column(table.column("lengths"), "lengths", str(path))
     for values in (length_values, index_values):
         values.flags.writeable = False  # a copy (from narrower ints) too: a table's recorded lookups are read-only
     out = {}

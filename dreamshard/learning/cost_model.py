@@ -314,14 +314,16 @@ def fit_fold_exponent(net: CostNet, scaler: FeatureScaler, tasks: Sequence[Task]
     unfolded = compute(scaler)
     caps = [replace(scaler, high=tuple(h / div if i == at else h for i, h in enumerate(scaler.high)))
             for div in (2, 4)]
+    # each exponent's log ratio of folded to unfolded device compute, device by device of every cap
+    logs = {e: np.concatenate([np.log(compute(replace(c, fold_exponent=e)) / unfolded) for c in caps])
+            for e in FOLD_EXPONENTS}
     # the devices a fold changes (at weight k it always moves their rating); the others would only dilute the fit
-    moved = [np.abs(np.log(compute(replace(c, fold_exponent=1.0)) / unfolded)) > 1e-9 for c in caps]
-    if not any(m.any() for m in moved):
+    moved = np.abs(logs[1.0]) > 1e-9
+    if not moved.any():
         return scaler  # no table wide enough to fold: nothing to fit on
 
     def off(e: float) -> float:
-        logs = [np.log(compute(replace(c, fold_exponent=e)) / unfolded)[m] for c, m in zip(caps, moved)]
-        return abs(float(np.mean(np.concatenate(logs))))
+        return abs(float(np.mean(logs[e][moved])))
 
     return replace(scaler, fold_exponent=min(FOLD_EXPONENTS, key=off))
 
