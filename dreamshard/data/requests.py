@@ -54,7 +54,7 @@ def requests_to_arrow(table_ids: Sequence[int], requests: Sequence[TableRequests
 
 def list_column(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
     """(values as int64, per-row offsets into them) of a list-of-integers column, checked for nulls: its only chunk
-    as it is (combine_chunks would copy even that, a run's 1.2 GB of ids), or the chunks joined."""
+    as it is (combine_chunks would copy even that), or the chunks joined."""
     arr: Any = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if arr.null_count:
         raise DataFormatError(f"{where}: {name}: null lists; expected a list in every row")
@@ -68,8 +68,8 @@ def list_column(column: pa.ChunkedArray, name: str, where: str) -> tuple[np.ndar
 
 
 def read_requests(path: str | Path) -> dict[int, TableRequests]:
-    """Each table's lookups, by table id. A table's indices are a read-only view of the column read once (no copy
-    per table: copying a default run's 1.2 GB of ids cost most of a stage's start, in page faults)."""
+    """Each table's lookups, by table id. A table's indices are a read-only view of the column read once, not a copy
+    per table: copying every table's ids was most of a measuring stage's start (results/make-run-time)."""
     table = pq.read_table(path)
     missing = [n for n in REQUESTS_SCHEMA.names if n not in table.column_names]
     if missing:
